@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"testing"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/keyshard/keyshard/internal/bench"
+)
+
+func newBench() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure Keyshard against its speed and quality targets",
+		Long: `Measure Keyshard against its targets. Each suite prints progress to stderr
+and a summary (or, with --json, one JSON object) to stdout. Timings are
+medians over --runs runs.`,
+	}
+	cmd.AddCommand(newBenchPlacement())
+	return cmd
+}
+
+// benchFlags are shared by every bench suite.
+type benchFlags struct {
+	json      bool
+	runs      int
+	benchtime string
+}
+
+func (f *benchFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.json, "json", false, "print one JSON object on stdout")
+	cmd.Flags().IntVar(&f.runs, "runs", 3, "runs per timing; the median is reported")
+	cmd.Flags().StringVar(&f.benchtime, "benchtime", "100ms", "time per timing run (Go duration, or Nx for N iterations)")
+}
+
+func (f *benchFlags) apply() error {
+	if f.runs < 1 {
+		return fmt.Errorf("--runs is %d; want at least 1", f.runs)
+	}
+	testing.Init() // registers the flags that testing.Benchmark reads
+	if err := flag.CommandLine.Set("test.benchtime", f.benchtime); err != nil {
+		return fmt.Errorf("--benchtime %q: want a duration such as 100ms or an iteration count such as 1000x", f.benchtime)
+	}
+	return nil
+}
+
+func newBenchPlacement() *cobra.Command {
+	var f benchFlags
+	var buckets, members []int
+	var keys int
+	cmd := &cobra.Command{
+		Use:   "placement",
+		Short: "Key lookup, key spread, moves against the optimum and plan time, for a grid of bucket and member counts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.apply(); err != nil {
+				return err
+			}
+			for _, b := range buckets {
+				if b < 1 || b > 65536 {
+					return fmt.Errorf("--buckets %d is out of range [1, 65536]", b)
+				}
+			}
+			for _, n := range members {
+				if n < 2 {
+					return fmt.Errorf("--members %d: want at least 2 (one leaves in the remove case)", n)
+				}
+			}
+			rep, err := bench.Placement(cmd.Context(), bench.PlacementOptions{Buckets: buckets, Members: members, Runs: f.runs, Keys: keys}, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "buckets\tmembers\tlookup ns\thash ns\tallocs\tmax/mean\tspread\tjoin moved/opt\tleave moved/opt\tjoin µs\tleave µs\tfull µs\t")
+			for _, c := range rep.Cases {
+				fmt.Fprintf(tw, "%d\t%d\t%.1f\t%.1f\t%d\t%.3f\t%d\t%d/%d\t%d/%d\t%.0f\t%.0f\t%.0f\t\n", c.Buckets, c.Members, c.LookupNs, c.HashNs, c.LookupAllocs,
+					c.MaxOverMean, c.BucketSpread, c.Add.Moved, c.Add.Optimal, c.Remove.Moved, c.Remove.Optimal, c.RebalanceUs, c.RemoveUs, c.FullAssignUs)
+			}
+			return tw.Flush()
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntSliceVar(&buckets, "buckets", nil, "bucket counts to measure (default 1024,16384,65536)")
+	cmd.Flags().IntSliceVar(&members, "members", nil, "member counts to measure (default 3,10,50,200)")
+	cmd.Flags().IntVar(&keys, "keys", 1_000_000, "random keys for the keys-per-member spread")
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,37 @@
+// Command keyshard is the one Keyshard binary.
+//
+//	keyshard bench placement [--json]   measure the placement engine
+//
+// Run `keyshard help` for every command and flag.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "keyshard:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "keyshard",
+		Short:         "Keyshard: who owns which key, kept right while workers come and go",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newBench())
+	return root
+}

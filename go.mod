@@ -1,0 +1,12 @@
+module github.com/keyshard/keyshard
+
+go 1.26
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/cobra v1.10.2 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+	pgregory.net/rapid v1.3.0 // indirect
+)
