@@ -1,0 +1,68 @@
+package coordinator
+
+import "time"
+
+// Action is a write the leader must make, or something to report. The
+// server applies each write as one store transaction fenced by the
+// leader's election key and the Expects it carries, then feeds the result
+// back: the changes arrive through the watch, or a WriteFailed event.
+type Action interface{ isAction() }
+
+// WriteMap writes a new map epoch.
+type WriteMap struct {
+	Keyspace string
+	Map      Map
+	Expect   Expect
+	// Moves is how many buckets changed target owner.
+	Moves int
+}
+
+// WriteGrants is one grant round: the full new grants of every member
+// touched (buckets released by one member and granted to another) and the
+// new token counter, in one transaction. A member's grants are written
+// with its session's lease, so a grant to a dead session fails.
+type WriteGrants struct {
+	Keyspace string
+	Grants   map[string]Grants
+	Token    uint64
+	Expects  []Expect
+	// Granted and Released count the buckets the round moves.
+	Granted, Released int
+}
+
+// RevokeSession ends a member's session (etcd lease revoke): its member
+// record and grants vanish. The member may still act on its buckets until
+// its own lease deadline, so first the server writes a quarantine key for
+// Quarantine (bound to a new lease of that TTL) naming those buckets; they
+// are not granted again until etcd has expired it. Quarantine is empty
+// when the member holds nothing.
+type RevokeSession struct {
+	Keyspace, ID string
+	Session      int64
+	Quarantine   []int
+	TTL          time.Duration
+	Reason       string
+}
+
+// Report is something an operator should know: a drain that timed out, a
+// quarantined bucket, a failed write.
+type Report struct {
+	Keyspace string
+	Kind     ReportKind
+	Message  string
+}
+
+// ReportKind classifies a Report.
+type ReportKind string
+
+// Report kinds.
+const (
+	ReportDrainTimeout ReportKind = "drain-timeout"
+	ReportReplaced     ReportKind = "session-replaced"
+	ReportLeft         ReportKind = "member-left"
+)
+
+func (WriteMap) isAction()      {}
+func (WriteGrants) isAction()   {}
+func (RevokeSession) isAction() {}
+func (Report) isAction()        {}

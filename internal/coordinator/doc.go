@@ -1,0 +1,36 @@
+// Package coordinator is the control plane's state machine: membership in,
+// map epochs, grants and revocations out. It is pure, like etcd's raft:
+// the leader's loop in internal/server owns one Machine, feeds it every
+// change it observes in the store (as Events, with the current time) and
+// applies the Actions it returns as fenced store transactions. The machine
+// reads no clock, does no IO and starts no goroutines, so the protocol is
+// tested deterministically: testdata/*.txt are scripts run with
+// datadriven (refresh with -rewrite and review the diff), and a random
+// history test checks the guarantees under crashes, lost writes and
+// leader failovers.
+//
+//	m := coordinator.New()
+//	acts := m.StepAll([]coordinator.Event{coordinator.KeyspacePut{...}, coordinator.BecameLeader{}}, now)
+//	for _, a := range acts { /* commit a; on failure Step(WriteFailed{a, err}) and reload */ }
+//
+// The protocol, the store layout and the reasoning behind them are in
+// design.md beside this file.
+//
+// # Guarantees the machine keeps
+//
+//   - A bucket leaves a live holder only after that holder released it at
+//     the token it holds, or after its session ended (etcd deleted the
+//     lease) — never on a local timer. A session the machine revokes (drain
+//     timeout, replaced by a re-join) leaves its buckets quarantined under a
+//     lease of one TTL, so they move only once the old holder has fenced
+//     itself.
+//   - Every grant round takes a new token from the keyspace's counter, so a
+//     bucket's tokens strictly increase.
+//   - Each map is the placement.Balance of the previous one: minimal moves.
+//
+// # Lifecycle
+//
+// New returns a follower. BecameLeader makes it act; LostLeadership stops
+// it (in-flight writes are forgotten; the store's fence rejects them).
+// Reset clears the state before a reload.
+package coordinator

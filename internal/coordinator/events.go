@@ -1,0 +1,118 @@
+package coordinator
+
+// Event is an observed change of the store, or the passing of time. The
+// server feeds events in the order the store's watch delivered them.
+type Event interface{ isEvent() }
+
+// KeyspacePut: a keyspace was created or its configuration changed.
+type KeyspacePut struct{ Keyspace Keyspace }
+
+// KeyspaceDeleted: a keyspace is gone, with everything in it.
+type KeyspaceDeleted struct{ Name string }
+
+// MemberPut: a member joined, or its record changed (a re-join under the
+// same id has a new Session).
+type MemberPut struct {
+	Keyspace string
+	Member   Member
+}
+
+// MemberDeleted: a member's record is gone: it left, or its session ended.
+type MemberDeleted struct{ Keyspace, ID string }
+
+// DrainPut and DrainDeleted: a drain request for a member.
+type DrainPut struct {
+	Keyspace, ID string
+	Drain        Drain
+}
+
+// DrainDeleted: a drain request was withdrawn.
+type DrainDeleted struct{ Keyspace, ID string }
+
+// MapPut: a map was written.
+type MapPut struct {
+	Keyspace string
+	Map      Map
+	Rev      Rev
+}
+
+// GrantsPut: a member's grants were written.
+type GrantsPut struct {
+	Keyspace, ID string
+	Grants       Grants
+	Rev          Rev
+}
+
+// GrantsDeleted: a member's grants are gone, because its session ended
+// (etcd deleted the lease) or the leader cleared them.
+type GrantsDeleted struct{ Keyspace, ID string }
+
+// ReleasesPut: a member released buckets (at the tokens it held them by).
+type ReleasesPut struct {
+	Keyspace, ID string
+	Buckets      []BucketToken
+	Rev          Rev
+}
+
+// ReleasesDeleted: a member's releases are gone.
+type ReleasesDeleted struct{ Keyspace, ID string }
+
+// TokensPut: the keyspace's token counter was written.
+type TokensPut struct {
+	Keyspace string
+	Token    uint64
+	Rev      Rev
+}
+
+// QuarantinePut: buckets of a revoked session that must not be granted
+// while the quarantine key lives (it is bound to its own lease of one
+// lease TTL, so etcd, not a local timer, decides when it ends).
+type QuarantinePut struct {
+	Keyspace, ID string
+	Buckets      []int
+}
+
+// QuarantineDeleted: a quarantine ended.
+type QuarantineDeleted struct{ Keyspace, ID string }
+
+// Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
+type Tick struct{}
+
+// BecameLeader: this replica won the election. The state must be complete
+// (a Reset precedes it) before it acts.
+type BecameLeader struct{}
+
+// LostLeadership: this replica no longer leads; it stops writing.
+type LostLeadership struct{}
+
+// Reset replaces everything the machine knows, after a (re)load of the
+// store at one revision, as after a watch was compacted or restarted.
+type Reset struct{}
+
+// WriteFailed: the server could not apply an action (a conflict, a fence
+// or an unavailable store). The machine forgets it was in flight; the
+// server re-reads the store (Reset and the state) before going on.
+type WriteFailed struct {
+	Action Action
+	Err    error
+}
+
+func (KeyspacePut) isEvent()       {}
+func (KeyspaceDeleted) isEvent()   {}
+func (MemberPut) isEvent()         {}
+func (MemberDeleted) isEvent()     {}
+func (DrainPut) isEvent()          {}
+func (DrainDeleted) isEvent()      {}
+func (MapPut) isEvent()            {}
+func (GrantsPut) isEvent()         {}
+func (GrantsDeleted) isEvent()     {}
+func (ReleasesPut) isEvent()       {}
+func (ReleasesDeleted) isEvent()   {}
+func (TokensPut) isEvent()         {}
+func (Tick) isEvent()              {}
+func (QuarantinePut) isEvent()     {}
+func (QuarantineDeleted) isEvent() {}
+func (BecameLeader) isEvent()      {}
+func (LostLeadership) isEvent()    {}
+func (Reset) isEvent()             {}
+func (WriteFailed) isEvent()       {}

@@ -1,0 +1,375 @@
+package coordinator_test
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// world plays the store and the server around a Machine: it applies the
+// machine's actions as fenced writes would land, feeds the resulting
+// changes back as events, and checks the safety invariants after every
+// change.
+type world struct {
+	m       *coordinator.Machine
+	now     time.Time
+	rev     coordinator.Rev
+	pending []coordinator.Action
+
+	// The store, as etcd would hold it.
+	keyspaces map[string]coordinator.Keyspace
+	members   map[string]map[string]coordinator.Member
+	maps      map[string]coordinator.Map
+	mapRev    map[string]coordinator.Rev
+	grants    map[string]map[string]coordinator.Grants
+	grantRev  map[string]map[string]coordinator.Rev
+	releases  map[string]map[string][]coordinator.BucketToken
+	tokens    map[string]uint64
+	tokenRev  map[string]coordinator.Rev
+	quar      map[string]map[string][]int
+	drains    map[string]map[string]coordinator.Drain
+	nextSess  int64
+
+	// The record the invariants are checked against.
+	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
+	violation []string
+	reports   []string
+}
+
+func newWorld() *world {
+	return &world{
+		m:         coordinator.New(),
+		now:       time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		keyspaces: map[string]coordinator.Keyspace{},
+		members:   map[string]map[string]coordinator.Member{},
+		maps:      map[string]coordinator.Map{},
+		mapRev:    map[string]coordinator.Rev{},
+		grants:    map[string]map[string]coordinator.Grants{},
+		grantRev:  map[string]map[string]coordinator.Rev{},
+		releases:  map[string]map[string][]coordinator.BucketToken{},
+		tokens:    map[string]uint64{},
+		tokenRev:  map[string]coordinator.Rev{},
+		quar:      map[string]map[string][]int{},
+		drains:    map[string]map[string]coordinator.Drain{},
+		lastToken: map[string]map[int]uint64{},
+		nextSess:  0x100,
+	}
+}
+
+// step feeds events to the machine and queues what it asks for.
+func (w *world) step(evs ...coordinator.Event) []coordinator.Action {
+	acts := w.m.StepAll(evs, w.now)
+	w.pending = append(w.pending, acts...)
+	for _, a := range acts {
+		if r, ok := a.(coordinator.Report); ok {
+			w.reports = append(w.reports, fmt.Sprintf("%s: %s", r.Kind, r.Message))
+		}
+	}
+	return acts
+}
+
+func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
+	w.keyspaces[ks.Name] = ks
+	for _, m := range []any{w.members, w.grants, w.grantRev, w.releases, w.quar} {
+		switch mm := m.(type) {
+		case map[string]map[string]coordinator.Member:
+			mm[ks.Name] = map[string]coordinator.Member{}
+		case map[string]map[string]coordinator.Grants:
+			mm[ks.Name] = map[string]coordinator.Grants{}
+		case map[string]map[string]coordinator.Rev:
+			mm[ks.Name] = map[string]coordinator.Rev{}
+		case map[string]map[string][]coordinator.BucketToken:
+			mm[ks.Name] = map[string][]coordinator.BucketToken{}
+		case map[string]map[string][]int:
+			mm[ks.Name] = map[string][]int{}
+		}
+	}
+	w.lastToken[ks.Name] = map[int]uint64{}
+	w.drains[ks.Name] = map[string]coordinator.Drain{}
+	return w.step(coordinator.KeyspacePut{Keyspace: ks})
+}
+
+func (w *world) join(ks, id string, weight float64) []coordinator.Action {
+	w.nextSess++
+	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000"}
+	w.members[ks][id] = mem
+	return w.step(coordinator.MemberPut{Keyspace: ks, Member: mem})
+}
+
+// expire ends a member's session as etcd would: every key bound to its
+// lease goes in one revision.
+func (w *world) expire(ks, id string, session int64) []coordinator.Action {
+	var evs []coordinator.Event
+	if mem, ok := w.members[ks][id]; ok && mem.Session == session {
+		delete(w.members[ks], id)
+		evs = append(evs, coordinator.MemberDeleted{Keyspace: ks, ID: id})
+		if _, ok := w.releases[ks][id]; ok {
+			delete(w.releases[ks], id)
+			evs = append(evs, coordinator.ReleasesDeleted{Keyspace: ks, ID: id})
+		}
+		if _, ok := w.drains[ks][id]; ok {
+			delete(w.drains[ks], id)
+			evs = append(evs, coordinator.DrainDeleted{Keyspace: ks, ID: id})
+		}
+	}
+	if g, ok := w.grants[ks][id]; ok && g.Session == session {
+		delete(w.grants[ks], id)
+		delete(w.grantRev[ks], id)
+		evs = append(evs, coordinator.GrantsDeleted{Keyspace: ks, ID: id})
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	w.rev++
+	return w.step(evs...)
+}
+
+// drain records a drain request, bound to the member's session as the
+// store binds it to the member's lease.
+func (w *world) drain(ks, id string, d coordinator.Drain) []coordinator.Action {
+	if _, ok := w.members[ks][id]; !ok {
+		return nil // the API refuses to drain a member that is not joined
+	}
+	w.drains[ks][id] = d
+	return w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
+}
+
+// release makes a member release every bucket it holds whose target is
+// another member, as the SDK does after its handler's Release returns.
+func (w *world) release(ks, id string) []coordinator.Action {
+	g, ok := w.grants[ks][id]
+	if !ok {
+		return nil
+	}
+	m := w.maps[ks]
+	var rel []coordinator.BucketToken
+	for _, bt := range g.Buckets {
+		if m.Assignment.Owner(bt.Bucket) != id {
+			rel = append(rel, bt)
+		}
+	}
+	if len(rel) == 0 {
+		return nil
+	}
+	w.rev++
+	w.releases[ks][id] = rel
+	return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: rel, Rev: w.rev})
+}
+
+// apply lands every pending action, as the server's fenced writes would,
+// and feeds the changes back. It returns what the machine asked next.
+func (w *world) apply() []coordinator.Action {
+	acts := w.pending
+	w.pending = nil
+	var next []coordinator.Action
+	for _, a := range acts {
+		switch a := a.(type) {
+		case coordinator.WriteMap:
+			if a.Expect.Rev != w.mapRev[a.Keyspace] {
+				next = append(next, w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("conflict")})...)
+				continue
+			}
+			w.rev++
+			w.maps[a.Keyspace], w.mapRev[a.Keyspace] = a.Map, w.rev
+			next = append(next, w.step(coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: w.rev})...)
+		case coordinator.WriteGrants:
+			if !w.expectsHold(a) {
+				next = append(next, w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("conflict")})...)
+				continue
+			}
+			w.rev++
+			var evs []coordinator.Event
+			for id, g := range a.Grants {
+				if mem, ok := w.members[a.Keyspace][id]; !ok || mem.Session != g.Session {
+					if _, held := w.grants[a.Keyspace][id]; !held || w.grants[a.Keyspace][id].Session != g.Session {
+						// etcd refuses a put bound to a lease that is gone.
+						evs = nil
+						next = append(next, w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("lease not found")})...)
+						goto nextAction
+					}
+				}
+			}
+			for id, g := range a.Grants {
+				// A bucket leaves a live holder only after it released it
+				// at the token it held.
+				kept := map[int]bool{}
+				for _, bt := range g.Buckets {
+					kept[bt.Bucket] = true
+				}
+				for _, had := range w.grants[a.Keyspace][id].Buckets {
+					if !kept[had.Bucket] && !w.released(a.Keyspace, id, had) {
+						w.violation = append(w.violation, fmt.Sprintf("bucket %d taken from %s (token %d) before it released it", had.Bucket, id, had.Token))
+					}
+				}
+				for _, bt := range g.Buckets {
+					if last := w.lastToken[a.Keyspace][bt.Bucket]; bt.Token > last {
+						w.lastToken[a.Keyspace][bt.Bucket] = bt.Token
+					} else if !w.heldAt(a.Keyspace, id, bt) {
+						w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s with token %d, not above %d", bt.Bucket, id, bt.Token, last))
+					}
+				}
+				w.grants[a.Keyspace][id], w.grantRev[a.Keyspace][id] = g, w.rev
+				evs = append(evs, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: w.rev})
+			}
+			w.tokens[a.Keyspace], w.tokenRev[a.Keyspace] = a.Token, w.rev
+			evs = append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: w.rev})
+			w.checkExclusive(a.Keyspace)
+			next = append(next, w.step(evs...)...)
+		case coordinator.RevokeSession:
+			if len(a.Quarantine) > 0 {
+				w.rev++
+				w.quar[a.Keyspace][a.ID] = slices.Clone(a.Quarantine)
+				next = append(next, w.step(coordinator.QuarantinePut{Keyspace: a.Keyspace, ID: a.ID, Buckets: a.Quarantine})...)
+			}
+			next = append(next, w.expire(a.Keyspace, a.ID, a.Session)...)
+		}
+	nextAction:
+	}
+	w.pending = append(w.pending[:0], next...)
+	return next
+}
+
+// settle applies actions until the machine asks for nothing more.
+func (w *world) settle() {
+	for range 100 {
+		if len(w.apply()) == 0 && len(w.pending) == 0 {
+			return
+		}
+	}
+	w.violation = append(w.violation, "did not settle in 100 rounds")
+}
+
+func (w *world) released(ks, id string, bt coordinator.BucketToken) bool {
+	for _, r := range w.releases[ks][id] {
+		if r == bt {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) heldAt(ks, id string, bt coordinator.BucketToken) bool {
+	for _, have := range w.grants[ks][id].Buckets {
+		if have == bt {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) expectsHold(a coordinator.WriteGrants) bool {
+	for _, e := range a.Expects {
+		switch e.Kind {
+		case coordinator.KeyGrants:
+			if w.grantRev[a.Keyspace][e.ID] != e.Rev {
+				return false
+			}
+		case coordinator.KeyTokens:
+			if w.tokenRev[a.Keyspace] != e.Rev {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// checkExclusive records a violation if two members hold one bucket.
+func (w *world) checkExclusive(ks string) {
+	seen := map[int]string{}
+	for id, g := range w.grants[ks] {
+		for _, bt := range g.Buckets {
+			if other, ok := seen[bt.Bucket]; ok {
+				w.violation = append(w.violation, fmt.Sprintf("bucket %d held by %s and %s", bt.Bucket, other, id))
+			}
+			seen[bt.Bucket] = id
+		}
+	}
+}
+
+// converged reports whether every bucket is granted to its target owner.
+func (w *world) converged(ks string) bool {
+	m := w.maps[ks]
+	if m.Assignment.Buckets() == 0 {
+		return false
+	}
+	holder := map[int]string{}
+	for id, g := range w.grants[ks] {
+		for _, bt := range g.Buckets {
+			holder[bt.Bucket] = id
+		}
+	}
+	for b := range m.Assignment.Buckets() {
+		if t := m.Assignment.Owner(b); t != "" && holder[b] != t {
+			return false
+		}
+	}
+	return true
+}
+
+func formatActions(acts []coordinator.Action) string {
+	var sb strings.Builder
+	for _, a := range acts {
+		switch a := a.(type) {
+		case coordinator.WriteMap:
+			fmt.Fprintf(&sb, "write-map %s epoch=%d moves=%d owners=%s\n", a.Keyspace, a.Map.Epoch, a.Moves, formatCounts(a.Map.Assignment))
+		case coordinator.WriteGrants:
+			fmt.Fprintf(&sb, "write-grants %s token=%d granted=%d released=%d\n", a.Keyspace, a.Token, a.Granted, a.Released)
+			ids := make([]string, 0, len(a.Grants))
+			for id := range a.Grants {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			for _, id := range ids {
+				fmt.Fprintf(&sb, "  %s: %s\n", id, formatBuckets(a.Grants[id].Buckets))
+			}
+		case coordinator.RevokeSession:
+			fmt.Fprintf(&sb, "revoke %s %s session=%x quarantine=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Reason)
+		case coordinator.Report:
+			fmt.Fprintf(&sb, "report %s %s: %s\n", a.Keyspace, a.Kind, a.Message)
+		}
+	}
+	if sb.Len() == 0 {
+		return "ok\n"
+	}
+	return sb.String()
+}
+
+func formatCounts(a placement.Assignment) string {
+	c := a.Counts()
+	ids := make([]string, 0, len(c))
+	for id := range c {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var parts []string
+	for _, id := range ids {
+		parts = append(parts, fmt.Sprintf("%s:%d", id, c[id]))
+	}
+	return strings.Join(parts, ",")
+}
+
+// formatBuckets prints buckets as ranges with their token: 0-3@1 4@2.
+func formatBuckets(bts []coordinator.BucketToken) string {
+	if len(bts) == 0 {
+		return "-"
+	}
+	var parts []string
+	for i := 0; i < len(bts); {
+		j := i
+		for j+1 < len(bts) && bts[j+1].Bucket == bts[j].Bucket+1 && bts[j+1].Token == bts[i].Token {
+			j++
+		}
+		if j == i {
+			parts = append(parts, fmt.Sprintf("%d@%d", bts[i].Bucket, bts[i].Token))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d@%d", bts[i].Bucket, bts[j].Bucket, bts[i].Token))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, " ")
+}

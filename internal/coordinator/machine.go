@@ -1,0 +1,409 @@
+package coordinator
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+// Machine is the leader's state machine. It holds the last observed state
+// of every keyspace and, while it leads, returns the writes that move the
+// store towards the balanced, fully granted map.
+//
+// Machine is not safe for concurrent use; internal/server owns it from one
+// goroutine. It reads no clock and does no IO: time comes in with every
+// step.
+type Machine struct {
+	leader    bool
+	keyspaces map[string]*keyspace
+}
+
+// keyspace is everything observed about one keyspace.
+type keyspace struct {
+	cfg      Keyspace
+	known    bool // a KeyspacePut was seen
+	members  map[string]Member
+	drains   map[string]Drain
+	m        Map
+	mapRev   Rev
+	hasMap   bool
+	grants   map[string]Grants
+	grantRev map[string]Rev
+	releases map[string]map[int]uint64
+	tokens   uint64
+	tokenRev Rev
+	quar     map[string][]int // quarantine id → buckets
+
+	waitSince map[int]time.Time // bucket → since when its holder is asked to release
+
+	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
+	grantsInflight uint64 // token written, awaiting its echo; 0 = none
+	revokeInflight map[int64]bool
+}
+
+// New returns a Machine that knows nothing and does not lead.
+func New() *Machine {
+	return &Machine{keyspaces: map[string]*keyspace{}}
+}
+
+func (m *Machine) ks(name string) *keyspace {
+	k := m.keyspaces[name]
+	if k == nil {
+		k = &keyspace{
+			members:        map[string]Member{},
+			drains:         map[string]Drain{},
+			grants:         map[string]Grants{},
+			grantRev:       map[string]Rev{},
+			releases:       map[string]map[int]uint64{},
+			quar:           map[string][]int{},
+			waitSince:      map[int]time.Time{},
+			revokeInflight: map[int64]bool{},
+		}
+		m.keyspaces[name] = k
+	}
+	return k
+}
+
+// Leader reports whether the machine acts as leader.
+func (m *Machine) Leader() bool { return m.leader }
+
+// Step applies one event and returns the actions to take now.
+func (m *Machine) Step(ev Event, now time.Time) []Action {
+	return m.StepAll([]Event{ev}, now)
+}
+
+// StepAll applies several events observed together (for example one watch
+// response, whose changes share a revision) and then plans once, so no
+// action is computed from half of an atomic change.
+func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
+	for _, ev := range evs {
+		m.apply(ev)
+	}
+	if !m.leader {
+		return nil
+	}
+	var acts []Action
+	names := make([]string, 0, len(m.keyspaces))
+	for name := range m.keyspaces {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		acts = append(acts, m.plan(name, m.keyspaces[name], now)...)
+	}
+	return acts
+}
+
+func (m *Machine) apply(ev Event) {
+	switch e := ev.(type) {
+	case KeyspacePut:
+		k := m.ks(e.Keyspace.Name)
+		k.cfg, k.known = e.Keyspace, true
+	case KeyspaceDeleted:
+		delete(m.keyspaces, e.Name)
+	case MemberPut:
+		m.ks(e.Keyspace).members[e.Member.ID] = e.Member
+	case MemberDeleted:
+		delete(m.ks(e.Keyspace).members, e.ID)
+	case DrainPut:
+		m.ks(e.Keyspace).drains[e.ID] = e.Drain
+	case DrainDeleted:
+		delete(m.ks(e.Keyspace).drains, e.ID)
+	case MapPut:
+		k := m.ks(e.Keyspace)
+		k.m, k.mapRev, k.hasMap = e.Map, e.Rev, true
+		if k.mapInflight != 0 && e.Map.Epoch >= k.mapInflight {
+			k.mapInflight = 0
+		}
+	case GrantsPut:
+		k := m.ks(e.Keyspace)
+		k.grants[e.ID], k.grantRev[e.ID] = e.Grants, e.Rev
+	case GrantsDeleted:
+		k := m.ks(e.Keyspace)
+		if g, ok := k.grants[e.ID]; ok {
+			delete(k.revokeInflight, g.Session)
+		}
+		delete(k.grants, e.ID)
+		delete(k.grantRev, e.ID)
+	case ReleasesPut:
+		rel := make(map[int]uint64, len(e.Buckets))
+		for _, bt := range e.Buckets {
+			rel[bt.Bucket] = bt.Token
+		}
+		m.ks(e.Keyspace).releases[e.ID] = rel
+	case ReleasesDeleted:
+		delete(m.ks(e.Keyspace).releases, e.ID)
+	case TokensPut:
+		k := m.ks(e.Keyspace)
+		k.tokens, k.tokenRev = e.Token, e.Rev
+		if k.grantsInflight != 0 && e.Token >= k.grantsInflight {
+			k.grantsInflight = 0
+		}
+	case QuarantinePut:
+		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Buckets)
+	case QuarantineDeleted:
+		delete(m.ks(e.Keyspace).quar, e.ID)
+	case BecameLeader:
+		m.leader = true
+	case LostLeadership:
+		m.leader = false
+		for _, k := range m.keyspaces {
+			k.mapInflight, k.grantsInflight = 0, 0
+			clear(k.revokeInflight)
+		}
+	case Reset:
+		leader := m.leader
+		*m = *New()
+		m.leader = leader
+	case WriteFailed:
+		switch a := e.Action.(type) {
+		case WriteMap:
+			m.ks(a.Keyspace).mapInflight = 0
+		case WriteGrants:
+			m.ks(a.Keyspace).grantsInflight = 0
+		case RevokeSession:
+			delete(m.ks(a.Keyspace).revokeInflight, a.Session)
+		}
+	case Tick:
+	}
+}
+
+// effectiveMembers are the members that the balancer sees: joined members,
+// with weight 0 while draining. Members that are leaving are left out, so
+// their buckets move even when nobody can take them (they become
+// unassigned), while a drained member that stays keeps its buckets if it is
+// the last one.
+func (k *keyspace) effectiveMembers() []placement.Member {
+	out := make([]placement.Member, 0, len(k.members))
+	for id, mem := range k.members {
+		w := mem.Weight
+		if d, draining := k.drains[id]; draining {
+			if d.Leave {
+				continue
+			}
+			w = 0
+		}
+		out = append(out, placement.Member{ID: id, Weight: w, Zone: mem.Zone})
+	}
+	return out
+}
+
+func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
+	if !k.known || k.mapInflight != 0 {
+		return nil
+	}
+	// 1. The map: rebalance over the live members.
+	cur := k.m.Assignment
+	if !k.hasMap || cur.Buckets() != k.cfg.Buckets {
+		cur = placement.NewAssignment(k.cfg.Buckets)
+	}
+	p, err := placement.Balance(cur, k.effectiveMembers())
+	if err != nil {
+		return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
+	}
+	if !k.hasMap || len(p.Moves) > 0 {
+		epoch := k.m.Epoch + 1
+		k.mapInflight = epoch
+		return []Action{WriteMap{
+			Keyspace: name,
+			Map:      Map{Epoch: epoch, Assignment: p.Assignment},
+			Expect:   Expect{Kind: KeyMap, Rev: k.mapRev},
+			Moves:    len(p.Moves),
+		}}
+	}
+
+	var acts []Action
+	// 2. Sessions to end: superseded sessions, drains past their timeout,
+	// members that asked to leave and hold nothing.
+	acts = append(acts, m.revocations(name, k, now)...)
+
+	// 3. Grants: release what was released, grant what is free.
+	if k.grantsInflight == 0 {
+		if a, ok := k.grantRound(name); ok {
+			k.grantsInflight = a.Token
+			acts = append(acts, a)
+		}
+	}
+	return acts
+}
+
+// holders returns, per bucket, the member holding it and its token.
+func (k *keyspace) holders() ([]string, []uint64) {
+	holder := make([]string, k.cfg.Buckets)
+	token := make([]uint64, k.cfg.Buckets)
+	for id, g := range k.grants {
+		for _, bt := range g.Buckets {
+			if bt.Bucket >= 0 && bt.Bucket < len(holder) {
+				holder[bt.Bucket], token[bt.Bucket] = id, bt.Token
+			}
+		}
+	}
+	return holder, token
+}
+
+func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action {
+	holder, token := k.holders()
+	var acts []Action
+	revoke := func(id string, session int64, reason string, kind ReportKind) {
+		if k.revokeInflight[session] {
+			return
+		}
+		k.revokeInflight[session] = true
+		var q []int
+		if g, ok := k.grants[id]; ok && g.Session == session {
+			for _, bt := range g.Buckets {
+				q = append(q, bt.Bucket)
+			}
+		}
+		acts = append(acts,
+			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Reason: reason},
+			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %x: %s", id, session, reason)})
+	}
+
+	ids := make([]string, 0, len(k.grants))
+	for id := range k.grants {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		g := k.grants[id]
+		if mem, ok := k.members[id]; ok && mem.Session != g.Session {
+			revoke(id, g.Session, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
+		}
+	}
+
+	// Drain timeouts: a holder asked to release (target moved away) for
+	// longer than the keyspace's drain timeout loses its session.
+	late := map[string]int{}
+	for b, h := range holder {
+		target := k.m.Assignment.Owner(b)
+		if h == "" || h == target || k.releases[h][b] == token[b] {
+			delete(k.waitSince, b)
+			continue
+		}
+		since, ok := k.waitSince[b]
+		if !ok {
+			k.waitSince[b] = now
+			continue
+		}
+		if k.cfg.DrainTimeout > 0 && now.Sub(since) >= k.cfg.DrainTimeout {
+			late[h]++
+		}
+	}
+	lateIDs := make([]string, 0, len(late))
+	for id := range late {
+		lateIDs = append(lateIDs, id)
+	}
+	sort.Strings(lateIDs)
+	for _, id := range lateIDs {
+		if g, ok := k.grants[id]; ok {
+			revoke(id, g.Session, fmt.Sprintf("%d buckets not released within the drain timeout %v", late[id], k.cfg.DrainTimeout), ReportDrainTimeout)
+		}
+	}
+
+	// Members that asked to leave and hold and own nothing.
+	leaving := make([]string, 0)
+	for id, d := range k.drains {
+		if d.Leave {
+			leaving = append(leaving, id)
+		}
+	}
+	sort.Strings(leaving)
+	counts := k.m.Assignment.Counts()
+	for _, id := range leaving {
+		mem, ok := k.members[id]
+		if !ok || counts[id] > 0 || len(k.grants[id].Buckets) > 0 {
+			continue
+		}
+		if k.revokeInflight[mem.Session] {
+			continue
+		}
+		k.revokeInflight[mem.Session] = true
+		acts = append(acts,
+			RevokeSession{Keyspace: name, ID: id, Session: mem.Session, TTL: k.cfg.LeaseTTL, Reason: "left after draining"},
+			Report{Keyspace: name, Kind: ReportLeft, Message: fmt.Sprintf("member %s left after draining", id)})
+	}
+	return acts
+}
+
+// grantRound computes one round of grant changes, or false if nothing can
+// change now.
+func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
+	holder, token := k.holders()
+	quarantined := map[int]bool{}
+	for _, bs := range k.quar {
+		for _, b := range bs {
+			quarantined[b] = true
+		}
+	}
+	newToken := k.tokens + 1
+	next := map[string]map[int]uint64{} // touched member → bucket → token
+	touch := func(id string) map[int]uint64 {
+		if g, ok := next[id]; ok {
+			return g
+		}
+		g := map[int]uint64{}
+		for _, bt := range k.grants[id].Buckets {
+			g[bt.Bucket] = bt.Token
+		}
+		next[id] = g
+		return g
+	}
+	canReceive := func(id string) bool {
+		mem, ok := k.members[id]
+		if !ok || mem.Session == 0 || k.revokeInflight[mem.Session] {
+			return false
+		}
+		g, has := k.grants[id]
+		return !has || g.Session == mem.Session
+	}
+	granted, released := 0, 0
+	for b := range k.cfg.Buckets {
+		target := k.m.Assignment.Owner(b)
+		h := holder[b]
+		if h == target && h != "" {
+			continue
+		}
+		if h != "" {
+			if k.releases[h][b] != token[b] {
+				continue // still waiting for the holder to release
+			}
+			delete(touch(h), b)
+			released++
+		}
+		if target == "" || quarantined[b] || !canReceive(target) {
+			continue
+		}
+		touch(target)[b] = newToken
+		granted++
+	}
+	if len(next) == 0 {
+		return WriteGrants{}, false
+	}
+	// Every round bumps the counter, even one that only releases, so that
+	// its echo (the TokensPut) tells the machine the write landed.
+	a := WriteGrants{Keyspace: name, Grants: map[string]Grants{}, Token: newToken, Granted: granted, Released: released}
+	ids := make([]string, 0, len(next))
+	for id := range next {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		session := k.grants[id].Session
+		if mem, ok := k.members[id]; ok && session == 0 {
+			session = mem.Session
+		}
+		g := Grants{Session: session}
+		for b, t := range next[id] {
+			g.Buckets = append(g.Buckets, BucketToken{Bucket: b, Token: t})
+		}
+		slices.SortFunc(g.Buckets, func(x, y BucketToken) int { return x.Bucket - y.Bucket })
+		a.Grants[id] = g
+		a.Expects = append(a.Expects, Expect{Kind: KeyGrants, ID: id, Rev: k.grantRev[id]})
+	}
+	a.Expects = append(a.Expects, Expect{Kind: KeyTokens, Rev: k.tokenRev})
+	return a, true
+}

@@ -1,0 +1,120 @@
+package coordinator_test
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+
+	"github.com/keyshard/keyshard/internal/coordinator"
+)
+
+// TestScripts runs the protocol scripts in testdata. Refresh the expected
+// output with -rewrite and review the diff.
+func TestScripts(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		w := newWorld()
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			out := runCommand(t, w, d)
+			if len(w.violation) > 0 {
+				out += "VIOLATION: " + strings.Join(w.violation, "; ") + "\n"
+				w.violation = nil
+			}
+			return out
+		})
+	})
+}
+
+func arg(t *testing.T, d *datadriven.TestData, key, def string) string {
+	for _, a := range d.CmdArgs {
+		if a.Key == key {
+			if len(a.Vals) == 0 {
+				return "true"
+			}
+			return a.Vals[0]
+		}
+	}
+	if def == "" {
+		t.Fatalf("%s: missing argument %s", d.Pos, key)
+	}
+	return def
+}
+
+func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
+	ks := arg(t, d, "ks", "rooms")
+	switch d.Cmd {
+	case "keyspace":
+		buckets, _ := strconv.Atoi(arg(t, d, "buckets", "12"))
+		ttl, _ := time.ParseDuration(arg(t, d, "ttl", "10s"))
+		drain, _ := time.ParseDuration(arg(t, d, "drain", "30s"))
+		return formatActions(w.createKeyspace(coordinator.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: coordinator.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
+	case "leader":
+		return formatActions(w.step(coordinator.BecameLeader{}))
+	case "lose-leadership":
+		return formatActions(w.step(coordinator.LostLeadership{}))
+	case "join":
+		weight, _ := strconv.ParseFloat(arg(t, d, "weight", "1"), 64)
+		var out strings.Builder
+		for _, id := range strings.Split(arg(t, d, "id", ""), ",") {
+			out.WriteString(formatActions(w.join(ks, id, weight)))
+		}
+		return out.String()
+	case "crash":
+		id := arg(t, d, "id", "")
+		return formatActions(w.expire(ks, id, w.members[ks][id].Session))
+	case "release":
+		var out strings.Builder
+		for _, id := range strings.Split(arg(t, d, "id", ""), ",") {
+			out.WriteString(formatActions(w.release(ks, id)))
+		}
+		return out.String()
+	case "drain":
+		id := arg(t, d, "id", "")
+		leave := arg(t, d, "leave", "false") == "true"
+		return formatActions(w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: coordinator.Drain{Leave: leave}}))
+	case "tick":
+		dt, _ := time.ParseDuration(arg(t, d, "advance", "1s"))
+		w.now = w.now.Add(dt)
+		return formatActions(w.step(coordinator.Tick{}))
+	case "quarantine-expire":
+		id := arg(t, d, "id", "")
+		delete(w.quar[ks], id)
+		return formatActions(w.step(coordinator.QuarantineDeleted{Keyspace: ks, ID: id}))
+	case "apply":
+		return formatActions(w.apply())
+	case "settle":
+		w.settle()
+		return w.state(ks)
+	case "state":
+		return w.state(ks)
+	case "reports":
+		out := strings.Join(w.reports, "\n") + "\n"
+		w.reports = nil
+		return out
+	}
+	t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
+	return ""
+}
+
+func (w *world) state(ks string) string {
+	var sb strings.Builder
+	m := w.maps[ks]
+	fmt.Fprintf(&sb, "epoch %d: %s\n", m.Epoch, formatCounts(m.Assignment))
+	ids := make([]string, 0, len(w.grants[ks]))
+	for id := range w.grants[ks] {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&sb, "grants %s: %s\n", id, formatBuckets(w.grants[ks][id].Buckets))
+	}
+	for id, q := range w.quar[ks] {
+		fmt.Fprintf(&sb, "quarantine %s: %v\n", id, q)
+	}
+	fmt.Fprintf(&sb, "converged: %v\n", w.converged(ks))
+	return sb.String()
+}

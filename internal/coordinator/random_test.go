@@ -1,0 +1,158 @@
+package coordinator_test
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/keyshard/keyshard/internal/coordinator"
+)
+
+// failover replaces the machine with a fresh one that loads the store, as
+// a newly elected replica does. The old leader's pending writes are lost
+// (its fence no longer holds).
+func (w *world) failover() {
+	w.pending = nil
+	w.m = coordinator.New()
+	var evs []coordinator.Event
+	names := make([]string, 0, len(w.keyspaces))
+	for name := range w.keyspaces {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, ks := range names {
+		evs = append(evs, coordinator.KeyspacePut{Keyspace: w.keyspaces[ks]})
+		for _, mem := range w.members[ks] {
+			evs = append(evs, coordinator.MemberPut{Keyspace: ks, Member: mem})
+		}
+		if m, ok := w.maps[ks]; ok {
+			evs = append(evs, coordinator.MapPut{Keyspace: ks, Map: m, Rev: w.mapRev[ks]})
+		}
+		for id, g := range w.grants[ks] {
+			evs = append(evs, coordinator.GrantsPut{Keyspace: ks, ID: id, Grants: g, Rev: w.grantRev[ks][id]})
+		}
+		for id, r := range w.releases[ks] {
+			evs = append(evs, coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: r})
+		}
+		if w.tokenRev[ks] != 0 {
+			evs = append(evs, coordinator.TokensPut{Keyspace: ks, Token: w.tokens[ks], Rev: w.tokenRev[ks]})
+		}
+		for id, q := range w.quar[ks] {
+			evs = append(evs, coordinator.QuarantinePut{Keyspace: ks, ID: id, Buckets: q})
+		}
+		for id, d := range w.drains[ks] {
+			evs = append(evs, coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
+		}
+	}
+	evs = append(evs, coordinator.BecameLeader{})
+	w.step(evs...)
+}
+
+// TestRandomHistories drives the machine through random joins, crashes,
+// re-joins, drains, releases, lost writes, leader failovers and time, and
+// checks after every step that no bucket is held twice and tokens only
+// rise; once the faults stop and members release, every bucket must be
+// granted to its balanced target.
+func TestRandomHistories(t *testing.T) {
+	converged := 0
+	rapid.Check(t, func(t *rapid.T) {
+		w := newWorld()
+		buckets := rapid.IntRange(1, 64).Draw(t, "buckets")
+		w.createKeyspace(coordinator.Keyspace{Name: "ks", Buckets: buckets, Hash: "xxh64", Mode: coordinator.ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
+		w.step(coordinator.BecameLeader{})
+		ids := []string{"a", "b", "c", "d", "e"}
+		for i := range rapid.IntRange(5, 60).Draw(t, "steps") {
+			id := rapid.SampledFrom(ids).Draw(t, "id")
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); op {
+			case 0, 1:
+				w.join("ks", id, float64(rapid.IntRange(1, 3).Draw(t, "weight")))
+			case 2:
+				if mem, ok := w.members["ks"][id]; ok {
+					w.expire("ks", id, mem.Session)
+				}
+			case 3:
+				w.release("ks", id)
+			case 4:
+				w.drain("ks", id, coordinator.Drain{Leave: rapid.Bool().Draw(t, "leave")})
+			case 5:
+				w.now = w.now.Add(time.Duration(rapid.IntRange(1, 40).Draw(t, "secs")) * time.Second)
+				w.step(coordinator.Tick{})
+			case 6:
+				for qid := range w.quar["ks"] {
+					delete(w.quar["ks"], qid)
+					w.step(coordinator.QuarantineDeleted{Keyspace: "ks", ID: qid})
+				}
+			case 7:
+				w.failover()
+			case 8:
+				// A write is lost: the server reports it failed.
+				if len(w.pending) > 0 {
+					a := w.pending[0]
+					w.pending = w.pending[1:]
+					w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("unavailable")})
+				}
+			default:
+				w.apply()
+			}
+			if len(w.violation) > 0 {
+				t.Fatalf("step %d: %v", i, w.violation)
+			}
+		}
+		// Faults stop: members release what moved, quarantines expire,
+		// drains are withdrawn... and the map converges.
+		for range 20 {
+			for _, id := range ids {
+				w.release("ks", id)
+			}
+			for qid := range w.quar["ks"] {
+				delete(w.quar["ks"], qid)
+				w.step(coordinator.QuarantineDeleted{Keyspace: "ks", ID: qid})
+			}
+			w.now = w.now.Add(time.Second)
+			w.step(coordinator.Tick{})
+			w.settle()
+		}
+		if len(w.violation) > 0 {
+			t.Fatalf("after quiescence: %v", w.violation)
+		}
+		if len(w.members["ks"]) > 0 && !w.converged("ks") {
+			t.Fatalf("did not converge:\n%s", w.state("ks"))
+		}
+		// The map is balanced over the members that are not draining, and
+		// members that asked to leave are gone.
+		counts := w.maps["ks"].Assignment.Counts()
+		active, weights := 0, 0.0
+		for id, mem := range w.members["ks"] {
+			if _, draining := w.drains["ks"][id]; !draining {
+				active++
+				weights += mem.Weight
+			}
+		}
+		for id, mem := range w.members["ks"] {
+			d, draining := w.drains["ks"][id]
+			switch {
+			case draining && d.Leave:
+				t.Fatalf("member %s asked to leave but is still joined", id)
+			case draining:
+				// A drained member keeps its buckets only if nobody else can
+				// take them.
+				if active > 0 && counts[id] != 0 {
+					t.Fatalf("draining member %s still targets %d buckets", id, counts[id])
+				}
+			default:
+				share := float64(buckets) * mem.Weight / weights
+				if c := float64(counts[id]); c < math.Floor(share+1e-9) || c > math.Ceil(share-1e-9) {
+					t.Fatalf("member %s holds %d buckets, share %.2f", id, counts[id], share)
+				}
+			}
+		}
+		converged++
+	})
+	if converged == 0 {
+		t.Fatal("no history converged")
+	}
+}
