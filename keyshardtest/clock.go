@@ -1,0 +1,171 @@
+package keyshardtest
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/keyshard/keyshard/clock"
+)
+
+// FakeClock is a clock.Clock that moves only when Advance is called.
+// Timers, tickers and AfterFunc callbacks fire, in deadline order, during
+// Advance. It is safe for concurrent use.
+type FakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []*fakeTimer
+	changed chan struct{} // closed and replaced whenever a timer is added
+}
+
+var _ clock.Clock = (*FakeClock)(nil)
+
+// NewFakeClock returns a FakeClock at start.
+func NewFakeClock(start time.Time) *FakeClock {
+	return &FakeClock{now: start, changed: make(chan struct{})}
+}
+
+// Now returns the fake time.
+func (c *FakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Since returns the fake time elapsed since t.
+func (c *FakeClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// NewTimer returns a timer that fires when the clock is advanced past d.
+func (c *FakeClock) NewTimer(d time.Duration) clock.Timer {
+	t := &fakeTimer{c: c, ch: make(chan time.Time, 1)}
+	c.schedule(t, d)
+	return t
+}
+
+// AfterFunc calls f, in its own goroutine, once the clock passes d.
+func (c *FakeClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := &fakeTimer{c: c, f: f}
+	c.schedule(t, d)
+	return t
+}
+
+// NewTicker returns a ticker that ticks every d of fake time.
+func (c *FakeClock) NewTicker(d time.Duration) clock.Ticker {
+	if d <= 0 {
+		panic("keyshardtest: non-positive interval for NewTicker")
+	}
+	t := &fakeTimer{c: c, ch: make(chan time.Time, 1), period: d}
+	c.schedule(t, d)
+	return &fakeTicker{t}
+}
+
+// Advance moves the clock forward by d, firing every timer due on the way.
+func (c *FakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	end := c.now.Add(d)
+	for {
+		sort.SliceStable(c.waiters, func(i, j int) bool { return c.waiters[i].when.Before(c.waiters[j].when) })
+		if len(c.waiters) == 0 || c.waiters[0].when.After(end) {
+			break
+		}
+		t := c.waiters[0]
+		c.waiters = c.waiters[1:]
+		c.now = t.when
+		t.active = false
+		if t.period > 0 {
+			t.when = t.when.Add(t.period)
+			t.active = true
+			c.waiters = append(c.waiters, t)
+		}
+		now := c.now
+		if t.f != nil {
+			go t.f() // exits when f returns; the test owns f
+		} else {
+			select {
+			case t.ch <- now:
+			default: // like time.Ticker, drop a tick nobody read
+			}
+		}
+	}
+	c.now = end
+	c.mu.Unlock()
+}
+
+// Waiters returns the number of timers and tickers waiting to fire.
+func (c *FakeClock) Waiters() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiters)
+}
+
+// BlockUntil waits until at least n timers are waiting, so a test can
+// advance the clock only once the code under test is asleep on it.
+func (c *FakeClock) BlockUntil(n int) {
+	for {
+		c.mu.Lock()
+		if len(c.waiters) >= n {
+			c.mu.Unlock()
+			return
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		<-ch
+	}
+}
+
+func (c *FakeClock) schedule(t *fakeTimer, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.when = c.now.Add(d)
+	t.active = true
+	c.waiters = append(c.waiters, t)
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+func (c *FakeClock) remove(t *fakeTimer) bool {
+	for i, w := range c.waiters {
+		if w == t {
+			c.waiters = append(c.waiters[:i], c.waiters[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+type fakeTimer struct {
+	c      *FakeClock
+	ch     chan time.Time
+	f      func()
+	when   time.Time
+	period time.Duration
+	active bool
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+
+func (t *fakeTimer) Stop() bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	t.active = false
+	return t.c.remove(t)
+}
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	t.c.mu.Lock()
+	was := t.c.remove(t)
+	t.c.mu.Unlock()
+	t.c.schedule(t, d)
+	return was
+}
+
+type fakeTicker struct{ t *fakeTimer }
+
+func (k *fakeTicker) C() <-chan time.Time { return k.t.ch }
+func (k *fakeTicker) Stop()               { k.t.Stop() }
+func (k *fakeTicker) Reset(d time.Duration) {
+	k.t.c.mu.Lock()
+	k.t.period = d
+	k.t.c.mu.Unlock()
+	k.t.Reset(d)
+}
