@@ -21,7 +21,36 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys())
+	return cmd
+}
+
+func newBenchHotkeys() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "hotkeys",
+		Short: "Hot-key detector throughput, memory and accuracy, and the overflow decision cost",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.apply(); err != nil {
+				return err
+			}
+			rep, err := bench.Hotkeys(cmd.Context(), f.runs, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "detector            %.1fM observations/s, %.0f allocs each, %d bytes for 10,000 keys\n", rep.DetectorOpsPerS/1e6, rep.DetectorAllocs, rep.DetectorBytes)
+			fmt.Fprintf(out, "router decision     %.1f ns\n", rep.RouterDecisionNs)
+			fmt.Fprintf(out, "accuracy            recall %.4f, %d false reports\n", rep.Recall, rep.FalseReports)
+			fmt.Fprintf(out, "10M distinct keys   heap growth %d bytes\n", rep.MemoryGrowth10MUniqueBytes)
+			return nil
+		},
+	}
+	f.register(cmd)
 	return cmd
 }
 

@@ -30,7 +30,7 @@ type PlacementOptions struct {
 // PlacementReport is the output of `keyshard bench placement --json`.
 type PlacementReport struct {
 	Cases []PlacementCase `json:"cases"`
-	Runs   int         `json:"runs"`
+	Runs  int             `json:"runs"`
 }
 
 // MoveCount compares the buckets a plan moved with the optimum.
