@@ -1,0 +1,984 @@
+package store
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+// LeaseID is an etcd lease id: a member's session or a replica's election
+// session. Zero means "no lease".
+type LeaseID int64
+
+// String formats id in hex, as etcdctl does.
+func (id LeaseID) String() string { return strconv.FormatInt(int64(id), 16) }
+
+// Mode is how a keyspace hands buckets over.
+type Mode string
+
+// The keyspace modes.
+const (
+	// ModeExclusive: a moved bucket is granted to its new owner only after
+	// the old owner released it or lost its session.
+	ModeExclusive Mode = "exclusive"
+	// ModeStream: like exclusive, and every bucket has a committed stream
+	// position its next owner resumes from.
+	ModeStream Mode = "stream"
+)
+
+// Limits on the values stored. They keep each key far below etcd's request
+// size limit and make a corrupt or hostile value easy to spot.
+const (
+	MaxLeaseTTL       = 24 * time.Hour
+	MaxDrainTimeout   = 24 * time.Hour
+	MaxAddressLen     = 1024
+	MaxZoneLen        = 128
+	MaxMetadata       = 64 // entries
+	MaxMetadataKeyLen = 128
+	MaxMetadataValLen = 1024
+	MaxDrainByLen     = 256
+	MaxMapMembers     = math.MaxUint16 // owner indexes are uint16, 0 = unassigned
+)
+
+// Keyspace is the configuration stored at keyspaces/<ks>. Buckets, Hash and
+// Mode never change once created (UpdateKeyspace returns ErrImmutable).
+//
+// JSON: {"name","buckets","hash","mode","lease_ttl_ms","drain_timeout_ms"}.
+type Keyspace struct {
+	Name    string
+	Buckets int                // 1 to placement.MaxBuckets
+	Hash    placement.HashMode // explicit: "" is not accepted here
+	Mode    Mode
+	// LeaseTTL is the TTL of each member's session: whole seconds (etcd
+	// leases have second granularity), 1 s to MaxLeaseTTL.
+	LeaseTTL time.Duration
+	// DrainTimeout is how long the leader waits for a release before it
+	// revokes the holder's session: whole milliseconds, 0 to MaxDrainTimeout.
+	DrainTimeout time.Duration
+}
+
+// Member is the record stored at members/<ks>/<id>, on the member's lease.
+//
+// JSON: {"id","address","weight","zone","metadata","session","joined_at"}.
+type Member struct {
+	ID       string
+	Address  string            // where routers send work; up to MaxAddressLen bytes
+	Weight   float64           // finite, >= 0; 0 means draining
+	Zone     string            // up to MaxZoneLen bytes
+	Metadata map[string]string // up to MaxMetadata entries
+	Session  LeaseID           // the lease the record is attached to; Join sets it
+	JoinedAt time.Time         // must be set
+}
+
+// DrainRequest is stored at drain/<ks>/<id>, on the member's lease: the
+// member should hand over its buckets.
+//
+// JSON: {"requested_at","by","leave"}; "leave" is omitted when false.
+type DrainRequest struct {
+	RequestedAt time.Time // must be set
+	By          string    // who asked ("admin", "member", a user name); 1 to MaxDrainByLen bytes
+	// Leave: the member's session ends once it holds nothing (a member's
+	// Leave); otherwise it stays joined with nothing (an admin drain).
+	Leave bool
+}
+
+// Map is the target owner of every bucket of a keyspace, stored at
+// map/<ks>. Owners has one entry per bucket: 0 means unassigned and i > 0
+// means Members[i-1].
+//
+// JSON: {"epoch":N,"buckets":B,"hash":"xxh64","members":["a","b"],"owners":"<base64 of B little-endian uint16>"}.
+type Map struct {
+	Epoch   uint64 // >= 1; +1 for every new map
+	Buckets int
+	Hash    placement.HashMode
+	Members []string
+	Owners  []uint16
+}
+
+// BucketToken is a bucket with the fencing token it was granted (or
+// released) at. Tokens start at 1 and strictly increase per bucket.
+type BucketToken struct {
+	Bucket int
+	Token  uint64
+}
+
+// Grants lists the buckets granted to one member, stored at
+// grants/<ks>/<id> on the member's lease (Session). Buckets is sorted by
+// bucket, without duplicates.
+//
+// JSON: {"session":L,"buckets":[[bucket,token],...]}.
+type Grants struct {
+	Session LeaseID
+	Buckets []BucketToken
+}
+
+// Releases lists the (bucket, token) pairs a member has released, stored at
+// releases/<ks>/<id> on the member's lease. Sorted by bucket, no duplicates.
+//
+// JSON: {"buckets":[[bucket,token],...]}.
+type Releases struct {
+	Buckets []BucketToken
+}
+
+// Quarantine is stored at quarantine/<ks>/<id> by the leader before it
+// revokes member id's session: the buckets that session held, which must
+// not be granted again while the key lives. The key is attached to a lease
+// of its own, granted for one member lease TTL, so that etcd (not a local
+// timer) ends the quarantine. Session is the revoked session's lease.
+// Buckets is sorted, without duplicates.
+//
+// JSON: {"session":L,"buckets":[b,...]}.
+type Quarantine struct {
+	Session LeaseID
+	Buckets []int
+}
+
+// fieldError is a validation failure of one field, turned into ErrInvalid
+// (encoding) or a *CorruptError (decoding) by the caller.
+type fieldError struct {
+	field, reason string
+}
+
+func ferr(field, format string, args ...any) *fieldError {
+	return &fieldError{field: field, reason: fmt.Sprintf(format, args...)}
+}
+
+func (e *fieldError) invalid(what string) error {
+	return fmt.Errorf("%w: %s: field %q: %s", ErrInvalid, what, e.field, e.reason)
+}
+
+func (e *fieldError) corrupt(key string) error {
+	return &CorruptError{Key: key, Field: e.field, Reason: e.reason}
+}
+
+func checkText(field, s string, min, max int) *fieldError {
+	if len(s) < min || len(s) > max {
+		return ferr(field, "length %d is outside [%d, %d]", len(s), min, max)
+	}
+	if !utf8.ValidString(s) {
+		return ferr(field, "not valid UTF-8")
+	}
+	return nil
+}
+
+func checkTime(field string, t time.Time) *fieldError {
+	if t.IsZero() {
+		return ferr(field, "not set")
+	}
+	if y := t.UTC().Year(); y < 1 || y > 9999 {
+		return ferr(field, "year %d is outside [1, 9999]", y)
+	}
+	return nil
+}
+
+func checkName(field string, kind Kind, s string) *fieldError {
+	if err := ValidateName(kind, s); err != nil {
+		return ferr(field, "%v", err)
+	}
+	return nil
+}
+
+// Validate checks k as CreateKeyspace and EncodeKeyspace do. The error wraps
+// ErrInvalid and names the field.
+func (k Keyspace) Validate() error {
+	if e := k.validate(); e != nil {
+		return e.invalid("keyspace")
+	}
+	return nil
+}
+
+func (k Keyspace) validate() *fieldError {
+	if e := checkName("name", KindKeyspace, k.Name); e != nil {
+		return e
+	}
+	if k.Buckets < placement.MinBuckets || k.Buckets > placement.MaxBuckets {
+		return ferr("buckets", "%d is outside [%d, %d]", k.Buckets, placement.MinBuckets, placement.MaxBuckets)
+	}
+	if k.Hash == "" {
+		return ferr("hash", "empty; use %q or %q", placement.HashXXH64, placement.HashSynapse)
+	}
+	if err := k.Hash.Validate(); err != nil {
+		return ferr("hash", "%v", err)
+	}
+	switch k.Mode {
+	case ModeExclusive, ModeStream:
+	default:
+		return ferr("mode", "%q is unknown; use %q or %q", string(k.Mode), ModeExclusive, ModeStream)
+	}
+	if k.LeaseTTL < time.Second || k.LeaseTTL > MaxLeaseTTL || k.LeaseTTL%time.Second != 0 {
+		return ferr("lease_ttl_ms", "%v is not a whole number of seconds in [1s, %v]", k.LeaseTTL, MaxLeaseTTL)
+	}
+	if k.DrainTimeout < 0 || k.DrainTimeout > MaxDrainTimeout || k.DrainTimeout%time.Millisecond != 0 {
+		return ferr("drain_timeout_ms", "%v is not a whole number of milliseconds in [0, %v]", k.DrainTimeout, MaxDrainTimeout)
+	}
+	return nil
+}
+
+// Validate checks m as Join and EncodeMember do. The error wraps ErrInvalid
+// and names the field.
+func (m Member) Validate() error {
+	if e := m.validate(); e != nil {
+		return e.invalid("member")
+	}
+	return nil
+}
+
+func (m Member) validate() *fieldError {
+	if e := checkName("id", KindMember, m.ID); e != nil {
+		return e
+	}
+	if e := checkText("address", m.Address, 0, MaxAddressLen); e != nil {
+		return e
+	}
+	if math.IsNaN(m.Weight) || math.IsInf(m.Weight, 0) || m.Weight < 0 {
+		return ferr("weight", "%v is not a finite number >= 0", m.Weight)
+	}
+	if e := checkText("zone", m.Zone, 0, MaxZoneLen); e != nil {
+		return e
+	}
+	if len(m.Metadata) > MaxMetadata {
+		return ferr("metadata", "%d entries; the limit is %d", len(m.Metadata), MaxMetadata)
+	}
+	for k, v := range m.Metadata {
+		if e := checkText("metadata", k, 1, MaxMetadataKeyLen); e != nil {
+			return ferr("metadata", "key %q: %s", k, e.reason)
+		}
+		if e := checkText("metadata", v, 0, MaxMetadataValLen); e != nil {
+			return ferr("metadata", "value of %q: %s", k, e.reason)
+		}
+	}
+	if m.Session <= 0 {
+		return ferr("session", "%d is not a lease id", int64(m.Session))
+	}
+	if e := checkTime("joined_at", m.JoinedAt); e != nil {
+		return e
+	}
+	return nil
+}
+
+// Validate checks d as PutDrain and EncodeDrain do.
+func (d DrainRequest) Validate() error {
+	if e := d.validate(); e != nil {
+		return e.invalid("drain request")
+	}
+	return nil
+}
+
+func (d DrainRequest) validate() *fieldError {
+	if e := checkTime("requested_at", d.RequestedAt); e != nil {
+		return e
+	}
+	return checkText("by", d.By, 1, MaxDrainByLen)
+}
+
+// Validate checks m as EncodeMap does: epoch >= 1, bucket count and hash
+// mode valid, member ids valid and distinct, one owner per bucket, each 0
+// or an index into Members plus one.
+func (m Map) Validate() error {
+	if e := m.validate(); e != nil {
+		return e.invalid("map")
+	}
+	return nil
+}
+
+func (m Map) validate() *fieldError {
+	if m.Epoch == 0 {
+		return ferr("epoch", "0; epochs start at 1")
+	}
+	if m.Buckets < placement.MinBuckets || m.Buckets > placement.MaxBuckets {
+		return ferr("buckets", "%d is outside [%d, %d]", m.Buckets, placement.MinBuckets, placement.MaxBuckets)
+	}
+	if m.Hash == "" {
+		return ferr("hash", "empty")
+	}
+	if err := m.Hash.Validate(); err != nil {
+		return ferr("hash", "%v", err)
+	}
+	if len(m.Members) > MaxMapMembers {
+		return ferr("members", "%d members; the limit is %d", len(m.Members), MaxMapMembers)
+	}
+	seen := make(map[string]bool, len(m.Members))
+	for i, id := range m.Members {
+		if err := ValidateName(KindMember, id); err != nil {
+			return ferr("members", "member %d: %v", i, err)
+		}
+		if seen[id] {
+			return ferr("members", "member %q appears twice", id)
+		}
+		seen[id] = true
+	}
+	if len(m.Owners) != m.Buckets {
+		return ferr("owners", "%d owners for %d buckets", len(m.Owners), m.Buckets)
+	}
+	for b, o := range m.Owners {
+		if int(o) > len(m.Members) {
+			return ferr("owners", "bucket %d has owner %d; there are %d members", b, o, len(m.Members))
+		}
+	}
+	return nil
+}
+
+// Owner returns the id of the target owner of bucket b, or "" if it is
+// unassigned or out of range.
+func (m Map) Owner(b int) string {
+	if b < 0 || b >= len(m.Owners) {
+		return ""
+	}
+	o := int(m.Owners[b])
+	if o == 0 || o > len(m.Members) {
+		return ""
+	}
+	return m.Members[o-1]
+}
+
+// Assignment converts m to the placement form (owner index -1 for
+// unassigned). The result shares nothing with m.
+func (m Map) Assignment() placement.Assignment {
+	a := placement.Assignment{
+		Members: slices.Clone(m.Members),
+		Owners:  make([]int32, len(m.Owners)),
+	}
+	for b, o := range m.Owners {
+		a.Owners[b] = int32(o) - 1 // 0 -> Unassigned (-1)
+	}
+	return a
+}
+
+// MapFromAssignment builds the map of epoch from a placement assignment.
+// It returns an error wrapping ErrInvalid if a does not validate, has more
+// than MaxMapMembers members or a member id that is not a valid name.
+func MapFromAssignment(epoch uint64, hash placement.HashMode, a placement.Assignment) (Map, error) {
+	if err := a.Validate(); err != nil {
+		return Map{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	m := Map{
+		Epoch:   epoch,
+		Buckets: len(a.Owners),
+		Hash:    hash,
+		Members: slices.Clone(a.Members),
+		Owners:  make([]uint16, len(a.Owners)),
+	}
+	if len(m.Members) > MaxMapMembers {
+		return Map{}, invalidf("map: %d members; the limit is %d", len(m.Members), MaxMapMembers)
+	}
+	for b, o := range a.Owners {
+		if o != placement.Unassigned {
+			m.Owners[b] = uint16(o + 1)
+		}
+	}
+	if err := m.Validate(); err != nil {
+		return Map{}, err
+	}
+	return m, nil
+}
+
+func validatePairs(field string, pairs []BucketToken) *fieldError {
+	for i, p := range pairs {
+		if p.Bucket < 0 || p.Bucket >= placement.MaxBuckets {
+			return ferr(field, "entry %d: bucket %d is outside [0, %d)", i, p.Bucket, placement.MaxBuckets)
+		}
+		if p.Token == 0 {
+			return ferr(field, "entry %d: bucket %d has token 0; tokens start at 1", i, p.Bucket)
+		}
+		if i > 0 && pairs[i-1].Bucket >= p.Bucket {
+			if pairs[i-1].Bucket == p.Bucket {
+				return ferr(field, "entry %d: bucket %d appears twice", i, p.Bucket)
+			}
+			return ferr(field, "entry %d: bucket %d follows %d; want ascending order", i, p.Bucket, pairs[i-1].Bucket)
+		}
+	}
+	return nil
+}
+
+func checkPairsIn(field string, pairs []BucketToken, buckets int) *fieldError {
+	for _, p := range pairs {
+		if p.Bucket >= buckets {
+			return ferr(field, "bucket %d is outside the keyspace's %d buckets", p.Bucket, buckets)
+		}
+	}
+	return nil
+}
+
+// Validate checks g: a session and sorted, distinct buckets with tokens >= 1.
+func (g Grants) Validate() error {
+	if e := g.validate(); e != nil {
+		return e.invalid("grants")
+	}
+	return nil
+}
+
+func (g Grants) validate() *fieldError {
+	if g.Session <= 0 {
+		return ferr("session", "%d is not a lease id", int64(g.Session))
+	}
+	return validatePairs("buckets", g.Buckets)
+}
+
+// Validate checks r: sorted, distinct buckets with tokens >= 1.
+func (r Releases) Validate() error {
+	if e := validatePairs("buckets", r.Buckets); e != nil {
+		return e.invalid("releases")
+	}
+	return nil
+}
+
+// Validate checks q: a session and sorted, distinct buckets in range.
+func (q Quarantine) Validate() error {
+	if e := q.validate(); e != nil {
+		return e.invalid("quarantine")
+	}
+	return nil
+}
+
+func (q Quarantine) validate() *fieldError {
+	if q.Session <= 0 {
+		return ferr("session", "%d is not a lease id", int64(q.Session))
+	}
+	for i, b := range q.Buckets {
+		if b < 0 || b >= placement.MaxBuckets {
+			return ferr("buckets", "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
+		}
+		if i > 0 && q.Buckets[i-1] >= b {
+			if q.Buckets[i-1] == b {
+				return ferr("buckets", "entry %d: bucket %d appears twice", i, b)
+			}
+			return ferr("buckets", "entry %d: bucket %d follows %d; want ascending order", i, b, q.Buckets[i-1])
+		}
+	}
+	return nil
+}
+
+// SortPairs sorts pairs by bucket in place, as Grants and Releases require.
+func SortPairs(pairs []BucketToken) {
+	slices.SortFunc(pairs, func(a, b BucketToken) int { return a.Bucket - b.Bucket })
+}
+
+// Wire forms. Encoding and decoding use separate structs so that decoding
+// can see each pair's raw JSON and reject anything but two non-negative
+// integers.
+
+type keyspaceJSON struct {
+	Name           string `json:"name"`
+	Buckets        int    `json:"buckets"`
+	Hash           string `json:"hash"`
+	Mode           string `json:"mode"`
+	LeaseTTLMs     int64  `json:"lease_ttl_ms"`
+	DrainTimeoutMs int64  `json:"drain_timeout_ms"`
+}
+
+var keyspaceFields = []string{"name", "buckets", "hash", "mode", "lease_ttl_ms", "drain_timeout_ms"}
+
+type memberJSON struct {
+	ID       string            `json:"id"`
+	Address  string            `json:"address"`
+	Weight   float64           `json:"weight"`
+	Zone     string            `json:"zone"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Session  int64             `json:"session"`
+	JoinedAt string            `json:"joined_at"` // RFC 3339
+}
+
+var memberFields = []string{"id", "address", "weight", "zone", "metadata", "session", "joined_at"}
+
+type drainJSON struct {
+	RequestedAt string `json:"requested_at"` // RFC 3339
+	By          string `json:"by"`
+	Leave       bool   `json:"leave,omitempty"`
+}
+
+var drainFields = []string{"requested_at", "by", "leave"}
+
+type mapJSON struct {
+	Epoch   uint64   `json:"epoch"`
+	Buckets int      `json:"buckets"`
+	Hash    string   `json:"hash"`
+	Members []string `json:"members"`
+	Owners  string   `json:"owners"`
+}
+
+var mapFields = []string{"epoch", "buckets", "hash", "members", "owners"}
+
+type grantsOut struct {
+	Session int64       `json:"session"`
+	Buckets [][2]uint64 `json:"buckets"`
+}
+
+type grantsIn struct {
+	Session int64               `json:"session"`
+	Buckets [][]json.RawMessage `json:"buckets"`
+}
+
+var grantsFields = []string{"session", "buckets"}
+
+type releasesOut struct {
+	Buckets [][2]uint64 `json:"buckets"`
+}
+
+type releasesIn struct {
+	Buckets [][]json.RawMessage `json:"buckets"`
+}
+
+var releasesFields = []string{"buckets"}
+
+type quarantineOut struct {
+	Session int64 `json:"session"`
+	Buckets []int `json:"buckets"`
+}
+
+type quarantineIn struct {
+	Session int64             `json:"session"`
+	Buckets []json.RawMessage `json:"buckets"`
+}
+
+var quarantineFields = []string{"session", "buckets"}
+
+func pairsOut(pairs []BucketToken) [][2]uint64 {
+	out := make([][2]uint64, len(pairs))
+	for i, p := range pairs {
+		out[i] = [2]uint64{uint64(p.Bucket), p.Token}
+	}
+	return out
+}
+
+// pairsIn parses [[bucket, token], ...] strictly: exactly two plain
+// non-negative integers (no sign, fraction, exponent or quotes) per pair.
+func pairsIn(key, field string, in [][]json.RawMessage) ([]BucketToken, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make([]BucketToken, len(in))
+	for i, p := range in {
+		if len(p) != 2 {
+			return nil, corruptf(key, field, "entry %d has %d elements; want [bucket, token]", i, len(p))
+		}
+		b, err := parseUint(p[0])
+		if err != nil {
+			return nil, corruptf(key, field, "entry %d: bucket: %v", i, err)
+		}
+		t, err := parseUint(p[1])
+		if err != nil {
+			return nil, corruptf(key, field, "entry %d: token: %v", i, err)
+		}
+		if b >= placement.MaxBuckets {
+			return nil, corruptf(key, field, "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
+		}
+		out[i] = BucketToken{Bucket: int(b), Token: t}
+	}
+	return out, nil
+}
+
+func parseUint(raw json.RawMessage) (uint64, error) {
+	s := string(bytes.TrimSpace(raw))
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, fmt.Errorf("%.20s is not a non-negative integer", s)
+		}
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+func marshal(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return b, nil
+}
+
+// decodeStrict decodes the JSON object data into v, which must be a pointer
+// to a struct whose JSON names are exactly fields. Unlike encoding/json it
+// rejects unknown fields, fields that match only without regard to case,
+// repeated fields, invalid UTF-8, a value that is not an object and
+// trailing data.
+func decodeStrict(key string, data []byte, fields []string, v any) error {
+	if !utf8.Valid(data) {
+		return corruptf(key, "", "value is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return corruptf(key, "", "not JSON: %v", err)
+	}
+	if tok != json.Delim('{') {
+		return corruptf(key, "", "not a JSON object")
+	}
+	seen := make([]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return corruptf(key, "", "not JSON: %v", err)
+		}
+		name, _ := tok.(string)
+		i := slices.Index(fields, name)
+		if i < 0 {
+			return corruptf(key, name, "unknown field")
+		}
+		if seen[i] {
+			return corruptf(key, name, "field appears twice")
+		}
+		seen[i] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return corruptf(key, name, "not JSON: %v", err)
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return corruptf(key, "", "not JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return corruptf(key, "", "trailing data after the JSON object")
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return corruptf(key, te.Field, "cannot hold %s: want %s", te.Value, te.Type)
+		}
+		return corruptf(key, "", "%v", err)
+	}
+	return nil
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// parseTime parses an RFC 3339 time; "" is the zero time (which validation
+// then reports as "not set").
+func parseTime(key, field, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, corruptf(key, field, "%.40q is not an RFC 3339 time", s)
+	}
+	return t, nil
+}
+
+// EncodeKeyspace returns the stored form of k. It returns an error wrapping
+// ErrInvalid if k does not validate.
+func EncodeKeyspace(k Keyspace) ([]byte, error) {
+	if err := k.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(keyspaceJSON{
+		Name:           k.Name,
+		Buckets:        k.Buckets,
+		Hash:           string(k.Hash),
+		Mode:           string(k.Mode),
+		LeaseTTLMs:     k.LeaseTTL.Milliseconds(),
+		DrainTimeoutMs: k.DrainTimeout.Milliseconds(),
+	})
+}
+
+// DecodeKeyspace decodes the value stored at key. Errors wrap ErrCorrupt and
+// name key and field; the name in the value must match the key's when key
+// is a keyspace key.
+func DecodeKeyspace(key string, data []byte) (Keyspace, error) {
+	var w keyspaceJSON
+	if err := decodeStrict(key, data, keyspaceFields, &w); err != nil {
+		return Keyspace{}, err
+	}
+	const maxMs = math.MaxInt64 / int64(time.Millisecond)
+	if w.LeaseTTLMs < 0 || w.LeaseTTLMs > maxMs {
+		return Keyspace{}, corruptf(key, "lease_ttl_ms", "%d is out of range", w.LeaseTTLMs)
+	}
+	if w.DrainTimeoutMs < 0 || w.DrainTimeoutMs > maxMs {
+		return Keyspace{}, corruptf(key, "drain_timeout_ms", "%d is out of range", w.DrainTimeoutMs)
+	}
+	k := Keyspace{
+		Name:         w.Name,
+		Buckets:      w.Buckets,
+		Hash:         placement.HashMode(w.Hash),
+		Mode:         Mode(w.Mode),
+		LeaseTTL:     time.Duration(w.LeaseTTLMs) * time.Millisecond,
+		DrainTimeout: time.Duration(w.DrainTimeoutMs) * time.Millisecond,
+	}
+	if e := k.validate(); e != nil {
+		return Keyspace{}, e.corrupt(key)
+	}
+	if kind, ks, _, err := ParseKey(key); err == nil && kind == KindKeyspace && ks != k.Name {
+		return Keyspace{}, corruptf(key, "name", "%q does not match the key", k.Name)
+	}
+	return k, nil
+}
+
+// EncodeMember returns the stored form of m. It returns an error wrapping
+// ErrInvalid if m does not validate.
+func EncodeMember(m Member) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(memberJSON{
+		ID:       m.ID,
+		Address:  m.Address,
+		Weight:   m.Weight,
+		Zone:     m.Zone,
+		Metadata: m.Metadata,
+		Session:  int64(m.Session),
+		JoinedAt: formatTime(m.JoinedAt),
+	})
+}
+
+// DecodeMember decodes the value stored at key; the id must match the key's
+// when key is a member key. Errors wrap ErrCorrupt.
+func DecodeMember(key string, data []byte) (Member, error) {
+	var w memberJSON
+	if err := decodeStrict(key, data, memberFields, &w); err != nil {
+		return Member{}, err
+	}
+	joined, err := parseTime(key, "joined_at", w.JoinedAt)
+	if err != nil {
+		return Member{}, err
+	}
+	m := Member{
+		ID:       w.ID,
+		Address:  w.Address,
+		Weight:   w.Weight,
+		Zone:     w.Zone,
+		Metadata: w.Metadata,
+		Session:  LeaseID(w.Session),
+		JoinedAt: joined,
+	}
+	if len(m.Metadata) == 0 {
+		m.Metadata = nil
+	}
+	if e := m.validate(); e != nil {
+		return Member{}, e.corrupt(key)
+	}
+	if kind, _, id, err := ParseKey(key); err == nil && kind == KindMember && id != m.ID {
+		return Member{}, corruptf(key, "id", "%q does not match the key", m.ID)
+	}
+	return m, nil
+}
+
+// EncodeDrain returns the stored form of d.
+func EncodeDrain(d DrainRequest) ([]byte, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(drainJSON{RequestedAt: formatTime(d.RequestedAt), By: d.By, Leave: d.Leave})
+}
+
+// DecodeDrain decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeDrain(key string, data []byte) (DrainRequest, error) {
+	var w drainJSON
+	if err := decodeStrict(key, data, drainFields, &w); err != nil {
+		return DrainRequest{}, err
+	}
+	at, err := parseTime(key, "requested_at", w.RequestedAt)
+	if err != nil {
+		return DrainRequest{}, err
+	}
+	d := DrainRequest{RequestedAt: at, By: w.By, Leave: w.Leave}
+	if e := d.validate(); e != nil {
+		return DrainRequest{}, e.corrupt(key)
+	}
+	return d, nil
+}
+
+// EncodeMap returns the stored form of m.
+func EncodeMap(m Map) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	owners := make([]byte, 2*len(m.Owners))
+	for i, o := range m.Owners {
+		binary.LittleEndian.PutUint16(owners[2*i:], o)
+	}
+	members := m.Members
+	if members == nil {
+		members = []string{}
+	}
+	return marshal(mapJSON{
+		Epoch:   m.Epoch,
+		Buckets: m.Buckets,
+		Hash:    string(m.Hash),
+		Members: members,
+		Owners:  base64.StdEncoding.EncodeToString(owners),
+	})
+}
+
+// DecodeMap decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeMap(key string, data []byte) (Map, error) {
+	var w mapJSON
+	if err := decodeStrict(key, data, mapFields, &w); err != nil {
+		return Map{}, err
+	}
+	raw, err := base64.StdEncoding.Strict().DecodeString(w.Owners)
+	if err != nil {
+		return Map{}, corruptf(key, "owners", "bad base64: %v", err)
+	}
+	if len(raw)%2 != 0 {
+		return Map{}, corruptf(key, "owners", "%d bytes; want 2 per bucket", len(raw))
+	}
+	m := Map{
+		Epoch:   w.Epoch,
+		Buckets: w.Buckets,
+		Hash:    placement.HashMode(w.Hash),
+		Members: w.Members,
+		Owners:  make([]uint16, len(raw)/2),
+	}
+	if len(m.Members) == 0 {
+		m.Members = nil
+	}
+	for i := range m.Owners {
+		m.Owners[i] = binary.LittleEndian.Uint16(raw[2*i:])
+	}
+	if e := m.validate(); e != nil {
+		return Map{}, e.corrupt(key)
+	}
+	return m, nil
+}
+
+// EncodeGrants returns the stored form of g.
+func EncodeGrants(g Grants) ([]byte, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(grantsOut{Session: int64(g.Session), Buckets: pairsOut(g.Buckets)})
+}
+
+// DecodeGrants decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeGrants(key string, data []byte) (Grants, error) {
+	var w grantsIn
+	if err := decodeStrict(key, data, grantsFields, &w); err != nil {
+		return Grants{}, err
+	}
+	pairs, err := pairsIn(key, "buckets", w.Buckets)
+	if err != nil {
+		return Grants{}, err
+	}
+	g := Grants{Session: LeaseID(w.Session), Buckets: pairs}
+	if e := g.validate(); e != nil {
+		return Grants{}, e.corrupt(key)
+	}
+	return g, nil
+}
+
+// EncodeReleases returns the stored form of r.
+func EncodeReleases(r Releases) ([]byte, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(releasesOut{Buckets: pairsOut(r.Buckets)})
+}
+
+// DecodeReleases decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeReleases(key string, data []byte) (Releases, error) {
+	var w releasesIn
+	if err := decodeStrict(key, data, releasesFields, &w); err != nil {
+		return Releases{}, err
+	}
+	pairs, err := pairsIn(key, "buckets", w.Buckets)
+	if err != nil {
+		return Releases{}, err
+	}
+	r := Releases{Buckets: pairs}
+	if e := validatePairs("buckets", r.Buckets); e != nil {
+		return Releases{}, e.corrupt(key)
+	}
+	return r, nil
+}
+
+// EncodeQuarantine returns the stored form of q.
+func EncodeQuarantine(q Quarantine) ([]byte, error) {
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	buckets := q.Buckets
+	if buckets == nil {
+		buckets = []int{}
+	}
+	return marshal(quarantineOut{Session: int64(q.Session), Buckets: buckets})
+}
+
+// DecodeQuarantine decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeQuarantine(key string, data []byte) (Quarantine, error) {
+	var w quarantineIn
+	if err := decodeStrict(key, data, quarantineFields, &w); err != nil {
+		return Quarantine{}, err
+	}
+	q := Quarantine{Session: LeaseID(w.Session)}
+	for i, raw := range w.Buckets {
+		b, err := parseUint(raw)
+		if err != nil {
+			return Quarantine{}, corruptf(key, "buckets", "entry %d: %v", i, err)
+		}
+		if b >= placement.MaxBuckets {
+			return Quarantine{}, corruptf(key, "buckets", "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
+		}
+		q.Buckets = append(q.Buckets, int(b))
+	}
+	if e := q.validate(); e != nil {
+		return Quarantine{}, e.corrupt(key)
+	}
+	return q, nil
+}
+
+// EncodeTokens returns the stored form of the token counter: decimal.
+func EncodeTokens(last uint64) []byte { return strconv.AppendUint(nil, last, 10) }
+
+// DecodeTokens decodes the token counter stored at key: a decimal without
+// sign, spaces or leading zeros. Errors wrap ErrCorrupt.
+func DecodeTokens(key string, data []byte) (uint64, error) {
+	s := string(data)
+	if s == "" || (len(s) > 1 && s[0] == '0') {
+		return 0, corruptf(key, "", "%.24q is not a canonical decimal", s)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, corruptf(key, "", "%.24q is not a canonical decimal", s)
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, corruptf(key, "", "%.24q: %v", s, err)
+	}
+	return n, nil
+}
+
+// Decode decodes the value stored at key according to the key's kind and
+// returns the typed value: Keyspace, Member, DrainRequest, Map, Grants,
+// Releases, Quarantine or uint64 (tokens). Leader keys decode to their value as a
+// string (the leader's id). Errors wrap ErrCorrupt.
+func Decode(key string, data []byte) (Kind, any, error) {
+	kind, _, _, err := ParseKey(key)
+	if err != nil {
+		return KindUnknown, nil, err
+	}
+	var v any
+	switch kind {
+	case KindKeyspace:
+		v, err = DecodeKeyspace(key, data)
+	case KindMember:
+		v, err = DecodeMember(key, data)
+	case KindDrain:
+		v, err = DecodeDrain(key, data)
+	case KindMap:
+		v, err = DecodeMap(key, data)
+	case KindGrants:
+		v, err = DecodeGrants(key, data)
+	case KindReleases:
+		v, err = DecodeReleases(key, data)
+	case KindTokens:
+		v, err = DecodeTokens(key, data)
+	case KindQuarantine:
+		v, err = DecodeQuarantine(key, data)
+	case KindLeader:
+		v = string(data)
+	}
+	if err != nil {
+		return kind, nil, err
+	}
+	return kind, v, nil
+}

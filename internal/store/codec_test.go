@@ -1,0 +1,414 @@
+package store
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/keyshard/keyshard/placement"
+)
+
+var (
+	testTime = time.Date(2026, 3, 4, 5, 6, 7, 890000000, time.UTC)
+
+	sampleKeyspace = testKeyspace("rooms")
+	sampleMember   = Member{
+		ID: "w-1", Address: "10.0.0.1:8080", Weight: 1.5, Zone: "eu-1a",
+		Metadata: map[string]string{"version": "1.2.3"}, Session: 0x694d7b3c5a1e2f01, JoinedAt: testTime,
+	}
+	sampleDrain  = DrainRequest{RequestedAt: testTime, By: "admin"}
+	sampleMap    = Map{Epoch: 7, Buckets: 5, Hash: placement.HashXXH64, Members: []string{"a", "b"}, Owners: []uint16{1, 2, 0, 1, 2}}
+	sampleGrants = Grants{Session: 0x694d7b3c5a1e2f01, Buckets: []BucketToken{{0, 1}, {3, 9}, {4, 1<<53 + 1}}}
+	sampleRel    = Releases{Buckets: []BucketToken{{1, 2}, {65535, 3}}}
+)
+
+func TestCodecRoundTrip(t *testing.T) {
+	opts := cmp.Options{cmpopts.EquateEmpty()}
+	t.Run("keyspace", func(t *testing.T) {
+		for _, k := range []Keyspace{
+			sampleKeyspace,
+			{Name: "a", Buckets: 1, Hash: placement.HashSynapse, Mode: ModeStream, LeaseTTL: time.Second},
+			{Name: strings.Repeat("z", 128), Buckets: placement.MaxBuckets, Hash: placement.HashXXH64, Mode: ModeExclusive, LeaseTTL: 24 * time.Hour, DrainTimeout: 1500 * time.Millisecond},
+		} {
+			b, err := EncodeKeyspace(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeKeyspace(KeyspaceKey(k.Name), b)
+			if err != nil {
+				t.Fatalf("decode %s: %v", b, err)
+			}
+			if diff := cmp.Diff(k, got); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+	})
+	t.Run("member", func(t *testing.T) {
+		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}} {
+			b, err := EncodeMember(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeMember(MemberKey("ks", m.ID), b)
+			if err != nil {
+				t.Fatalf("decode %s: %v", b, err)
+			}
+			if diff := cmp.Diff(m, got, opts); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+	})
+	t.Run("drain", func(t *testing.T) {
+		leave := DrainRequest{RequestedAt: testTime, By: "member", Leave: true}
+		for _, d := range []DrainRequest{sampleDrain, leave} {
+			b, err := EncodeDrain(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeDrain(DrainKey("ks", "w"), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(d, got); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+		b, _ := EncodeDrain(sampleDrain)
+		if want := `{"requested_at":"2026-03-04T05:06:07.89Z","by":"admin"}`; string(b) != want {
+			t.Errorf("wire form %s, want %s", b, want)
+		}
+	})
+	t.Run("quarantine", func(t *testing.T) {
+		for _, q := range []Quarantine{{Session: 9, Buckets: []int{0, 5, 65535}}, {Session: 1}} {
+			b, err := EncodeQuarantine(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeQuarantine(QuarantineKey("ks", "w"), b)
+			if err != nil {
+				t.Fatalf("decode %s: %v", b, err)
+			}
+			if diff := cmp.Diff(q, got, opts); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+		b, _ := EncodeQuarantine(Quarantine{Session: 9, Buckets: []int{1, 2}})
+		if want := `{"session":9,"buckets":[1,2]}`; string(b) != want {
+			t.Errorf("wire form %s, want %s", b, want)
+		}
+	})
+	t.Run("map", func(t *testing.T) {
+		for _, m := range []Map{sampleMap, {Epoch: 1, Buckets: 3, Hash: placement.HashSynapse, Owners: []uint16{0, 0, 0}}} {
+			b, err := EncodeMap(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeMap(MapKey("ks"), b)
+			if err != nil {
+				t.Fatalf("decode %s: %v", b, err)
+			}
+			if diff := cmp.Diff(m, got, opts); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+	})
+	t.Run("map wire form", func(t *testing.T) {
+		b, err := EncodeMap(sampleMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// owners 1,2,0,1,2 as little-endian uint16 = 01 00 02 00 00 00 01 00 02 00
+		want := `{"epoch":7,"buckets":5,"hash":"xxh64","members":["a","b"],"owners":"AQACAAAAAQACAA=="}`
+		if string(b) != want {
+			t.Errorf("EncodeMap = %s\nwant        %s", b, want)
+		}
+	})
+	t.Run("grants", func(t *testing.T) {
+		for _, g := range []Grants{sampleGrants, {Session: 1}} {
+			b, err := EncodeGrants(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeGrants(GrantsKey("ks", "w"), b)
+			if err != nil {
+				t.Fatalf("decode %s: %v", b, err)
+			}
+			if diff := cmp.Diff(g, got, opts); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		}
+		b, _ := EncodeGrants(Grants{Session: 5, Buckets: []BucketToken{{2, 3}}})
+		if want := `{"session":5,"buckets":[[2,3]]}`; string(b) != want {
+			t.Errorf("wire form %s, want %s", b, want)
+		}
+	})
+	t.Run("releases", func(t *testing.T) {
+		b, err := EncodeReleases(sampleRel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `{"buckets":[[1,2],[65535,3]]}`; string(b) != want {
+			t.Errorf("wire form %s, want %s", b, want)
+		}
+		got, err := DecodeReleases(ReleasesKey("ks", "w"), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(sampleRel, got, opts); diff != "" {
+			t.Errorf("round trip (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("tokens", func(t *testing.T) {
+		for _, n := range []uint64{0, 1, 42, 1<<64 - 1} {
+			got, err := DecodeTokens(TokensKey("ks"), EncodeTokens(n))
+			if err != nil || got != n {
+				t.Errorf("tokens %d: got %d, %v", n, got, err)
+			}
+		}
+	})
+}
+
+func TestEncodeRejectsInvalid(t *testing.T) {
+	bad := []struct {
+		name string
+		enc  func() error
+	}{
+		{"keyspace name", func() error { k := sampleKeyspace; k.Name = "a/b"; _, err := EncodeKeyspace(k); return err }},
+		{"keyspace buckets", func() error { k := sampleKeyspace; k.Buckets = 0; _, err := EncodeKeyspace(k); return err }},
+		{"keyspace hash", func() error { k := sampleKeyspace; k.Hash = "md5"; _, err := EncodeKeyspace(k); return err }},
+		{"keyspace empty hash", func() error { k := sampleKeyspace; k.Hash = ""; _, err := EncodeKeyspace(k); return err }},
+		{"keyspace mode", func() error { k := sampleKeyspace; k.Mode = "shared"; _, err := EncodeKeyspace(k); return err }},
+		{"keyspace ttl fraction", func() error {
+			k := sampleKeyspace
+			k.LeaseTTL = 1500 * time.Millisecond
+			_, err := EncodeKeyspace(k)
+			return err
+		}},
+		{"keyspace drain negative", func() error { k := sampleKeyspace; k.DrainTimeout = -1; _, err := EncodeKeyspace(k); return err }},
+		{"member weight", func() error { m := sampleMember; m.Weight = -1; _, err := EncodeMember(m); return err }},
+		{"member session", func() error { m := sampleMember; m.Session = 0; _, err := EncodeMember(m); return err }},
+		{"member joined", func() error { m := sampleMember; m.JoinedAt = time.Time{}; _, err := EncodeMember(m); return err }},
+		{"member metadata key", func() error {
+			m := sampleMember
+			m.Metadata = map[string]string{"": "x"}
+			_, err := EncodeMember(m)
+			return err
+		}},
+		{"drain by", func() error { _, err := EncodeDrain(DrainRequest{RequestedAt: testTime}); return err }},
+		{"map epoch", func() error { m := sampleMap; m.Epoch = 0; _, err := EncodeMap(m); return err }},
+		{"map owner", func() error { m := sampleMap; m.Owners = []uint16{1, 2, 3, 0, 0}; _, err := EncodeMap(m); return err }},
+		{"map owners len", func() error { m := sampleMap; m.Owners = m.Owners[:4]; _, err := EncodeMap(m); return err }},
+		{"map dup member", func() error { m := sampleMap; m.Members = []string{"a", "a"}; _, err := EncodeMap(m); return err }},
+		{"grants unsorted", func() error {
+			_, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 1}, {1, 1}}})
+			return err
+		}},
+		{"grants dup", func() error {
+			_, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 1}, {2, 2}}})
+			return err
+		}},
+		{"grants token 0", func() error { _, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 0}}}); return err }},
+		{"grants no session", func() error { _, err := EncodeGrants(Grants{}); return err }},
+		{"quarantine unsorted", func() error { _, err := EncodeQuarantine(Quarantine{Session: 1, Buckets: []int{3, 1}}); return err }},
+		{"quarantine no session", func() error { _, err := EncodeQuarantine(Quarantine{Buckets: []int{1}}); return err }},
+		{"releases range", func() error { _, err := EncodeReleases(Releases{Buckets: []BucketToken{{65536, 1}}}); return err }},
+	}
+	for _, tc := range bad {
+		if err := tc.enc(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: got %v, want ErrInvalid", tc.name, err)
+		}
+	}
+}
+
+func TestDecodeRejectsCorrupt(t *testing.T) {
+	ks, mk, dk, gk, rk, mapk, tk := KeyspaceKey("rooms"), MemberKey("ks", "w-1"), DrainKey("ks", "w"), GrantsKey("ks", "w"), ReleasesKey("ks", "w"), MapKey("ks"), TokensKey("ks")
+	qk := QuarantineKey("ks", "w")
+	goodKS := `{"name":"rooms","buckets":64,"hash":"xxh64","mode":"exclusive","lease_ttl_ms":5000,"drain_timeout_ms":0}`
+	goodMember := `{"id":"w-1","address":"","weight":1,"zone":"","session":3,"joined_at":"2026-01-02T03:04:05Z"}`
+	cases := []struct {
+		name, key, val, field string
+		dec                   func(key string, b []byte) error
+	}{
+		{"keyspace unknown field", ks, strings.Replace(goodKS, `"name"`, `"nam"`, 1), "nam", decKS},
+		{"keyspace field case", ks, strings.Replace(goodKS, `"name"`, `"Name"`, 1), "Name", decKS},
+		{"keyspace dup field", ks, strings.Replace(goodKS, `}`, `,"buckets":3}`, 1), "buckets", decKS},
+		{"keyspace name mismatch", KeyspaceKey("other"), goodKS, "name", decKS},
+		{"keyspace buckets type", ks, strings.Replace(goodKS, `64`, `"64"`, 1), "buckets", decKS},
+		{"keyspace buckets range", ks, strings.Replace(goodKS, `64`, `65537`, 1), "buckets", decKS},
+		{"keyspace float", ks, strings.Replace(goodKS, `64`, `6.4`, 1), "buckets", decKS},
+		{"keyspace ttl", ks, strings.Replace(goodKS, `5000`, `-5`, 1), "lease_ttl_ms", decKS},
+		{"keyspace hash", ks, strings.Replace(goodKS, `xxh64`, `crc`, 1), "hash", decKS},
+		{"keyspace trailing", ks, goodKS + `{}`, "", decKS},
+		{"keyspace array", ks, `[1]`, "", decKS},
+		{"keyspace null", ks, `null`, "", decKS},
+		{"keyspace empty", ks, ``, "", decKS},
+		{"keyspace bad utf8", ks, strings.Replace(goodKS, `rooms`, "ro\xffms", 1), "", decKS},
+		{"member id mismatch", MemberKey("ks", "w-2"), goodMember, "id", decMember},
+		{"member weight", mk, strings.Replace(goodMember, `"weight":1`, `"weight":-1`, 1), "weight", decMember},
+		{"member session", mk, strings.Replace(goodMember, `"session":3`, `"session":0`, 1), "session", decMember},
+		{"member joined_at", mk, strings.Replace(goodMember, `2026-01-02T03:04:05Z`, `yesterday`, 1), "joined_at", decMember},
+		{"member no joined_at", mk, strings.Replace(goodMember, `,"joined_at":"2026-01-02T03:04:05Z"`, ``, 1), "joined_at", decMember},
+		{"member bad id", MemberKey("ks", "w-1"), strings.Replace(goodMember, `"w-1"`, `"w 1"`, 1), "id", decMember},
+		{"drain by empty", dk, `{"requested_at":"2026-01-02T03:04:05Z","by":""}`, "by", decDrain},
+		{"drain extra", dk, `{"requested_at":"2026-01-02T03:04:05Z","by":"x","why":"y"}`, "why", decDrain},
+		{"map owners base64", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":[],"owners":"!!"}`, "owners", decMap},
+		{"map owners non-strict base64", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":[],"owners":"AAB="}`, "owners", decMap},
+		{"map owners odd", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":[],"owners":"AAAA"}`, "owners", decMap},
+		{"map owners count", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":[],"owners":"AAAAAA=="}`, "owners", decMap},
+		{"map owner index", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":["a"],"owners":"AgA="}`, "owners", decMap},
+		{"map epoch 0", mapk, `{"epoch":0,"buckets":1,"hash":"xxh64","members":[],"owners":"AAA="}`, "epoch", decMap},
+		{"map hash", mapk, `{"epoch":1,"buckets":1,"hash":"","members":[],"owners":"AAA="}`, "hash", decMap},
+		{"map member dup", mapk, `{"epoch":1,"buckets":1,"hash":"xxh64","members":["a","a"],"owners":"AAA="}`, "members", decMap},
+		{"grants unsorted", gk, `{"session":1,"buckets":[[2,1],[1,1]]}`, "buckets", decGrants},
+		{"grants duplicate", gk, `{"session":1,"buckets":[[2,1],[2,1]]}`, "buckets", decGrants},
+		{"grants range", gk, `{"session":1,"buckets":[[65536,1]]}`, "buckets", decGrants},
+		{"grants negative", gk, `{"session":1,"buckets":[[-1,1]]}`, "buckets", decGrants},
+		{"grants triple", gk, `{"session":1,"buckets":[[1,1,1]]}`, "buckets", decGrants},
+		{"grants single", gk, `{"session":1,"buckets":[[1]]}`, "buckets", decGrants},
+		{"grants quoted", gk, `{"session":1,"buckets":[["1",1]]}`, "buckets", decGrants},
+		{"grants fraction", gk, `{"session":1,"buckets":[[1,1.5]]}`, "buckets", decGrants},
+		{"grants exponent", gk, `{"session":1,"buckets":[[1,1e3]]}`, "buckets", decGrants},
+		{"grants token 0", gk, `{"session":1,"buckets":[[1,0]]}`, "buckets", decGrants},
+		{"grants token overflow", gk, `{"session":1,"buckets":[[1,18446744073709551616]]}`, "buckets", decGrants},
+		{"grants no session", gk, `{"buckets":[]}`, "session", decGrants},
+		{"grants pair object", gk, `{"session":1,"buckets":[{"b":1}]}`, "buckets", decGrants},
+		{"releases unsorted", rk, `{"buckets":[[3,1],[1,1]]}`, "buckets", decReleases},
+		{"releases session", rk, `{"session":1,"buckets":[]}`, "session", decReleases},
+		{"drain leave type", dk, `{"requested_at":"2026-01-02T03:04:05Z","by":"x","leave":1}`, "leave", decDrain},
+		{"quarantine dup", qk, `{"session":1,"buckets":[1,1]}`, "buckets", decQuarantine},
+		{"quarantine range", qk, `{"session":1,"buckets":[65536]}`, "buckets", decQuarantine},
+		{"quarantine pair", qk, `{"session":1,"buckets":[[1,2]]}`, "buckets", decQuarantine},
+		{"quarantine no session", qk, `{"buckets":[1]}`, "session", decQuarantine},
+		{"tokens sign", tk, `+1`, "", decTokens},
+		{"tokens leading zero", tk, `01`, "", decTokens},
+		{"tokens space", tk, `1 `, "", decTokens},
+		{"tokens empty", tk, ``, "", decTokens},
+		{"tokens overflow", tk, `18446744073709551616`, "", decTokens},
+	}
+	for _, tc := range cases {
+		err := tc.dec(tc.key, []byte(tc.val))
+		if !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: got %v, want ErrCorrupt", tc.name, err)
+			continue
+		}
+		var ce *CorruptError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: %v is not a *CorruptError", tc.name, err)
+			continue
+		}
+		if ce.Key != tc.key || ce.Field != tc.field {
+			t.Errorf("%s: error names key %q field %q, want %q %q (%v)", tc.name, ce.Key, ce.Field, tc.key, tc.field, err)
+		}
+		if !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%s: %q does not name the key", tc.name, err)
+		}
+	}
+}
+
+func decKS(k string, b []byte) error       { _, err := DecodeKeyspace(k, b); return err }
+func decMember(k string, b []byte) error   { _, err := DecodeMember(k, b); return err }
+func decDrain(k string, b []byte) error    { _, err := DecodeDrain(k, b); return err }
+func decMap(k string, b []byte) error      { _, err := DecodeMap(k, b); return err }
+func decGrants(k string, b []byte) error   { _, err := DecodeGrants(k, b); return err }
+func decReleases(k string, b []byte) error { _, err := DecodeReleases(k, b); return err }
+func decQuarantine(k string, b []byte) error {
+	_, err := DecodeQuarantine(k, b)
+	return err
+}
+func decTokens(k string, b []byte) error { _, err := DecodeTokens(k, b); return err }
+
+func TestMapAssignment(t *testing.T) {
+	a := placement.Assignment{Members: []string{"a", "b", "c"}, Owners: []int32{0, 2, placement.Unassigned, 1, 1}}
+	m, err := MapFromAssignment(3, placement.HashXXH64, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint16{1, 3, 0, 2, 2}; !cmp.Equal(m.Owners, want) {
+		t.Errorf("owners %v, want %v", m.Owners, want)
+	}
+	if m.Owner(1) != "c" || m.Owner(2) != "" || m.Owner(9) != "" {
+		t.Errorf("Owner: %q %q %q", m.Owner(1), m.Owner(2), m.Owner(9))
+	}
+	if diff := cmp.Diff(a, m.Assignment()); diff != "" {
+		t.Errorf("Assignment (-want +got):\n%s", diff)
+	}
+	for _, bad := range []placement.Assignment{
+		{Members: []string{"a"}, Owners: []int32{1}},
+		{Members: []string{"a/b"}, Owners: []int32{0}},
+		{Members: []string{"a", "a"}, Owners: []int32{0}},
+		{},
+	} {
+		if _, err := MapFromAssignment(1, placement.HashXXH64, bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("MapFromAssignment(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+func TestValidateName(t *testing.T) {
+	for _, ok := range []string{"a", "A-z_0.9:x@y", strings.Repeat("x", 128), "!room"[1:]} {
+		if err := ValidateName(KindMember, ok); err != nil {
+			t.Errorf("ValidateName(%q) = %v", ok, err)
+		}
+	}
+	for _, tc := range []struct {
+		kind    Kind
+		s, want string
+	}{
+		{KindKeyspace, "", "keyspace name is empty"},
+		{KindMember, strings.Repeat("x", 129), "129 bytes"},
+		{KindMember, "a/b", `member id "a/b" has '/' at byte 1`},
+		{KindKeyspace, "ü", `keyspace name "ü" has 'ü' at byte 0`},
+		{KindMember, "a b", `' ' at byte 1`},
+	} {
+		err := ValidateName(tc.kind, tc.s)
+		if !errors.Is(err, ErrInvalidName) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ValidateName(%q) = %v, want ErrInvalidName mentioning %q", tc.s, err, tc.want)
+		}
+	}
+}
+
+func TestKeys(t *testing.T) {
+	for _, tc := range []struct {
+		key    string
+		kind   Kind
+		ks, id string
+	}{
+		{KeyspaceKey("rooms"), KindKeyspace, "rooms", ""},
+		{MemberKey("rooms", "w1"), KindMember, "rooms", "w1"},
+		{DrainKey("rooms", "w1"), KindDrain, "rooms", "w1"},
+		{MapKey("rooms"), KindMap, "rooms", ""},
+		{GrantsKey("rooms", "w1"), KindGrants, "rooms", "w1"},
+		{ReleasesKey("rooms", "w1"), KindReleases, "rooms", "w1"},
+		{TokensKey("rooms"), KindTokens, "rooms", ""},
+		{QuarantineKey("rooms", "w1"), KindQuarantine, "rooms", "w1"},
+		{ElectionPrefix + "/694d7b3c5a1e2f01", KindLeader, "", "694d7b3c5a1e2f01"},
+	} {
+		kind, ks, id, err := ParseKey(tc.key)
+		if err != nil || kind != tc.kind || ks != tc.ks || id != tc.id {
+			t.Errorf("ParseKey(%q) = %v %q %q %v, want %v %q %q", tc.key, kind, ks, id, err, tc.kind, tc.ks, tc.id)
+		}
+		if tc.kind != KindLeader {
+			if k := Key(tc.kind, tc.ks, tc.id); k != tc.key {
+				t.Errorf("Key(%v, %q, %q) = %q, want %q", tc.kind, tc.ks, tc.id, k, tc.key)
+			}
+		}
+	}
+	if MemberKey("ks", "a") != "/keyshard/v1/members/ks/a" {
+		t.Errorf("MemberKey = %q", MemberKey("ks", "a"))
+	}
+	for _, bad := range []string{
+		"/other/keyspaces/a", Prefix + "keyspaces", Prefix + "keyspaces/", Prefix + "keyspaces/a/b",
+		Prefix + "members/ks", Prefix + "members/ks/", Prefix + "members/ks/a/b", Prefix + "widgets/a",
+		Prefix + "map/a b", Prefix + "leader/",
+	} {
+		if _, _, _, err := ParseKey(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("ParseKey(%q) = %v, want ErrCorrupt", bad, err)
+		}
+	}
+	if _, _, _, err := ParseKey(Prefix + "members/ks/a b"); !errors.Is(err, ErrInvalidName) {
+		t.Errorf("ParseKey with a bad id = %v, want ErrInvalidName too", err)
+	}
+}

@@ -1,0 +1,113 @@
+// Package store is Keyshard's persistence: the etcd schema, its codecs,
+// the transactions that read and write it, leases, the watch that feeds the
+// coordinator, the leader election, and an etcd server embedded in the
+// process. It is the only package that imports etcd; everything above it
+// works on the typed values declared here.
+//
+// A lease is not a lock. etcd leases, and the election built on them, cannot
+// guarantee mutual exclusion across process pauses and network partitions.
+// What they do give is used here: keys that vanish with their owner's
+// session, and a leader fence that makes a deposed leader's writes fail.
+// Work on a bucket is safe only if the resource checks the bucket's fencing
+// token.
+//
+// # Key layout
+//
+// Every key is under Prefix, "/keyshard/v1/". Keyspace names and member ids
+// are 1-128 characters of [A-Za-z0-9._:@-] (ValidateName), so a key splits
+// unambiguously (ParseKey).
+//
+//	key                   value (codec)                         written by            lease
+//	keyspaces/<ks>        Keyspace, JSON                        admin (API)           none
+//	members/<ks>/<id>     Member, JSON                          the member's Join     member's session
+//	drain/<ks>/<id>       DrainRequest, JSON (+"leave")         admin drain / Leave   member's session
+//	map/<ks>              Map: JSON, owners base64 uint16 LE    leader Commit         none
+//	grants/<ks>/<id>      Grants {"session","buckets":[[b,t]]}  leader Commit         member's session
+//	releases/<ks>/<id>    Releases {"buckets":[[b,t]]}          the member            member's session
+//	tokens/<ks>           last fencing token, decimal           leader Commit         none
+//	quarantine/<ks>/<id>  Quarantine {"session","buckets":[b]}  leader Commit         its own, one TTL
+//	leader/<lease hex>    the campaigner's id                   Election              replica's session
+//
+// Decoders are strict: unknown, repeated or wrongly-cased fields, trailing
+// data, out-of-range or unsorted buckets, and values that disagree with
+// their key are rejected with a *CorruptError (wrapping ErrCorrupt) that
+// names the key and the field. Encoders validate too, returning ErrInvalid.
+//
+// # Writes
+//
+// Members write through Join (ErrExists if the id is held by another live
+// session, unless replace is asked: then the old lease is returned for the
+// caller to revoke), PutReleases (fenced on the member's session) and
+// DeleteMember; the API writes keyspaces and drain requests. The leader
+// writes only through Commit: one etcd transaction guarded by
+// CreateRevision(Fence.LeaderKey) == Fence.LeaderRev (else ErrFenced) and
+// by ModRevision compares on what it read (else ErrConflict). A grants put
+// carries the member's lease, so a grant to a dead session fails
+// (ErrLeaseNotFound) and writes nothing.
+//
+// # Usage
+//
+//	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dataDir})
+//	if err != nil { return err }
+//	defer emb.Close()
+//	st, err := store.Open(ctx, store.Config{Endpoints: emb.Endpoints()})
+//	if err != nil { return err }
+//	defer st.Close()
+//
+//	sess, err := st.NewSession(ctx, 10*time.Second)   // a replica's session
+//	el := st.NewElection(sess)
+//	fence, err := el.Campaign(ctx, "replica-1")          // blocks until leader
+//
+//	snap, err := st.LoadAll(ctx)
+//	for u := range st.Watch(ctx, snap.Rev+1) {
+//		if u.Resync != nil { snap = u.Resync.Snapshot; continue }
+//		for _, c := range u.Changes { snap.Apply(c) }
+//		// ... decide, then:
+//		st0 := snap.Keyspaces["rooms"]
+//		_, err := st.Commit(ctx, fence,
+//			[]store.Write{store.PutMap("rooms", newMap)},
+//			[]store.Expect{store.ExpectEntry(store.MapKey("rooms"), st0.Map)})
+//		if errors.Is(err, store.ErrFenced) { /* no longer leader */ }
+//		if errors.Is(err, store.ErrConflict) { /* wait for the watch, decide again */ }
+//	}
+//
+// # Lifecycle
+//
+// StartEmbedded starts etcd's own goroutines; Embedded.Close stops them and
+// returns once the data directory is released (idempotent). The caller that
+// started an Embedded or a Cluster closes it, after closing the Stores that
+// use it.
+//
+// Open returns a Store that owns one clientv3 client; Store.Close closes it.
+// Close sessions (revoking their leases) before closing the Store if their
+// keys should vanish at once; otherwise they expire after their TTL.
+//
+// Goroutines: NewSession's keep-alive is run by clientv3 until
+// Session.Close, Orphan, lease loss or Store.Close. Watch and Observe each
+// start one goroutine that owns the returned channel and exits, closing the
+// channel, when the caller's ctx is done or the Store is closed; the caller
+// need not drain it. Campaign starts a helper goroutine that exits before
+// Campaign returns. Nothing else here starts goroutines; every other method
+// blocks only for its own round trips, bounded by ctx.
+//
+// # etcd behaviour this package relies on or works around
+//
+//   - A put attached to a lease that has expired or been revoked fails the
+//     whole transaction with "lease not found" (ErrLeaseNotFound here); etcd
+//     checks the lease only for the branch the transaction takes.
+//   - Leases have second granularity and a minimum TTL of 1.5 election
+//     timeouts (with etcd's defaults a 1 s request is granted as 2 s);
+//     expiry is checked about every 500 ms.
+//   - --max-txn-ops (etcd default 128) limits the operations of each level of
+//     a transaction. Commit nests the expectations and writes one level
+//     down, so it accepts up to Config.MaxTxnOps-1 of each. The embedded
+//     server allows DefaultMaxTxnOps (1024) and DefaultMaxRequestBytes (8 MiB);
+//     an external etcd must be started with --max-txn-ops=1024 and
+//     --max-request-bytes=8388608, or large rounds fail with ErrTooLarge
+//     naming the flag.
+//   - A watch from a compacted revision fails with ErrCompacted, and a watch
+//     can end on leader loss; Watch then re-reads everything at one
+//     revision and delivers a Resync before continuing.
+//   - In etcd 3.7, WithKeysOnly ranges come from the in-memory index and
+//     report Lease 0: reads that need a key's lease fetch the value.
+package store

@@ -1,0 +1,194 @@
+package store
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Prefix is the root of every key Keyshard writes to etcd. The version in it
+// changes only with an incompatible layout.
+const Prefix = "/keyshard/v1/"
+
+// ElectionPrefix is the concurrency.Election prefix the serve replicas
+// campaign on; each candidate's key is ElectionPrefix + "/" + its lease id
+// in hex.
+const ElectionPrefix = Prefix + "leader"
+
+// Kind says what a key holds.
+type Kind int
+
+// The kinds of key in the layout (see the package documentation).
+const (
+	KindUnknown  Kind = iota
+	KindKeyspace      // keyspaces/<ks>: Keyspace
+	KindMember        // members/<ks>/<id>: Member, on the member's lease
+	KindDrain         // drain/<ks>/<id>: DrainRequest, on the member's lease
+	KindMap           // map/<ks>: Map
+	KindGrants        // grants/<ks>/<id>: Grants, on the member's lease
+	KindReleases      // releases/<ks>/<id>: Releases, on the member's lease
+	KindTokens        // tokens/<ks>: the last fencing token issued (uint64)
+	KindLeader        // leader/<lease hex>: a campaigner's election key
+	// KindQuarantine: quarantine/<ks>/<id>: Quarantine, on a lease of its
+	// own that lasts one member lease TTL.
+	KindQuarantine
+)
+
+var kindSegs = [...]string{
+	KindKeyspace:   "keyspaces",
+	KindMember:     "members",
+	KindDrain:      "drain",
+	KindMap:        "map",
+	KindGrants:     "grants",
+	KindReleases:   "releases",
+	KindTokens:     "tokens",
+	KindLeader:     "leader",
+	KindQuarantine: "quarantine",
+}
+
+// String returns the key segment of k ("members", "map", ...).
+func (k Kind) String() string {
+	if k > KindUnknown && int(k) < len(kindSegs) {
+		return kindSegs[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// perMember reports whether keys of kind k carry a member id.
+func (k Kind) perMember() bool {
+	switch k {
+	case KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine:
+		return true
+	}
+	return false
+}
+
+// Name limits: keyspace names and member ids are 1 to MaxNameLen bytes of
+// [A-Za-z0-9._:@-]. The set excludes '/', so keys parse unambiguously, and
+// is safe in URLs, metrics labels and file names.
+const MaxNameLen = 128
+
+func nameField(k Kind) string {
+	switch k {
+	case KindKeyspace:
+		return "keyspace name"
+	case KindMember:
+		return "member id"
+	}
+	return "name"
+}
+
+func nameChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	case c == '.', c == '_', c == ':', c == '@', c == '-':
+		return true
+	}
+	return false
+}
+
+// ValidateName returns nil if s is a valid keyspace name (kind
+// KindKeyspace) or member id (KindMember): 1 to 128 characters of
+// [A-Za-z0-9._:@-]. Otherwise it returns an error wrapping ErrInvalidName
+// that names the field and the offending character.
+func ValidateName(kind Kind, s string) error {
+	field := nameField(kind)
+	if s == "" {
+		return fmt.Errorf("%w: %s is empty; use 1-%d characters of A-Z a-z 0-9 . _ : @ -", ErrInvalidName, field, MaxNameLen)
+	}
+	if len(s) > MaxNameLen {
+		return fmt.Errorf("%w: %s %.20q... is %d bytes long; the limit is %d", ErrInvalidName, field, s, len(s), MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		if !nameChar(s[i]) {
+			r := []rune(s[i:])[0]
+			return fmt.Errorf("%w: %s %q has %q at byte %d; use only A-Z a-z 0-9 . _ : @ -", ErrInvalidName, field, s, r, i)
+		}
+	}
+	return nil
+}
+
+// KeyspaceKey returns the key of keyspace ks's configuration.
+func KeyspaceKey(ks string) string { return Prefix + "keyspaces/" + ks }
+
+// MemberKey returns the key of member id's record in keyspace ks.
+func MemberKey(ks, id string) string { return Prefix + "members/" + ks + "/" + id }
+
+// DrainKey returns the key of the drain request for member id in ks.
+func DrainKey(ks, id string) string { return Prefix + "drain/" + ks + "/" + id }
+
+// MapKey returns the key of keyspace ks's map.
+func MapKey(ks string) string { return Prefix + "map/" + ks }
+
+// GrantsKey returns the key of the grants of member id in ks.
+func GrantsKey(ks, id string) string { return Prefix + "grants/" + ks + "/" + id }
+
+// ReleasesKey returns the key of the releases of member id in ks.
+func ReleasesKey(ks, id string) string { return Prefix + "releases/" + ks + "/" + id }
+
+// QuarantineKey returns the key of the quarantine of member id's revoked
+// session in ks.
+func QuarantineKey(ks, id string) string { return Prefix + "quarantine/" + ks + "/" + id }
+
+// TokensKey returns the key of the last fencing token issued in ks.
+func TokensKey(ks string) string { return Prefix + "tokens/" + ks }
+
+// Key returns the key of the given kind. id is ignored for kinds that are
+// per keyspace. It does not validate the names.
+func Key(kind Kind, ks, id string) string {
+	if kind.perMember() {
+		return Prefix + kind.String() + "/" + ks + "/" + id
+	}
+	return Prefix + kind.String() + "/" + ks
+}
+
+// kindPrefix returns the prefix of every key of a per-member kind in ks.
+func kindPrefix(kind Kind, ks string) string { return Prefix + kind.String() + "/" + ks + "/" }
+
+// ParseKey splits a key of the layout into its kind, keyspace and member id
+// (id is "" for per-keyspace kinds). For KindLeader, ks is "" and id is the
+// rest of the key (the campaigner's lease id in hex). A key outside the
+// layout or with an invalid name returns an error wrapping ErrCorrupt (and
+// ErrInvalidName for a bad name).
+func ParseKey(k string) (kind Kind, ks, id string, err error) {
+	rest, ok := strings.CutPrefix(k, Prefix)
+	if !ok {
+		return KindUnknown, "", "", corruptf(k, "", "key is not under %q", Prefix)
+	}
+	seg, rest, ok := strings.Cut(rest, "/")
+	if !ok {
+		return KindUnknown, "", "", corruptf(k, "", "key has no name after %q", seg)
+	}
+	for i, s := range kindSegs {
+		if i != int(KindUnknown) && s == seg {
+			kind = Kind(i)
+			break
+		}
+	}
+	switch {
+	case kind == KindUnknown:
+		return KindUnknown, "", "", corruptf(k, "", "unknown key kind %q", seg)
+	case kind == KindLeader:
+		if rest == "" {
+			return KindUnknown, "", "", corruptf(k, "", "leader key has no candidate")
+		}
+		return kind, "", rest, nil
+	case kind.perMember():
+		ks, id, ok = strings.Cut(rest, "/")
+		if !ok {
+			return KindUnknown, "", "", corruptf(k, "", "%s key has no member id", seg)
+		}
+		if err := ValidateName(KindKeyspace, ks); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad keyspace name"), err)
+		}
+		if err := ValidateName(KindMember, id); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad member id"), err)
+		}
+		return kind, ks, id, nil
+	default:
+		if err := ValidateName(KindKeyspace, rest); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad keyspace name"), err)
+		}
+		return kind, rest, "", nil
+	}
+}

@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// ttlSeconds rounds ttl up to whole seconds, at least 1: etcd leases have
+// second granularity (and etcd may grant more than asked, never less).
+func ttlSeconds(ttl time.Duration) int64 {
+	s := int64((ttl + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// Session is an etcd lease kept alive by clientv3 in the background until
+// Close, expiry or the Store's Close. A member's session is its liveness:
+// every key attached to the lease vanishes when etcd deletes the lease.
+type Session struct {
+	cs  *concurrency.Session
+	ttl time.Duration
+}
+
+// NewSession grants a lease of ttl (rounded up to whole seconds) and starts
+// keeping it alive. ctx bounds only the grant; the keep-alive goroutine
+// (owned by clientv3) runs until Close, until the lease is lost, or until
+// the Store is closed; Done is closed then.
+func (s *Store) NewSession(ctx context.Context, ttl time.Duration) (*Session, error) {
+	id, granted, err := s.Grant(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := concurrency.NewSession(s.client, concurrency.WithLease(clientv3.LeaseID(id)), concurrency.WithTTL(int(ttlSeconds(granted))))
+	if err != nil {
+		s.client.Revoke(context.WithoutCancel(ctx), clientv3.LeaseID(id))
+		return nil, s.err("new session", err)
+	}
+	return &Session{cs: cs, ttl: granted}, nil
+}
+
+// LeaseID returns the session's lease.
+func (se *Session) LeaseID() LeaseID { return LeaseID(se.cs.Lease()) }
+
+// TTL returns the TTL etcd granted.
+func (se *Session) TTL() time.Duration { return se.ttl }
+
+// Done is closed when the session ends: its lease expired or was revoked,
+// keep-alives failed for longer than the TTL, Close or Orphan was called,
+// or the Store was closed. After an expiry or revoke, the keys attached to
+// the lease are gone; after a failure to renew they soon will be.
+func (se *Session) Done() <-chan struct{} { return se.cs.Done() }
+
+// Close stops the keep-alives and revokes the lease, deleting every key
+// attached to it. A lease that is already gone is not an error.
+func (se *Session) Close() error {
+	err := se.cs.Close()
+	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil
+	}
+	return etcdErr("store: close session", err)
+}
+
+// Orphan stops the keep-alives without revoking the lease: it expires
+// after its TTL, as if the process had died. For tests of failure handling.
+func (se *Session) Orphan() { se.cs.Orphan() }
+
+// Grant creates a lease of ttl (rounded up to whole seconds) that nobody
+// keeps alive yet: the API server grants leases on behalf of HTTP clients
+// and renews them with KeepAliveOnce. It returns the TTL etcd granted,
+// which may be longer than asked.
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (LeaseID, time.Duration, error) {
+	if s.closed() {
+		return 0, 0, errClosed("grant lease")
+	}
+	resp, err := s.client.Grant(ctx, ttlSeconds(ttl))
+	if err != nil {
+		return 0, 0, s.err("grant lease", err)
+	}
+	return LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
+}
+
+// KeepAliveOnce renews lease id once and returns its new TTL. It returns
+// ErrLeaseNotFound if the lease has expired or was revoked.
+func (s *Store) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duration, error) {
+	if s.closed() {
+		return 0, errClosed("keep lease alive")
+	}
+	resp, err := s.client.KeepAliveOnce(ctx, clientv3.LeaseID(id))
+	if err != nil {
+		return 0, s.err(fmt.Sprintf("keep lease %v alive", id), err)
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// LeaseInfo is what TimeToLive reports about a lease.
+type LeaseInfo struct {
+	TTL     time.Duration // remaining, rounded down to whole seconds
+	Granted time.Duration // the TTL granted (and restored by each renewal)
+}
+
+// TimeToLive returns the remaining and granted TTL of lease id, or
+// ErrLeaseNotFound if it has expired or was revoked.
+func (s *Store) TimeToLive(ctx context.Context, id LeaseID) (LeaseInfo, error) {
+	if s.closed() {
+		return LeaseInfo{}, errClosed("time to live")
+	}
+	resp, err := s.client.TimeToLive(ctx, clientv3.LeaseID(id))
+	if err != nil {
+		return LeaseInfo{}, s.err(fmt.Sprintf("time to live of lease %v", id), err)
+	}
+	if resp.TTL < 0 {
+		return LeaseInfo{}, fmt.Errorf("store: time to live of lease %v: %w", id, ErrLeaseNotFound)
+	}
+	return LeaseInfo{TTL: time.Duration(resp.TTL) * time.Second, Granted: time.Duration(resp.GrantedTTL) * time.Second}, nil
+}
+
+// Revoke revokes lease id: etcd deletes every key attached to it in the
+// same revision. It returns ErrLeaseNotFound if the lease was already gone.
+func (s *Store) Revoke(ctx context.Context, id LeaseID) error {
+	if s.closed() {
+		return errClosed("revoke lease")
+	}
+	_, err := s.client.Revoke(ctx, clientv3.LeaseID(id))
+	return s.err(fmt.Sprintf("revoke lease %v", id), err)
+}

@@ -1,0 +1,283 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Entry is one stored value with the metadata a fenced write needs.
+// ModRevision is 0 when the key does not exist, so Expect{Key,
+// e.ModRevision} states "unchanged since read" in both cases.
+type Entry[T any] struct {
+	Value       T
+	ModRevision int64
+	Lease       LeaseID // 0 for keys without a lease
+}
+
+// Exists reports whether the key existed when read.
+func (e Entry[T]) Exists() bool { return e.ModRevision != 0 }
+
+// KeyspaceState is every key of one keyspace, as of one revision.
+type KeyspaceState struct {
+	Name     string
+	Config   Entry[Keyspace]
+	Map      Entry[Map]
+	Tokens   Entry[uint64] // the last token issued; 0 if none
+	Members  map[string]Entry[Member]
+	Drains   map[string]Entry[DrainRequest]
+	Grants   map[string]Entry[Grants]
+	Releases map[string]Entry[Releases]
+	// Quarantines are on leases of their own (Entry.Lease), not the
+	// member's.
+	Quarantines map[string]Entry[Quarantine]
+}
+
+func newKeyspaceState(ks string) *KeyspaceState {
+	return &KeyspaceState{
+		Name:     ks,
+		Members:  map[string]Entry[Member]{},
+		Drains:   map[string]Entry[DrainRequest]{},
+		Grants:   map[string]Entry[Grants]{},
+		Releases: map[string]Entry[Releases]{},
+
+		Quarantines: map[string]Entry[Quarantine]{},
+	}
+}
+
+func (st *KeyspaceState) empty() bool {
+	return !st.Config.Exists() && !st.Map.Exists() && !st.Tokens.Exists() &&
+		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0
+}
+
+// Snapshot is the stored state of some or all keyspaces at revision Rev.
+// Keys whose value did not decode are absent from Keyspaces and listed in
+// Corrupt (key -> error wrapping ErrCorrupt): a reader decides whether to
+// stop or to report and go on. A keyspace whose configuration key is
+// missing but which still has other keys (left over by hand edits) appears
+// with Config.ModRevision == 0.
+type Snapshot struct {
+	Rev       int64
+	Keyspaces map[string]*KeyspaceState
+	Corrupt   map[string]error
+}
+
+// NewSnapshot returns an empty snapshot at rev, ready for Apply.
+func NewSnapshot(rev int64) *Snapshot {
+	return &Snapshot{Rev: rev, Keyspaces: map[string]*KeyspaceState{}, Corrupt: map[string]error{}}
+}
+
+// Apply updates s with one change from Watch and raises s.Rev to the
+// change's revision. Leader keys are ignored. A Resync is applied by
+// replacing s with Resync.Snapshot instead.
+func (s *Snapshot) Apply(c Change) {
+	s.Rev = max(s.Rev, c.ModRevision)
+	if c.Kind == KindLeader {
+		return
+	}
+	delete(s.Corrupt, c.Key)
+	if c.Err != nil {
+		s.Corrupt[c.Key] = c.Err
+		// The key no longer holds the last good value: forget it.
+		if c.Kind != KindUnknown {
+			s.apply(Change{Kind: c.Kind, Keyspace: c.Keyspace, ID: c.ID, Key: c.Key, Deleted: true})
+		}
+		return
+	}
+	s.apply(c)
+}
+
+func (s *Snapshot) apply(c Change) {
+	st := s.Keyspaces[c.Keyspace]
+	if st == nil {
+		if c.Deleted {
+			return
+		}
+		st = newKeyspaceState(c.Keyspace)
+		s.Keyspaces[c.Keyspace] = st
+	}
+	lease := c.Lease
+	switch c.Kind {
+	case KindKeyspace:
+		st.Config = entry[Keyspace](c)
+	case KindMap:
+		st.Map = entry[Map](c)
+	case KindTokens:
+		st.Tokens = entry[uint64](c)
+	case KindMember:
+		setEntry(st.Members, c, lease)
+	case KindDrain:
+		setEntry(st.Drains, c, lease)
+	case KindGrants:
+		setEntry(st.Grants, c, lease)
+	case KindReleases:
+		setEntry(st.Releases, c, lease)
+	case KindQuarantine:
+		setEntry(st.Quarantines, c, lease)
+	}
+	if c.Deleted && st.empty() {
+		delete(s.Keyspaces, c.Keyspace)
+	}
+}
+
+func entry[T any](c Change) Entry[T] {
+	if c.Deleted {
+		return Entry[T]{}
+	}
+	return Entry[T]{Value: c.Value.(T), ModRevision: c.ModRevision, Lease: c.Lease}
+}
+
+func setEntry[T any](m map[string]Entry[T], c Change, lease LeaseID) {
+	if c.Deleted {
+		delete(m, c.ID)
+		return
+	}
+	m[c.ID] = Entry[T]{Value: c.Value.(T), ModRevision: c.ModRevision, Lease: lease}
+}
+
+// decodeKV turns a stored key-value into a Change, checking the value
+// against the key: names match, and a member record or grants list names
+// the lease it is attached to.
+func decodeKV(kv *mvccpb.KeyValue) Change {
+	c := Change{Key: string(kv.Key), ModRevision: kv.ModRevision, Lease: LeaseID(kv.Lease)}
+	kind, ks, id, err := ParseKey(c.Key)
+	c.Kind, c.Keyspace, c.ID = kind, ks, id
+	if err != nil {
+		c.Err = err
+		return c
+	}
+	_, v, err := Decode(c.Key, kv.Value)
+	if err != nil {
+		c.Err = err
+		return c
+	}
+	switch v := v.(type) {
+	case Member:
+		if v.Session != c.Lease {
+			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
+			return c
+		}
+	case Grants:
+		if v.Session != c.Lease {
+			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
+			return c
+		}
+	}
+	c.Value = v
+	return c
+}
+
+// crossCheck drops values that disagree with their keyspace's
+// configuration (bucket count, hash mode) and records them as corrupt.
+func (s *Snapshot) crossCheck() {
+	for ks, st := range s.Keyspaces {
+		if !st.Config.Exists() {
+			continue
+		}
+		cfg := st.Config.Value
+		if st.Map.Exists() {
+			m := st.Map.Value
+			switch {
+			case m.Buckets != cfg.Buckets:
+				s.Corrupt[MapKey(ks)] = corruptf(MapKey(ks), "buckets", "%d, but keyspace %q has %d", m.Buckets, ks, cfg.Buckets)
+				st.Map = Entry[Map]{}
+			case m.Hash != cfg.Hash:
+				s.Corrupt[MapKey(ks)] = corruptf(MapKey(ks), "hash", "%q, but keyspace %q uses %q", m.Hash, ks, cfg.Hash)
+				st.Map = Entry[Map]{}
+			}
+		}
+		for id, g := range st.Grants {
+			if e := checkPairsIn("buckets", g.Value.Buckets, cfg.Buckets); e != nil {
+				s.Corrupt[GrantsKey(ks, id)] = e.corrupt(GrantsKey(ks, id))
+				delete(st.Grants, id)
+			}
+		}
+		for id, r := range st.Releases {
+			if e := checkPairsIn("buckets", r.Value.Buckets, cfg.Buckets); e != nil {
+				s.Corrupt[ReleasesKey(ks, id)] = e.corrupt(ReleasesKey(ks, id))
+				delete(st.Releases, id)
+			}
+		}
+		for id, q := range st.Quarantines {
+			for _, b := range q.Value.Buckets {
+				if b >= cfg.Buckets {
+					s.Corrupt[QuarantineKey(ks, id)] = corruptf(QuarantineKey(ks, id), "buckets", "bucket %d is outside the keyspace's %d buckets", b, cfg.Buckets)
+					delete(st.Quarantines, id)
+					break
+				}
+			}
+		}
+		if st.empty() {
+			delete(s.Keyspaces, ks)
+		}
+	}
+}
+
+func snapshotFrom(rev int64, kvs ...[]*mvccpb.KeyValue) *Snapshot {
+	s := NewSnapshot(rev)
+	for _, list := range kvs {
+		for _, kv := range list {
+			c := decodeKV(kv)
+			if c.Kind == KindLeader {
+				continue
+			}
+			if c.Err != nil {
+				s.Corrupt[c.Key] = c.Err
+				continue
+			}
+			s.apply(c)
+		}
+	}
+	s.crossCheck()
+	return s
+}
+
+// LoadKeyspace reads every key of keyspace ks at one revision, in one
+// round trip, and returns it as a snapshot holding that one keyspace, and
+// the revision. It returns ErrNotFound if the keyspace's configuration key
+// does not exist, and ErrInvalidName for a bad name. Values that do not
+// decode are in Snapshot.Corrupt.
+func (s *Store) LoadKeyspace(ctx context.Context, ks string) (*Snapshot, int64, error) {
+	if s.closed() {
+		return nil, 0, errClosed("load keyspace")
+	}
+	if err := ValidateName(KindKeyspace, ks); err != nil {
+		return nil, 0, err
+	}
+	ops := []clientv3.Op{
+		clientv3.OpGet(KeyspaceKey(ks)),
+		clientv3.OpGet(MapKey(ks)),
+		clientv3.OpGet(TokensKey(ks)),
+	}
+	for _, k := range []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine} {
+		ops = append(ops, clientv3.OpGet(kindPrefix(k, ks), clientv3.WithPrefix()))
+	}
+	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, 0, s.err(fmt.Sprintf("load keyspace %q", ks), err)
+	}
+	var kvs [][]*mvccpb.KeyValue
+	for _, r := range resp.Responses {
+		kvs = append(kvs, r.GetResponseRange().Kvs)
+	}
+	if len(kvs[0]) == 0 {
+		return nil, 0, fmt.Errorf("store: load keyspace %q: %w", ks, ErrNotFound)
+	}
+	snap := snapshotFrom(resp.Header.Revision, kvs...)
+	return snap, snap.Rev, nil
+}
+
+// LoadAll reads every key under Prefix (except the election's) at one
+// revision.
+func (s *Store) LoadAll(ctx context.Context) (*Snapshot, error) {
+	if s.closed() {
+		return nil, errClosed("load all")
+	}
+	resp, err := s.client.Get(ctx, Prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, s.err("load all", err)
+	}
+	return snapshotFrom(resp.Header.Revision, resp.Kvs), nil
+}

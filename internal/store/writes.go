@@ -1,0 +1,391 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Reads that need a key's lease fetch the value too: etcd 3.7 answers
+// WithKeysOnly ranges from its in-memory index, which has no lease, so
+// KeyValue.Lease comes back 0.
+
+// maxRetries bounds the read-check-write loops below, which retry only when
+// a concurrent writer changed the key between the read and the write.
+const maxRetries = 16
+
+func checkNames(ks, id string) error {
+	if err := ValidateName(KindKeyspace, ks); err != nil {
+		return err
+	}
+	if id != "" {
+		return ValidateName(KindMember, id)
+	}
+	return nil
+}
+
+// Join writes member m's record in keyspace ks, attached to lease (its
+// session), and returns the revision of the write. m.Session is set to
+// lease (it must be zero or equal to lease).
+//
+// If the id is already held by a live session other than lease, Join fails
+// with ErrExists, unless replace is set: then it takes the id over and
+// returns the old session's lease, which the caller must revoke (the
+// leader quarantines the old session's buckets for a lease TTL). Joining
+// again with the same lease just updates the record.
+//
+// Errors: ErrNotFound (no such keyspace), ErrExists, ErrLeaseNotFound
+// (lease expired or revoked), ErrInvalidName, ErrInvalid, ErrUnavailable.
+func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, replace bool) (old LeaseID, rev int64, err error) {
+	if s.closed() {
+		return 0, 0, errClosed("join")
+	}
+	if err := checkNames(ks, m.ID); err != nil {
+		return 0, 0, err
+	}
+	if m.Session != 0 && m.Session != lease {
+		return 0, 0, invalidf("join %q: member session %v differs from the lease %v", m.ID, m.Session, lease)
+	}
+	m.Session = lease
+	val, err := EncodeMember(m)
+	if err != nil {
+		return 0, 0, err
+	}
+	op := fmt.Sprintf("join %s/%s", ks, m.ID)
+	ksKey, key := KeyspaceKey(ks), MemberKey(ks, m.ID)
+	for range maxRetries {
+		resp, err := s.client.Txn(ctx).Then(clientv3.OpGet(ksKey, clientv3.WithKeysOnly()), clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return 0, 0, s.err(op, err)
+		}
+		ksKV := resp.Responses[0].GetResponseRange().Kvs
+		if len(ksKV) == 0 {
+			return 0, 0, fmt.Errorf("store: %s: keyspace %q: %w", op, ks, ErrNotFound)
+		}
+		var curRev int64
+		old = 0
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			curRev = kvs[0].ModRevision
+			if cur := LeaseID(kvs[0].Lease); cur != lease {
+				if !replace {
+					return 0, 0, fmt.Errorf("store: %s: %w: member id %q is held by live session %v", op, ErrExists, m.ID, cur)
+				}
+				old = cur
+			}
+		}
+		tr, err := s.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(ksKey), "=", ksKV[0].CreateRevision),
+			clientv3.Compare(clientv3.ModRevision(key), "=", curRev),
+		).Then(clientv3.OpPut(key, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).Commit()
+		if err != nil {
+			err = s.err(op, err)
+			if errors.Is(err, ErrLeaseNotFound) {
+				return 0, 0, fmt.Errorf("%w: session %v has expired or was revoked", err, lease)
+			}
+			return 0, 0, err
+		}
+		if tr.Succeeded {
+			return old, tr.Header.Revision, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("store: %s: %w: the member key kept changing", op, ErrConflict)
+}
+
+// memberFenced reports why a member write fenced on the member key's lease
+// failed, from the Else branch's read of the member key.
+func memberFenced(op string, resp *clientv3.TxnResponse, id string, lease LeaseID) error {
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
+	}
+	return fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(kvs[0].Lease), lease)
+}
+
+// PutReleases writes the (bucket, token) pairs member id has released,
+// attached to its session lease, only if the member record is still held
+// by that lease. Errors: ErrNotFound (no such member), ErrFenced (the id is
+// held by another session), ErrLeaseNotFound, ErrInvalid, ErrUnavailable.
+func (s *Store) PutReleases(ctx context.Context, ks, id string, r Releases, lease LeaseID) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("put releases")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	val, err := EncodeReleases(r)
+	if err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("put releases of %s/%s", ks, id)
+	mk := MemberKey(ks, id)
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease))).
+		Then(clientv3.OpPut(ReleasesKey(ks, id), string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
+		Else(clientv3.OpGet(mk)).
+		Commit()
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if !resp.Succeeded {
+		return 0, memberFenced(op, resp, id, lease)
+	}
+	return resp.Header.Revision, nil
+}
+
+// PutDrain asks member id to drain: it writes d at drain/<ks>/<id>,
+// attached to the member's current session so that it vanishes with it.
+// Errors: ErrNotFound (no such member), ErrInvalid, ErrUnavailable.
+func (s *Store) PutDrain(ctx context.Context, ks, id string, d DrainRequest) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("put drain")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	val, err := EncodeDrain(d)
+	if err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("put drain of %s/%s", ks, id)
+	mk := MemberKey(ks, id)
+	for range maxRetries {
+		resp, err := s.client.Get(ctx, mk)
+		if err != nil {
+			return 0, s.err(op, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return 0, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
+		}
+		cur := resp.Kvs[0]
+		tr, err := s.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(mk), "=", cur.ModRevision)).
+			Then(clientv3.OpPut(DrainKey(ks, id), string(val), clientv3.WithLease(clientv3.LeaseID(cur.Lease)))).
+			Commit()
+		if err != nil {
+			if err := s.err(op, err); !errors.Is(err, ErrLeaseNotFound) {
+				return 0, err
+			}
+			continue // the session ended between the read and the write
+		}
+		if tr.Succeeded {
+			return tr.Header.Revision, nil
+		}
+	}
+	return 0, fmt.Errorf("store: %s: %w: the member key kept changing", op, ErrConflict)
+}
+
+// DeleteDrain withdraws a drain request. It returns ErrNotFound if there
+// was none.
+func (s *Store) DeleteDrain(ctx context.Context, ks, id string) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("delete drain")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("delete drain of %s/%s", ks, id)
+	resp, err := s.client.Delete(ctx, DrainKey(ks, id))
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if resp.Deleted == 0 {
+		return 0, fmt.Errorf("store: %s: %w", op, ErrNotFound)
+	}
+	return resp.Header.Revision, nil
+}
+
+// DeleteMember deletes member id's record, drain request and releases
+// (the keys the member and the API write), if the record is held by lease;
+// lease 0 deletes whoever holds it. Grants stay until the leader removes
+// them or the session's lease is deleted: to make a member leave at once,
+// revoke its session instead. Errors: ErrNotFound, ErrFenced (held by
+// another session), ErrUnavailable.
+func (s *Store) DeleteMember(ctx context.Context, ks, id string, lease LeaseID) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("delete member")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("delete member %s/%s", ks, id)
+	mk := MemberKey(ks, id)
+	cmp := clientv3.Compare(clientv3.CreateRevision(mk), ">", 0)
+	if lease != 0 {
+		cmp = clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease))
+	}
+	resp, err := s.client.Txn(ctx).
+		If(cmp).
+		Then(clientv3.OpDelete(mk), clientv3.OpDelete(DrainKey(ks, id)), clientv3.OpDelete(ReleasesKey(ks, id))).
+		Else(clientv3.OpGet(mk)).
+		Commit()
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if !resp.Succeeded {
+		return 0, memberFenced(op, resp, id, lease)
+	}
+	return resp.Header.Revision, nil
+}
+
+// CreateKeyspace stores a new keyspace's configuration. Errors: ErrExists,
+// ErrInvalid, ErrInvalidName, ErrUnavailable.
+func (s *Store) CreateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("create keyspace")
+	}
+	if err := ValidateName(KindKeyspace, k.Name); err != nil {
+		return 0, err
+	}
+	val, err := EncodeKeyspace(k)
+	if err != nil {
+		return 0, err
+	}
+	key := KeyspaceKey(k.Name)
+	op := fmt.Sprintf("create keyspace %q", k.Name)
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val))).
+		Commit()
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("store: %s: %w", op, ErrExists)
+	}
+	return resp.Header.Revision, nil
+}
+
+// UpdateKeyspace replaces a keyspace's configuration. Buckets, Hash and
+// Mode cannot change: a different value fails with ErrImmutable naming the
+// field. Errors: ErrNotFound, ErrImmutable, ErrInvalid, ErrCorrupt (the
+// stored value does not decode), ErrUnavailable.
+func (s *Store) UpdateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
+	if err := ValidateName(KindKeyspace, k.Name); err != nil {
+		return 0, err
+	}
+	val, err := EncodeKeyspace(k)
+	if err != nil {
+		return 0, err
+	}
+	key := KeyspaceKey(k.Name)
+	op := fmt.Sprintf("update keyspace %q", k.Name)
+	for range maxRetries {
+		cur, modRev, err := s.GetKeyspace(ctx, k.Name)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case cur.Buckets != k.Buckets:
+			return 0, fmt.Errorf("store: %s: %w: buckets is %d and cannot change to %d", op, ErrImmutable, cur.Buckets, k.Buckets)
+		case cur.Hash != k.Hash:
+			return 0, fmt.Errorf("store: %s: %w: hash is %q and cannot change to %q", op, ErrImmutable, cur.Hash, k.Hash)
+		case cur.Mode != k.Mode:
+			return 0, fmt.Errorf("store: %s: %w: mode is %q and cannot change to %q", op, ErrImmutable, cur.Mode, k.Mode)
+		}
+		resp, err := s.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
+			Then(clientv3.OpPut(key, string(val))).
+			Commit()
+		if err != nil {
+			return 0, s.err(op, err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+	}
+	return 0, fmt.Errorf("store: %s: %w: the keyspace kept changing", op, ErrConflict)
+}
+
+// GetKeyspace returns keyspace ks's configuration and the ModRevision of
+// its key. Errors: ErrNotFound, ErrCorrupt, ErrInvalidName, ErrUnavailable.
+func (s *Store) GetKeyspace(ctx context.Context, ks string) (Keyspace, int64, error) {
+	if s.closed() {
+		return Keyspace{}, 0, errClosed("get keyspace")
+	}
+	if err := ValidateName(KindKeyspace, ks); err != nil {
+		return Keyspace{}, 0, err
+	}
+	key := KeyspaceKey(ks)
+	resp, err := s.client.Get(ctx, key)
+	if err != nil {
+		return Keyspace{}, 0, s.err(fmt.Sprintf("get keyspace %q", ks), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Keyspace{}, 0, fmt.Errorf("store: get keyspace %q: %w", ks, ErrNotFound)
+	}
+	k, err := DecodeKeyspace(key, resp.Kvs[0].Value)
+	if err != nil {
+		return Keyspace{}, 0, err
+	}
+	return k, resp.Kvs[0].ModRevision, nil
+}
+
+// ListKeyspaces returns every keyspace's configuration, sorted by name, and
+// the revision read. Keyspaces whose value does not decode are left out;
+// then err wraps ErrCorrupt and names them, and the list is still
+// returned.
+func (s *Store) ListKeyspaces(ctx context.Context) ([]Keyspace, int64, error) {
+	if s.closed() {
+		return nil, 0, errClosed("list keyspaces")
+	}
+	resp, err := s.client.Get(ctx, Prefix+"keyspaces/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, s.err("list keyspaces", err)
+	}
+	var out []Keyspace
+	var errs []error
+	for _, kv := range resp.Kvs {
+		key := string(kv.Key)
+		kind, _, _, err := ParseKey(key)
+		if err == nil && kind != KindKeyspace {
+			err = corruptf(key, "", "not a keyspace key")
+		}
+		if err == nil {
+			var k Keyspace
+			if k, err = DecodeKeyspace(key, kv.Value); err == nil {
+				out = append(out, k)
+				continue
+			}
+		}
+		errs = append(errs, err)
+	}
+	slices.SortFunc(out, func(a, b Keyspace) int { return strings.Compare(a.Name, b.Name) })
+	return out, resp.Header.Revision, errors.Join(errs...)
+}
+
+// DeleteKeyspace deletes keyspace ks and every key under it (map, tokens,
+// members, drains, grants, releases, quarantines) in one transaction. Members' sessions
+// are not revoked; their keys simply vanish. Errors: ErrNotFound,
+// ErrInvalidName, ErrUnavailable.
+func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("delete keyspace")
+	}
+	if err := ValidateName(KindKeyspace, ks); err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("delete keyspace %q", ks)
+	dels := []clientv3.Op{
+		clientv3.OpDelete(KeyspaceKey(ks)),
+		clientv3.OpDelete(MapKey(ks)),
+		clientv3.OpDelete(TokensKey(ks)),
+	}
+	for _, k := range []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine} {
+		dels = append(dels, clientv3.OpDelete(kindPrefix(k, ks), clientv3.WithPrefix()))
+	}
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(KeyspaceKey(ks)), ">", 0)).
+		Then(dels...).
+		Commit()
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("store: %s: %w", op, ErrNotFound)
+	}
+	return resp.Header.Revision, nil
+}
