@@ -38,6 +38,22 @@
 //
 // # Tenants
 //
+// Shards computes sticky, balanced shuffle shards for a pool: from the
+// previous subsets (tenant → member IDs), the live members and each
+// tenant's Size and Load it returns a ShardPlan. A size change of Δ adds or
+// removes exactly |Δ| members; a member that leaves or drains is replaced
+// only in the tenants that had it; adding members moves nothing unless
+// ShardOptions.MaxRebalanceMoves allows that many swaps. Members are spread
+// over zones (at most ⌈size/zones⌉ per zone) and new members are chosen
+// among the least loaded by a per-tenant hash, so subsets overlap no more
+// than random ones; Overlap reports that against the hypergeometric
+// expectation.
+//
+// Subset is the stateless variant for a client that has only the member
+// list, with dskit's guarantees: same input, same subset; one member
+// joining or leaving changes a subset by at most one; size n+1 contains
+// size n. Its hash is portable (see Subset).
+//
 // NextSize turns a tenant's measured rate into its shard size, with
 // hysteresis held in an explicit SizeState: it grows at once and shrinks
 // only after a cooldown, by a bounded step, and never depends on the pool

@@ -25,12 +25,16 @@ type PlacementOptions struct {
 	// Keys is the number of random keys for the spread measure. Default
 	// 1,000,000.
 	Keys int
+	// SkipShards leaves out the shuffle-shard case.
+	SkipShards bool
 }
 
 // PlacementReport is the output of `keyshard bench placement --json`.
 type PlacementReport struct {
 	Cases []PlacementCase `json:"cases"`
-	Runs  int             `json:"runs"`
+	// Shards is the shuffle-shard case, unless skipped.
+	Shards *ShardsCase `json:"shards,omitempty"`
+	Runs   int         `json:"runs"`
 }
 
 // MoveCount compares the buckets a plan moved with the optimum.
@@ -138,6 +142,13 @@ func Placement(ctx context.Context, opts PlacementOptions, progress io.Writer) (
 			fmt.Fprintf(progress, "placement %2d/%d  B=%-5d N=%-3d  lookup %.1f ns (hash %.1f)  max/mean %.3f  join %d/%d moved in %.0f µs  leave %d/%d\n",
 				len(rep.Cases), total, b, n, c.LookupNs, c.HashNs, c.MaxOverMean, c.Add.Moved, c.Add.Optimal, c.RebalanceUs, c.Remove.Moved, c.Remove.Optimal)
 		}
+	}
+	if !opts.SkipShards {
+		sc, err := Shards(ctx, opts.Runs, progress)
+		if err != nil {
+			return rep, fmt.Errorf("shards: %w", err)
+		}
+		rep.Shards = &sc
 	}
 	return rep, nil
 }
