@@ -32,6 +32,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBench())
+	root.AddCommand(newServe(), newBench())
 	return root
 }

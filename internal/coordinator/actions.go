@@ -1,6 +1,10 @@
 package coordinator
 
-import "time"
+import (
+	"time"
+
+	"github.com/keyshard/keyshard/placement"
+)
 
 // Action is a write the leader must make, or something to report. The
 // server applies each write as one store transaction fenced by the
@@ -11,6 +15,7 @@ type Action interface{ isAction() }
 // WriteMap writes a new map epoch.
 type WriteMap struct {
 	Keyspace string
+	Hash     placement.HashMode // the keyspace's, stored with the map
 	Map      Map
 	Expect   Expect
 	// Moves is how many buckets changed target owner.

@@ -209,6 +209,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		k.mapInflight = epoch
 		return []Action{WriteMap{
 			Keyspace: name,
+			Hash:     k.cfg.Hash,
 			Map:      Map{Epoch: epoch, Assignment: p.Assignment},
 			Expect:   Expect{Kind: KeyMap, Rev: k.mapRev},
 			Moves:    len(p.Moves),

@@ -777,3 +777,19 @@ func TestQuarantineLivesOnItsOwnLease(t *testing.T) {
 		t.Fatalf("%d quarantines after their lease ended", n)
 	}
 }
+
+func TestClusterSecret(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 10*time.Second)
+	a, err := s.ClusterSecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.ClusterSecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 32 || string(a) != string(b) {
+		t.Fatalf("secrets differ or wrong size: %x %x", a, b)
+	}
+}

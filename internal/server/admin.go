@@ -1,0 +1,197 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sort"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// adminService serves AdminService: keyspaces, drains and status.
+type adminService struct{ s *Server }
+
+func (a *adminService) CreateKeyspace(ctx context.Context, req *connect.Request[v1.CreateKeyspaceRequest]) (*connect.Response[v1.CreateKeyspaceResponse], error) {
+	c, err := keyspaceConfig(req.Msg.GetKeyspace())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := a.s.store.CreateKeyspace(ctx, c.store()); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("keyspace %q already exists; use UpdateKeyspace to change its lease TTL or drain timeout", c.Name))
+		}
+		return nil, apiError(err)
+	}
+	a.s.log.Info("created keyspace", "keyspace", c.Name, "buckets", c.Buckets, "hash", c.Hash)
+	return connect.NewResponse(&v1.CreateKeyspaceResponse{Keyspace: keyspaceProto(c.store())}), nil
+}
+
+func (a *adminService) GetKeyspace(ctx context.Context, req *connect.Request[v1.GetKeyspaceRequest]) (*connect.Response[v1.GetKeyspaceResponse], error) {
+	k, err := a.s.keyspace(req.Msg.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.GetKeyspaceResponse{Keyspace: keyspaceProto(k)}), nil
+}
+
+func (a *adminService) ListKeyspaces(ctx context.Context, _ *connect.Request[v1.ListKeyspacesRequest]) (*connect.Response[v1.ListKeyspacesResponse], error) {
+	resp := &v1.ListKeyspacesResponse{}
+	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		for _, ks := range snap.Keyspaces {
+			if ks.Config.Exists() {
+				resp.Keyspaces = append(resp.Keyspaces, keyspaceProto(ks.Config.Value))
+			}
+		}
+	})
+	sort.Slice(resp.Keyspaces, func(i, j int) bool { return resp.Keyspaces[i].Name < resp.Keyspaces[j].Name })
+	return connect.NewResponse(resp), nil
+}
+
+func (a *adminService) UpdateKeyspace(ctx context.Context, req *connect.Request[v1.UpdateKeyspaceRequest]) (*connect.Response[v1.UpdateKeyspaceResponse], error) {
+	have, err := a.s.keyspace(req.Msg.GetKeyspace().GetName())
+	if err != nil {
+		return nil, err
+	}
+	in := req.Msg.GetKeyspace()
+	// Unset immutable fields mean "keep"; set ones must match.
+	if in.GetBuckets() == 0 {
+		in.Buckets = uint32(have.Buckets)
+	}
+	if in.GetHash() == "" {
+		in.Hash = string(have.Hash)
+	}
+	if in.GetLeaseTtl() == nil {
+		in.LeaseTtl = keyspaceProto(have).LeaseTtl
+	}
+	if in.GetDrainTimeout() == nil {
+		in.DrainTimeout = keyspaceProto(have).DrainTimeout
+	}
+	if in.GetMode() == v1.KeyspaceMode_KEYSPACE_MODE_UNSPECIFIED {
+		in.Mode = keyspaceProto(have).Mode
+	}
+	c, err := keyspaceConfig(in)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c.Buckets != have.Buckets:
+		return nil, failedPrecondition("keyspace %q has %d buckets; the bucket count cannot change while clients hash keys with it (create a new keyspace instead)", c.Name, have.Buckets)
+	case c.Hash != have.Hash:
+		return nil, failedPrecondition("keyspace %q hashes with %s; the hash cannot change while clients use it (create a new keyspace instead)", c.Name, have.Hash)
+	case store.Mode(c.Mode) != have.Mode:
+		return nil, failedPrecondition("keyspace %q is in %s mode; the mode cannot change", c.Name, have.Mode)
+	}
+	if _, err := a.s.store.UpdateKeyspace(ctx, c.store()); err != nil {
+		return nil, apiError(err)
+	}
+	return connect.NewResponse(&v1.UpdateKeyspaceResponse{Keyspace: keyspaceProto(c.store())}), nil
+}
+
+func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error) {
+	name := req.Msg.GetKeyspace()
+	if _, err := a.s.keyspace(name); err != nil {
+		return nil, err
+	}
+	resp := &v1.ListMembersResponse{}
+	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		ks := snap.Keyspaces[name]
+		if ks == nil {
+			return
+		}
+		resp.Epoch = ks.Map.Value.Epoch
+		target := map[string]uint32{}
+		for b := range ks.Map.Value.Owners {
+			if o := ks.Map.Value.Owner(b); o != "" {
+				target[o]++
+			}
+		}
+		for id, m := range ks.Members {
+			st := &v1.MemberStatus{Member: memberProto(m.Value), TargetBuckets: target[id]}
+			for _, bt := range ks.Grants[id].Value.Buckets {
+				st.GrantedBuckets++
+				if ks.Map.Value.Owner(bt.Bucket) != id {
+					st.ReleasingBuckets++
+				}
+			}
+			_, st.Draining = ks.Drains[id]
+			resp.Members = append(resp.Members, st)
+		}
+	})
+	sort.Slice(resp.Members, func(i, j int) bool { return resp.Members[i].Member.Id < resp.Members[j].Member.Id })
+	return connect.NewResponse(resp), nil
+}
+
+func (a *adminService) DrainMember(ctx context.Context, req *connect.Request[v1.DrainMemberRequest]) (*connect.Response[v1.DrainMemberResponse], error) {
+	ks, id := req.Msg.GetKeyspace(), req.Msg.GetMember()
+	if _, err := a.s.keyspace(ks); err != nil {
+		return nil, err
+	}
+	if _, err := a.s.store.PutDrain(ctx, ks, id, store.DrainRequest{RequestedAt: a.s.clock.Now(), By: "admin"}); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, notFound("member %q is not joined to keyspace %q; list members with `keyshard members %s`", id, ks, ks)
+		}
+		return nil, apiError(err)
+	}
+	a.s.log.Info("drain requested", "keyspace", ks, "member", id)
+	return connect.NewResponse(&v1.DrainMemberResponse{}), nil
+}
+
+func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
+	resp := &v1.StatusResponse{Replica: a.s.cfg.Replica}
+	leader, err := a.s.store.Leader(ctx)
+	if err != nil {
+		return nil, apiError(err)
+	}
+	resp.Leader = leader
+	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		for name, ks := range snap.Keyspaces {
+			if !ks.Config.Exists() {
+				continue
+			}
+			st := &v1.KeyspaceStatus{Keyspace: keyspaceProto(ks.Config.Value), Epoch: ks.Map.Value.Epoch, Members: uint32(len(ks.Members))}
+			holder := map[int]string{}
+			for id, g := range ks.Grants {
+				for _, bt := range g.Value.Buckets {
+					holder[bt.Bucket] = id
+				}
+			}
+			for b := range ks.Map.Value.Owners {
+				o := ks.Map.Value.Owner(b)
+				if o == "" {
+					st.UnassignedBuckets++
+				} else if holder[b] != o {
+					st.HandoffsInFlight++
+				}
+			}
+			if !ks.Map.Exists() {
+				st.UnassignedBuckets = uint32(ks.Config.Value.Buckets)
+			}
+			_ = name
+			resp.Keyspaces = append(resp.Keyspaces, st)
+		}
+	})
+	sort.Slice(resp.Keyspaces, func(i, j int) bool { return resp.Keyspaces[i].Keyspace.Name < resp.Keyspaces[j].Keyspace.Name })
+	return connect.NewResponse(resp), nil
+}
+
+// keyspace returns a keyspace's config from the view, or a NotFound error
+// that names it.
+func (s *Server) keyspace(name string) (store.Keyspace, error) {
+	if err := store.ValidateName(store.KindKeyspace, name); err != nil {
+		return store.Keyspace{}, apiError(err)
+	}
+	var k store.Keyspace
+	var ok bool
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ks := snap.Keyspaces[name]; ks != nil && ks.Config.Exists() {
+			k, ok = ks.Config.Value, true
+		}
+	})
+	if !ok {
+		return k, notFound("keyspace %q does not exist; create it with `keyshard keyspace create %s` or list them with `keyshard keyspace list`", name, name)
+	}
+	return k, nil
+}

@@ -1,0 +1,118 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+)
+
+// role is what a bearer token allows.
+type role int
+
+const (
+	roleNone role = iota
+	roleMember
+	roleAdmin
+)
+
+// authenticator checks bearer tokens against the roles each service needs:
+// admin for AdminService, member for MemberService, either for MapService.
+// It implements connect.Interceptor for unary and streaming handlers.
+type authenticator struct {
+	open    bool // no tokens configured on loopback, or auth disabled
+	admin   [][]byte
+	member  [][]byte
+	refused *prometheus.CounterVec
+}
+
+func newAuthenticator(c AuthConfig, open bool, reg prometheus.Registerer) *authenticator {
+	a := &authenticator{
+		open: open,
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_api_auth_refused_total",
+			Help: "API requests refused for a missing, unknown or insufficient bearer token.",
+		}, []string{"procedure", "reason"}),
+	}
+	for _, t := range c.AdminTokens {
+		a.admin = append(a.admin, []byte(t))
+	}
+	for _, t := range c.MemberTokens {
+		a.member = append(a.member, []byte(t))
+	}
+	reg.MustRegister(a.refused)
+	return a
+}
+
+func (a *authenticator) roleOf(token string) role {
+	tok := []byte(token)
+	match := func(set [][]byte) bool {
+		found := 0
+		for _, s := range set {
+			found |= subtle.ConstantTimeCompare(tok, s)
+		}
+		return found == 1
+	}
+	switch {
+	case match(a.admin):
+		return roleAdmin
+	case match(a.member):
+		return roleMember
+	}
+	return roleNone
+}
+
+// check returns nil if header carries a token allowed to call procedure.
+func (a *authenticator) check(procedure string, header http.Header) error {
+	if a.open {
+		return nil
+	}
+	auth := header.Get("Authorization")
+	token, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok || token == "" {
+		a.refused.WithLabelValues(procedure, "missing").Inc()
+		return connect.NewError(connect.CodeUnauthenticated, errors.New(`missing bearer token: send "Authorization: Bearer <token>" with an admin or member token`))
+	}
+	r := a.roleOf(token)
+	if r == roleNone {
+		a.refused.WithLabelValues(procedure, "unknown").Inc()
+		return connect.NewError(connect.CodeUnauthenticated, errors.New("unknown bearer token"))
+	}
+	switch {
+	case strings.HasPrefix(procedure, "/"+keyshardv1connect.AdminServiceName+"/") && r != roleAdmin:
+		a.refused.WithLabelValues(procedure, "role").Inc()
+		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs an admin token; the token given is a member token"))
+	case strings.HasPrefix(procedure, "/"+keyshardv1connect.MemberServiceName+"/") && r != roleMember:
+		a.refused.WithLabelValues(procedure, "role").Inc()
+		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs a member token; the token given is an admin token"))
+	}
+	return nil
+}
+
+func (a *authenticator) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if err := a.check(req.Spec().Procedure, req.Header()); err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (a *authenticator) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (a *authenticator) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if err := a.check(conn.Spec().Procedure, conn.RequestHeader()); err != nil {
+			return err
+		}
+		return next(ctx, conn)
+	}
+}

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keyshard.yaml")
+	os.WriteFile(path, []byte(`
+listen: 127.0.0.1:7411
+etcd:
+  data_dir: /tmp/ks
+keyspaces:
+  - name: rooms
+    buckets: 1024
+    lease_ttl: 5s
+  - name: senders
+    hash: synapse-sha256
+`), 0o644)
+	c := DefaultConfig()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:7411" || len(c.Keyspaces) != 2 {
+		t.Fatalf("config %+v", c)
+	}
+	k := c.Keyspaces[0]
+	if k.Buckets != 1024 || k.LeaseTTL != 5*time.Second || k.DrainTimeout != DefaultDrainTimeout || k.Mode != "exclusive" || k.Hash != "xxh64" {
+		t.Fatalf("keyspace defaults: %+v", k)
+	}
+	if c.Keyspaces[1].Buckets != 4096 {
+		t.Fatalf("default buckets: %+v", c.Keyspaces[1])
+	}
+}
+
+func TestConfigEnvOverridesFile(t *testing.T) {
+	c := DefaultConfig()
+	env := map[string]string{"KEYSHARD_LISTEN": "0.0.0.0:9000", "KEYSHARD_ADMIN_TOKENS": "aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb", "KEYSHARD_ETCD_ENDPOINTS": "http://e1:2379,http://e2:2379"}
+	c.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "0.0.0.0:9000" || len(c.Auth.AdminTokens) != 2 || len(c.Etcd.Endpoints) != 2 {
+		t.Fatalf("%+v", c)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		yaml string
+		mod  func(*Config)
+		want string
+	}{
+		{"unknown field", "listn: 1.2.3.4:5\n", nil, "field listn not found"},
+		{"bad listen", "", func(c *Config) { c.Listen = "7400" }, `listen: "7400" is not host:port`},
+		{"no auth on public address", "", func(c *Config) { c.Listen = "0.0.0.0:7400" }, "auth: no tokens for 0.0.0.0:7400"},
+		{"disabled auth on public address", "", func(c *Config) { c.Listen = "0.0.0.0:7400"; c.Auth.Disabled = true }, "auth.disabled: refusing"},
+		{"short token", "", func(c *Config) { c.Auth.AdminTokens = []string{"secret"} }, "token 0 is 6 characters"},
+		{"half tls", "", func(c *Config) { c.TLS.CertFile = "x.pem" }, "tls: cert_file and key_file go together"},
+		{"missing cert", "", func(c *Config) { c.TLS.CertFile, c.TLS.KeyFile = "/nope.pem", "/nope.key" }, "tls.cert_file: cannot read /nope.pem"},
+		{"no store", "", func(c *Config) { c.Etcd.DataDir = "" }, "etcd: set data_dir"},
+		{"endpoint without port", "", func(c *Config) { c.Etcd.Endpoints = []string{"etcd1"} }, `etcd.endpoints[0]: "etcd1" has no port`},
+		{"log level", "", func(c *Config) { c.LogLevel = "loud" }, `log_level: "loud"`},
+		{"keyspace name", "keyspaces:\n  - name: 'bad name'\n", nil, `keyspaces[0]: name: "bad name" has ' '`},
+		{"keyspace buckets", "keyspaces:\n  - name: a\n    buckets: 70000\n", nil, "keyspaces[0]: buckets: 70000 is out of range"},
+		{"keyspace hash", "keyspaces:\n  - name: a\n    hash: md5\n", nil, `keyspaces[0]: hash: "md5" is unknown`},
+		{"keyspace ttl", "keyspaces:\n  - name: a\n    lease_ttl: 1500ms\n", nil, "keyspaces[0]: lease_ttl: 1.5s; want whole seconds"},
+		{"keyspace mode", "keyspaces:\n  - name: a\n    mode: shared\n", nil, `keyspaces[0]: mode: "shared" is unknown`},
+		{"duplicate keyspace", "keyspaces:\n  - name: a\n  - name: a\n", nil, `keyspaces[1].name: "a" is declared twice`},
+		{"bad duration", "keyspaces:\n  - name: a\n    lease_ttl: soon\n", nil, "soon"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			var err error
+			if tc.yaml != "" {
+				path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
+				os.WriteFile(path, []byte(tc.yaml), 0o644)
+				err = c.LoadFile(path)
+			}
+			if err == nil && tc.mod != nil {
+				tc.mod(&c)
+			}
+			if err == nil {
+				err = c.Validate()
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}

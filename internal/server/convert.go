@@ -1,0 +1,183 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// Conversions between the store's records, the coordinator's events and
+// the API's messages live here, in one place.
+
+func keyspaceProto(k store.Keyspace) *v1.Keyspace {
+	mode := v1.KeyspaceMode_KEYSPACE_MODE_EXCLUSIVE
+	if k.Mode == store.Mode("stream") {
+		mode = v1.KeyspaceMode_KEYSPACE_MODE_STREAM
+	}
+	return &v1.Keyspace{
+		Name:         k.Name,
+		Buckets:      uint32(k.Buckets),
+		Hash:         string(k.Hash),
+		Mode:         mode,
+		LeaseTtl:     durationpb.New(k.LeaseTTL),
+		DrainTimeout: durationpb.New(k.DrainTimeout),
+	}
+}
+
+// keyspaceConfig reads an API keyspace into a config to validate.
+func keyspaceConfig(k *v1.Keyspace) (KeyspaceConfig, error) {
+	if k == nil {
+		return KeyspaceConfig{}, invalid("keyspace: missing")
+	}
+	c := KeyspaceConfig{Name: k.GetName(), Buckets: int(k.GetBuckets()), Hash: placementHash(k.GetHash())}
+	switch k.GetMode() {
+	case v1.KeyspaceMode_KEYSPACE_MODE_UNSPECIFIED, v1.KeyspaceMode_KEYSPACE_MODE_EXCLUSIVE:
+		c.Mode = "exclusive"
+	case v1.KeyspaceMode_KEYSPACE_MODE_STREAM:
+		c.Mode = "stream"
+	default:
+		return c, invalid("keyspace.mode: %d is unknown", k.GetMode())
+	}
+	for _, d := range []struct {
+		field string
+		in    *durationpb.Duration
+		out   *time.Duration
+	}{{"keyspace.lease_ttl", k.GetLeaseTtl(), &c.LeaseTTL}, {"keyspace.drain_timeout", k.GetDrainTimeout(), &c.DrainTimeout}} {
+		if d.in == nil {
+			continue
+		}
+		if err := d.in.CheckValid(); err != nil {
+			return c, invalid("%s: %v", d.field, err)
+		}
+		*d.out = d.in.AsDuration()
+	}
+	if err := c.Normalize(); err != nil {
+		return c, invalid("keyspace.%v", err)
+	}
+	return c, nil
+}
+
+func (c KeyspaceConfig) store() store.Keyspace {
+	return store.Keyspace{Name: c.Name, Buckets: c.Buckets, Hash: c.Hash, Mode: store.Mode(c.Mode), LeaseTTL: c.LeaseTTL, DrainTimeout: c.DrainTimeout}
+}
+
+func memberProto(m store.Member) *v1.Member {
+	return &v1.Member{Id: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Metadata: m.Metadata}
+}
+
+func coordKeyspace(k store.Keyspace) coordinator.Keyspace {
+	return coordinator.Keyspace{Name: k.Name, Buckets: k.Buckets, Hash: k.Hash, Mode: coordinator.Mode(k.Mode), LeaseTTL: k.LeaseTTL, DrainTimeout: k.DrainTimeout}
+}
+
+func coordMember(m store.Member, lease store.LeaseID) coordinator.Member {
+	if m.Session == 0 {
+		m.Session = lease
+	}
+	return coordinator.Member{ID: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Session: int64(m.Session)}
+}
+
+func coordPairs(in []store.BucketToken) []coordinator.BucketToken {
+	out := make([]coordinator.BucketToken, len(in))
+	for i, bt := range in {
+		out[i] = coordinator.BucketToken{Bucket: bt.Bucket, Token: bt.Token}
+	}
+	return out
+}
+
+func storePairs(in []coordinator.BucketToken) []store.BucketToken {
+	out := make([]store.BucketToken, len(in))
+	for i, bt := range in {
+		out[i] = store.BucketToken{Bucket: bt.Bucket, Token: bt.Token}
+	}
+	return out
+}
+
+// snapshotEvents replays a snapshot as coordinator events, preceded by a
+// Reset.
+func snapshotEvents(s *store.Snapshot) []coordinator.Event {
+	evs := []coordinator.Event{coordinator.Reset{}}
+	for name, ks := range s.Keyspaces {
+		if ks.Config.Exists() {
+			evs = append(evs, coordinator.KeyspacePut{Keyspace: coordKeyspace(ks.Config.Value)})
+		}
+		for _, m := range ks.Members {
+			evs = append(evs, coordinator.MemberPut{Keyspace: name, Member: coordMember(m.Value, m.Lease)})
+		}
+		for id, d := range ks.Drains {
+			evs = append(evs, coordinator.DrainPut{Keyspace: name, ID: id, Drain: coordinator.Drain{Leave: d.Value.Leave}})
+		}
+		if ks.Map.Exists() {
+			evs = append(evs, coordinator.MapPut{Keyspace: name, Map: coordinator.Map{Epoch: ks.Map.Value.Epoch, Assignment: ks.Map.Value.Assignment()}, Rev: ks.Map.ModRevision})
+		}
+		for id, g := range ks.Grants {
+			evs = append(evs, coordinator.GrantsPut{Keyspace: name, ID: id, Grants: coordinator.Grants{Session: int64(g.Value.Session), Buckets: coordPairs(g.Value.Buckets)}, Rev: g.ModRevision})
+		}
+		for id, r := range ks.Releases {
+			evs = append(evs, coordinator.ReleasesPut{Keyspace: name, ID: id, Buckets: coordPairs(r.Value.Buckets), Rev: r.ModRevision})
+		}
+		if ks.Tokens.Exists() {
+			evs = append(evs, coordinator.TokensPut{Keyspace: name, Token: ks.Tokens.Value, Rev: ks.Tokens.ModRevision})
+		}
+		for id, q := range ks.Quarantines {
+			evs = append(evs, coordinator.QuarantinePut{Keyspace: name, ID: id, Buckets: q.Value.Buckets})
+		}
+	}
+	return evs
+}
+
+// changeEvent turns one watched change into a coordinator event, or nil
+// for keys the coordinator does not follow.
+func changeEvent(c store.Change) coordinator.Event {
+	if c.Err != nil {
+		return nil // a corrupt value: the view reports it; the machine keeps what it had
+	}
+	switch c.Kind {
+	case store.KindKeyspace:
+		if c.Deleted {
+			return coordinator.KeyspaceDeleted{Name: c.Keyspace}
+		}
+		return coordinator.KeyspacePut{Keyspace: coordKeyspace(c.Value.(store.Keyspace))}
+	case store.KindMember:
+		if c.Deleted {
+			return coordinator.MemberDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.MemberPut{Keyspace: c.Keyspace, Member: coordMember(c.Value.(store.Member), c.Lease)}
+	case store.KindDrain:
+		if c.Deleted {
+			return coordinator.DrainDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.DrainPut{Keyspace: c.Keyspace, ID: c.ID, Drain: coordinator.Drain{Leave: c.Value.(store.DrainRequest).Leave}}
+	case store.KindMap:
+		if c.Deleted {
+			return nil
+		}
+		m := c.Value.(store.Map)
+		return coordinator.MapPut{Keyspace: c.Keyspace, Map: coordinator.Map{Epoch: m.Epoch, Assignment: m.Assignment()}, Rev: c.ModRevision}
+	case store.KindGrants:
+		if c.Deleted {
+			return coordinator.GrantsDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		g := c.Value.(store.Grants)
+		return coordinator.GrantsPut{Keyspace: c.Keyspace, ID: c.ID, Grants: coordinator.Grants{Session: int64(g.Session), Buckets: coordPairs(g.Buckets)}, Rev: c.ModRevision}
+	case store.KindReleases:
+		if c.Deleted {
+			return coordinator.ReleasesDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.ReleasesPut{Keyspace: c.Keyspace, ID: c.ID, Buckets: coordPairs(c.Value.(store.Releases).Buckets), Rev: c.ModRevision}
+	case store.KindTokens:
+		if c.Deleted {
+			return nil
+		}
+		return coordinator.TokensPut{Keyspace: c.Keyspace, Token: c.Value.(uint64), Rev: c.ModRevision}
+	case store.KindQuarantine:
+		if c.Deleted {
+			return coordinator.QuarantineDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.QuarantinePut{Keyspace: c.Keyspace, ID: c.ID, Buckets: c.Value.(store.Quarantine).Buckets}
+	}
+	return nil
+}

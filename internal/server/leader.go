@@ -1,0 +1,186 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// leaderTTL is the lease of a replica's election session: a crashed
+// leader is replaced within about this long.
+const leaderTTL = 5 * time.Second
+
+// errNotLeader ends a term: the session ended or a write was fenced.
+var errNotLeader = errors.New("server: no longer leader")
+
+// campaign runs elections until ctx ends: campaign, lead while elected,
+// resign, repeat. It returns when ctx is done.
+func (s *Server) campaign(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.term(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("leadership ended; campaigning again", "err", err)
+		t := s.clock.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	return nil
+}
+
+// term campaigns once and, if elected, leads until it loses the session,
+// a write is fenced, or ctx ends.
+func (s *Server) term(ctx context.Context) error {
+	sess, err := s.store.NewSession(ctx, leaderTTL)
+	if err != nil {
+		return fmt.Errorf("election session: %w", err)
+	}
+	defer sess.Close()
+	el := s.store.NewElection(sess)
+	fence, err := el.Campaign(ctx, s.cfg.Replica)
+	if err != nil {
+		return fmt.Errorf("campaign: %w", err)
+	}
+	s.log.Info("elected leader", "replica", s.cfg.Replica)
+	s.metrics.leader.Set(1)
+	defer s.metrics.leader.Set(0)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = el.Resign(rctx) // best effort: the session's end resigns too
+	}()
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // exits when the term ends (lctx) or the session does
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	return s.lead(lctx, fence)
+}
+
+// lead runs the coordinator while this replica is leader.
+func (s *Server) lead(ctx context.Context, fence store.Fence) error {
+	m := coordinator.New()
+	snap, err := s.store.LoadAll(ctx)
+	if err != nil {
+		return fmt.Errorf("load state: %w", err)
+	}
+	pending := m.StepAll(append(snapshotEvents(snap), coordinator.BecameLeader{}), s.clock.Now())
+	updates := s.store.Watch(ctx, snap.Rev+1)
+	tick := s.clock.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		var retry []coordinator.Action
+		for len(pending) > 0 {
+			a := pending[0]
+			pending = pending[1:]
+			err := s.do(ctx, fence, a)
+			switch {
+			case err == nil:
+			case errors.Is(err, store.ErrFenced):
+				return errNotLeader
+			case ctx.Err() != nil:
+				return ctx.Err()
+			default:
+				s.log.Warn("leader write failed; replanning from the store", "action", fmt.Sprintf("%T", a), "err", err)
+				s.metrics.writeFailures.Inc()
+				// Replanned actions wait for the next change or tick, so a
+				// write that keeps failing does not spin.
+				retry = append(retry, m.Step(coordinator.WriteFailed{Action: a, Err: err}, s.clock.Now())...)
+			}
+		}
+		pending = retry
+		select {
+		case <-ctx.Done():
+			return errNotLeader
+		case u, ok := <-updates:
+			if !ok {
+				return errNotLeader
+			}
+			var evs []coordinator.Event
+			if u.Resync != nil {
+				evs = snapshotEvents(u.Resync.Snapshot)
+			}
+			for _, c := range u.Changes {
+				if ev := changeEvent(c); ev != nil {
+					evs = append(evs, ev)
+				}
+			}
+			pending = append(pending, m.StepAll(evs, s.clock.Now())...)
+		case <-tick.C():
+			pending = append(pending, m.Step(coordinator.Tick{}, s.clock.Now())...)
+		}
+	}
+}
+
+// do applies one action as a fenced store write.
+func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) error {
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		m, err := store.MapFromAssignment(a.Map.Epoch, a.Hash, a.Map.Assignment)
+		if err != nil {
+			return err
+		}
+		if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}}); err != nil {
+			return err
+		}
+		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
+		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
+		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves)
+	case coordinator.WriteGrants:
+		var writes []store.Write
+		var expects []store.Expect
+		for id, g := range a.Grants {
+			writes = append(writes, store.PutGrants(a.Keyspace, id, store.Grants{Session: store.LeaseID(g.Session), Buckets: storePairs(g.Buckets)}))
+		}
+		for _, e := range a.Expects {
+			switch e.Kind {
+			case coordinator.KeyGrants:
+				expects = append(expects, store.Expect{Key: store.GrantsKey(a.Keyspace, e.ID), ModRevision: e.Rev})
+			case coordinator.KeyTokens:
+				expects = append(expects, store.Expect{Key: store.TokensKey(a.Keyspace), ModRevision: e.Rev})
+			}
+		}
+		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
+		if _, err := s.store.Commit(ctx, fence, writes, expects); err != nil {
+			return err
+		}
+		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
+	case coordinator.RevokeSession:
+		lease := store.LeaseID(a.Session)
+		if len(a.Quarantine) > 0 {
+			qlease, _, err := s.store.Grant(ctx, a.TTL)
+			if err != nil {
+				return err
+			}
+			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
+			if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
+				_ = s.store.Revoke(ctx, qlease)
+				return err
+			}
+		}
+		if err := s.store.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
+			return err
+		}
+		s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine))
+	case coordinator.Report:
+		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
+		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
+	}
+	return nil
+}

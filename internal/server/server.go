@@ -1,0 +1,252 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// Server is one `keyshard serve` replica: the API on one port, a watch
+// that keeps its view of the store current, and a campaign for leadership
+// that runs the coordinator while elected.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	clock   clock.Clock
+	reg     *prometheus.Registry
+	metrics *metrics
+	auth    *authenticator
+	view    *view
+
+	// Set by Run.
+	store    *store.Store
+	sessions sessions
+
+	ready    chan struct{} // closed once the API listens and the view is synced
+	addr     string        // the bound API address, valid after ready
+	addrOnce sync.Once
+}
+
+// Options are the parts of a server that are not configuration: where it
+// logs and what time it reads. Zero values mean slog.Default and the real
+// clock.
+type Options struct {
+	Logger *slog.Logger
+	Clock  clock.Clock
+}
+
+// New validates cfg and returns a server that has started nothing.
+func New(cfg Config, opts Options) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Server{
+		cfg:     cfg,
+		log:     log,
+		clock:   clock.Or(opts.Clock),
+		reg:     reg,
+		metrics: newMetrics(reg),
+		auth:    newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
+		view:    newView(log),
+		ready:   make(chan struct{}),
+	}
+	if cfg.AuthOpen() {
+		log.Warn("the API accepts requests without a token; set auth.admin_tokens and auth.member_tokens before exposing it", "listen", cfg.Listen)
+	}
+	return s, nil
+}
+
+// Ready is closed once the API is listening and the view has loaded the
+// store.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Addr returns the address the API listens on; valid once Ready is closed.
+func (s *Server) Addr() string { return s.addr }
+
+// Run starts etcd (embedded, unless endpoints are configured), the API,
+// the watch and the campaign, and blocks until ctx is done and every
+// goroutine has exited. Shutdown is graceful: the API stops accepting,
+// in-flight calls finish (up to 10 s), the term ends, and the embedded etcd
+// stops last.
+func (s *Server) Run(ctx context.Context) error {
+	endpoints := s.cfg.Etcd.Endpoints
+	if len(endpoints) == 0 {
+		s.log.Info("starting embedded etcd", "data_dir", s.cfg.Etcd.DataDir)
+		// etcd's own warnings are about its single-node setup, not
+		// actionable here; its errors still reach slog's default logger.
+		emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: s.cfg.Etcd.DataDir})
+		if err != nil {
+			return fmt.Errorf("start embedded etcd in %s: %w", s.cfg.Etcd.DataDir, err)
+		}
+		defer emb.Close()
+		endpoints = emb.Endpoints()
+	}
+	etcdTLS, err := s.etcdTLS()
+	if err != nil {
+		return err
+	}
+	st, err := store.Open(ctx, store.Config{Endpoints: endpoints, TLS: etcdTLS, Username: s.cfg.Etcd.Username, Password: s.cfg.Etcd.Password, Logger: s.log})
+	if err != nil {
+		return fmt.Errorf("connect to etcd %v: %w (check --etcd-endpoints and that etcd is running)", endpoints, err)
+	}
+	defer st.Close()
+	s.store = st
+	secret, err := st.ClusterSecret(ctx)
+	if err != nil {
+		return fmt.Errorf("read the cluster secret: %w", err)
+	}
+	s.sessions = sessions{secret: secret}
+	if err := s.createKeyspaces(ctx); err != nil {
+		return err
+	}
+
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another keyshard running? choose another --listen)", s.cfg.Listen, err)
+	}
+	s.addr = lis.Addr().String()
+	httpSrv, err := s.httpServer()
+	if err != nil {
+		lis.Close()
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.view.run(gctx, st) }) // exits when gctx ends
+	g.Go(func() error { return s.campaign(gctx) })     // exits when gctx ends
+	g.Go(func() error { // exits when the listener closes
+		var err error
+		if s.cfg.TLS.CertFile != "" {
+			err = httpSrv.ServeTLS(lis, "", "")
+		} else {
+			err = httpSrv.Serve(lis)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("serve API: %w", err)
+	})
+	g.Go(func() error { // exits when gctx ends, after shutting the API down
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 10*time.Second)
+		defer cancel()
+		return httpSrv.Shutdown(sctx)
+	})
+	g.Go(func() error { // exits once ready, or when gctx ends
+		select {
+		case <-gctx.Done():
+			return nil
+		case <-s.view.synced:
+		}
+		s.log.Info("keyshard serving", "listen", s.addr, "replica", s.cfg.Replica, "etcd", endpoints)
+		close(s.ready)
+		return nil
+	})
+	err = g.Wait()
+	if ctx.Err() != nil {
+		return nil // a requested shutdown, not a failure
+	}
+	return err
+}
+
+func (s *Server) createKeyspaces(ctx context.Context) error {
+	for _, k := range s.cfg.Keyspaces {
+		_, err := s.store.CreateKeyspace(ctx, k.store())
+		switch {
+		case err == nil:
+			s.log.Info("created keyspace from config", "keyspace", k.Name, "buckets", k.Buckets)
+		case errors.Is(err, store.ErrExists):
+			have, _, gerr := s.store.GetKeyspace(ctx, k.Name)
+			if gerr != nil {
+				return gerr
+			}
+			if have.Buckets != k.Buckets || have.Hash != k.Hash {
+				return fmt.Errorf("%w: keyspace %q exists with %d buckets and hash %s, but the config asks for %d and %s; bucket count and hash cannot change while clients run",
+					ErrConfig, k.Name, have.Buckets, have.Hash, k.Buckets, k.Hash)
+			}
+		default:
+			return fmt.Errorf("create keyspace %q: %w", k.Name, err)
+		}
+	}
+	return nil
+}
+
+func (s *Server) httpServer() (*http.Server, error) {
+	opts := []connect.HandlerOption{connect.WithInterceptors(s.auth)}
+	mux := http.NewServeMux()
+	mux.Handle(keyshardv1connect.NewAdminServiceHandler(&adminService{s}, opts...))
+	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
+	mux.Handle(keyshardv1connect.NewMapServiceHandler(&mapService{s}, opts...))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.view.ready() {
+			http.Error(w, "not ready: loading the store", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: h2c.NewHandler(mux, &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+	if s.cfg.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls: load %s and %s: %v", ErrConfig, s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile, err)
+		}
+		srv.Handler = mux
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+	}
+	return srv, nil
+}
+
+func (s *Server) etcdTLS() (*tls.Config, error) {
+	t := s.cfg.Etcd.TLS
+	if t.CertFile == "" && t.CAFile == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd.tls: load %s and %s: %v", ErrConfig, t.CertFile, t.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd.tls.ca_file: %v", ErrConfig, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: etcd.tls.ca_file: %s holds no PEM certificate", ErrConfig, t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg, nil
+}

@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// view is every replica's in-memory copy of the store, kept current by one
+// watch. API reads (maps, grants, members, lookups) are answered from it,
+// and long polls wait on it, so reads never touch etcd.
+type view struct {
+	log *slog.Logger
+
+	mu      sync.RWMutex
+	snap    *store.Snapshot
+	maps    map[string]*mapView // keyspace → derived map, rebuilt when its map or members change
+	synced  chan struct{} // closed once the first full snapshot is loaded
+	changed chan struct{} // closed and replaced after every applied update
+}
+
+// mapView is a keyspace's map in the forms the API serves.
+type mapView struct {
+	epoch uint64
+	proto *v1.Map
+	table *placement.Table
+	addr  map[string]string
+}
+
+func newView(log *slog.Logger) *view {
+	return &view{log: log, maps: map[string]*mapView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
+}
+
+// run follows the store until ctx ends. It owns no goroutine of its own:
+// the caller runs it in one.
+func (v *view) run(ctx context.Context, st *store.Store) error {
+	for u := range st.Watch(ctx, 0) {
+		v.apply(u)
+	}
+	return ctx.Err()
+}
+
+func (v *view) apply(u store.Update) {
+	v.mu.Lock()
+	touched := map[string]bool{}
+	if u.Resync != nil {
+		v.snap = u.Resync.Snapshot
+		for name := range v.snap.Keyspaces {
+			touched[name] = true
+		}
+		for name := range v.maps {
+			touched[name] = true
+		}
+		for key, err := range v.snap.Corrupt {
+			v.log.Error("corrupt value in the store; ignoring it", "key", key, "err", err)
+		}
+		select {
+		case <-v.synced:
+		default:
+			close(v.synced)
+		}
+	}
+	for _, c := range u.Changes {
+		if c.Err != nil {
+			v.log.Error("corrupt value in the store; ignoring it", "key", c.Key, "err", c.Err)
+		}
+		v.snap.Apply(c)
+		if c.Kind == store.KindMap || c.Kind == store.KindMember || c.Kind == store.KindKeyspace {
+			touched[c.Keyspace] = true
+		}
+	}
+	for name := range touched {
+		v.rebuild(name)
+	}
+	close(v.changed)
+	v.changed = make(chan struct{})
+	v.mu.Unlock()
+}
+
+// rebuild derives the served map of one keyspace. v.mu is held.
+func (v *view) rebuild(name string) {
+	ks := v.snap.Keyspaces[name]
+	if ks == nil || !ks.Map.Exists() || !ks.Config.Exists() {
+		delete(v.maps, name)
+		return
+	}
+	m := ks.Map.Value
+	mv := &mapView{epoch: m.Epoch, addr: map[string]string{}}
+	mv.proto = &v1.Map{Keyspace: name, Epoch: m.Epoch, Buckets: uint32(m.Buckets), Hash: string(m.Hash), Owners: make([]uint32, len(m.Owners))}
+	for _, id := range m.Members {
+		mem := &v1.Member{Id: id}
+		if e, ok := ks.Members[id]; ok {
+			mem = memberProto(e.Value)
+			mv.addr[id] = e.Value.Address
+		}
+		mv.proto.Members = append(mv.proto.Members, mem)
+	}
+	for b, o := range m.Owners {
+		mv.proto.Owners[b] = uint32(o)
+	}
+	table, err := placement.NewTable(m.Hash, m.Assignment())
+	if err != nil {
+		v.log.Error("stored map does not make a lookup table", "keyspace", name, "err", err)
+		delete(v.maps, name)
+		return
+	}
+	mv.table = table
+	v.maps[name] = mv
+}
+
+// read calls f with the snapshot under the read lock and returns the
+// channel that closes at the next change, for long polls.
+func (v *view) read(f func(s *store.Snapshot, maps map[string]*mapView)) <-chan struct{} {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	f(v.snap, v.maps)
+	return v.changed
+}
+
+func (v *view) ready() bool {
+	select {
+	case <-v.synced:
+		return true
+	default:
+		return false
+	}
+}
