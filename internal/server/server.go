@@ -140,7 +140,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.view.run(gctx, st) }) // exits when gctx ends
 	g.Go(func() error { return s.campaign(gctx) })     // exits when gctx ends
-	g.Go(func() error { // exits when the listener closes
+	g.Go(func() error {                                // exits when the listener closes
 		var err error
 		if s.cfg.TLS.CertFile != "" {
 			err = httpSrv.ServeTLS(lis, "", "")

@@ -19,8 +19,8 @@ type view struct {
 	mu      sync.RWMutex
 	snap    *store.Snapshot
 	maps    map[string]*mapView // keyspace → derived map, rebuilt when its map or members change
-	synced  chan struct{} // closed once the first full snapshot is loaded
-	changed chan struct{} // closed and replaced after every applied update
+	synced  chan struct{}       // closed once the first full snapshot is loaded
+	changed chan struct{}       // closed and replaced after every applied update
 }
 
 // mapView is a keyspace's map in the forms the API serves.
