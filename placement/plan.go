@@ -245,3 +245,52 @@ func bucketTargets(buckets int, ms []Member, counts []int) ([]int, bool) {
 	}
 	return targets, true
 }
+
+// MinMoves returns the fewest buckets any plan can move to take cur to a
+// balanced assignment over members (each member with a positive weight
+// holding ⌊share⌋ or ⌈share⌉). It is computed from that definition, not by
+// planning: a member keeps at most min(held, target) buckets, and the
+// ⌈share⌉ slots go best to members already holding more than ⌊share⌋.
+// Balance always moves exactly this many; tools use it to check a recorded
+// history against the optimum. If no member has a positive weight it
+// returns the number of assigned buckets whose owner is not a member.
+func MinMoves(cur Assignment, members []Member) (int, error) {
+	if err := cur.Validate(); err != nil {
+		return 0, err
+	}
+	ms, err := sortedMembers(members)
+	if err != nil {
+		return 0, err
+	}
+	held := cur.Counts()
+	var total float64
+	for _, m := range ms {
+		total += m.Weight
+	}
+	buckets := cur.Buckets()
+	if total == 0 {
+		gone := 0
+		live := map[string]bool{}
+		for _, m := range ms {
+			live[m.ID] = true
+		}
+		for id, n := range held {
+			if !live[id] {
+				gone += n
+			}
+		}
+		return gone, nil
+	}
+	kept, floors, canUseCeil := 0, 0, 0
+	for _, m := range ms {
+		share := float64(buckets) * (m.Weight / total)
+		f := int(math.Floor(share + 1e-9))
+		floors += f
+		kept += min(held[m.ID], f)
+		if share-float64(f) > 1e-9 && held[m.ID] > f {
+			canUseCeil++
+		}
+	}
+	kept += min(buckets-floors, canUseCeil)
+	return buckets - kept, nil
+}

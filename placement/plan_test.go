@@ -187,9 +187,14 @@ func checkBalance(t fataler, in balanceInput, p placement.Plan) {
 		}
 	}
 
-	// Exactly the minimum number of moves.
-	if want, ok := refMinMoves(in); ok && len(p.Moves) != want {
-		t.Fatalf("moved %d buckets, minimum is %d", len(p.Moves), want)
+	// Exactly the minimum number of moves, which MinMoves also reports.
+	if want, ok := refMinMoves(in); ok {
+		if len(p.Moves) != want {
+			t.Fatalf("moved %d buckets, minimum is %d", len(p.Moves), want)
+		}
+		if got, err := placement.MinMoves(in.Cur, in.Members); err != nil || got != want {
+			t.Fatalf("MinMoves = %d, %v; minimum is %d", got, err, want)
+		}
 	}
 }
 

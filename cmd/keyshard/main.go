@@ -1,6 +1,8 @@
 // Command keyshard is the one Keyshard binary.
 //
-//	keyshard bench placement [--json]   measure the placement engine
+//	keyshard serve                      run the control plane (embedded etcd)
+//	keyshard status | keyspace | members | map | drain   operate it
+//	keyshard bench placement|hotkeys [--json]           measure it
 //
 // Run `keyshard help` for every command and flag.
 package main
@@ -33,5 +35,6 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServe(), newBench())
+	addAdminCommands(root)
 	return root
 }

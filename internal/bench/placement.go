@@ -211,13 +211,21 @@ func placementCase(buckets, n, runs int, lookupKeys, spreadKeys [][]byte) (Place
 	if err != nil {
 		return c, err
 	}
-	c.Add = MoveCount{Moved: changed(base.Assignment, join.Assignment), Optimal: optimalMoves(base.Assignment, ms)}
+	optJoin, err := placement.MinMoves(base.Assignment, ms)
+	if err != nil {
+		return c, err
+	}
+	c.Add = MoveCount{Moved: changed(base.Assignment, join.Assignment), Optimal: optJoin}
 	leaving := ms[1:n]
 	leave, err := placement.Balance(base.Assignment, leaving)
 	if err != nil {
 		return c, err
 	}
-	c.Remove = MoveCount{Moved: changed(base.Assignment, leave.Assignment), Optimal: optimalMoves(base.Assignment, leaving)}
+	optLeave, err := placement.MinMoves(base.Assignment, leaving)
+	if err != nil {
+		return c, err
+	}
+	c.Remove = MoveCount{Moved: changed(base.Assignment, leave.Assignment), Optimal: optLeave}
 
 	timeUs := func(f func()) float64 {
 		return median(runs, func() float64 {
@@ -245,33 +253,4 @@ func changed(a, b placement.Assignment) int {
 		}
 	}
 	return n
-}
-
-// optimalMoves is the fewest buckets any plan can move from cur to a
-// balanced assignment over members (each gets ⌊share⌋ or ⌈share⌉): every
-// member keeps at most min(held, target) buckets, and the ⌈share⌉ slots go
-// best to members that hold more than ⌊share⌋. It is written from the
-// definition, independently of placement.Balance.
-func optimalMoves(cur placement.Assignment, members []placement.Member) int {
-	held := cur.Counts()
-	var weights float64
-	for _, m := range members {
-		weights += m.Weight
-	}
-	buckets := cur.Buckets()
-	kept, floors, canUseCeil := 0, 0, 0
-	for _, m := range members {
-		share := float64(buckets) * m.Weight / weights
-		f := int(math.Floor(share + 1e-9))
-		floors += f
-		kept += min(held[m.ID], f)
-		if share-float64(f) > 1e-9 {
-			if held[m.ID] > f {
-				canUseCeil++
-			}
-		}
-	}
-	ceils := buckets - floors
-	kept += min(ceils, canUseCeil)
-	return buckets - kept
 }

@@ -30,7 +30,7 @@ func (a *adminService) CreateKeyspace(ctx context.Context, req *connect.Request[
 }
 
 func (a *adminService) GetKeyspace(ctx context.Context, req *connect.Request[v1.GetKeyspaceRequest]) (*connect.Response[v1.GetKeyspaceResponse], error) {
-	k, err := a.s.keyspace(req.Msg.GetName())
+	k, err := a.s.keyspace(ctx, req.Msg.GetName())
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +51,7 @@ func (a *adminService) ListKeyspaces(ctx context.Context, _ *connect.Request[v1.
 }
 
 func (a *adminService) UpdateKeyspace(ctx context.Context, req *connect.Request[v1.UpdateKeyspaceRequest]) (*connect.Response[v1.UpdateKeyspaceResponse], error) {
-	have, err := a.s.keyspace(req.Msg.GetKeyspace().GetName())
+	have, err := a.s.keyspace(ctx, req.Msg.GetKeyspace().GetName())
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (a *adminService) UpdateKeyspace(ctx context.Context, req *connect.Request[
 
 func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.ListMembersRequest]) (*connect.Response[v1.ListMembersResponse], error) {
 	name := req.Msg.GetKeyspace()
-	if _, err := a.s.keyspace(name); err != nil {
+	if _, err := a.s.keyspace(ctx, name); err != nil {
 		return nil, err
 	}
 	resp := &v1.ListMembersResponse{}
@@ -126,7 +126,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 
 func (a *adminService) DrainMember(ctx context.Context, req *connect.Request[v1.DrainMemberRequest]) (*connect.Response[v1.DrainMemberResponse], error) {
 	ks, id := req.Msg.GetKeyspace(), req.Msg.GetMember()
-	if _, err := a.s.keyspace(ks); err != nil {
+	if _, err := a.s.keyspace(ctx, ks); err != nil {
 		return nil, err
 	}
 	if _, err := a.s.store.PutDrain(ctx, ks, id, store.DrainRequest{RequestedAt: a.s.clock.Now(), By: "admin"}); err != nil {
@@ -177,9 +177,10 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 	return connect.NewResponse(resp), nil
 }
 
-// keyspace returns a keyspace's config from the view, or a NotFound error
-// that names it.
-func (s *Server) keyspace(name string) (store.Keyspace, error) {
+// keyspace returns a keyspace's config from the view, or from etcd if the
+// view does not know it yet (it may have been created through another
+// replica a moment ago), or a NotFound error that names it.
+func (s *Server) keyspace(ctx context.Context, name string) (store.Keyspace, error) {
 	if err := store.ValidateName(store.KindKeyspace, name); err != nil {
 		return store.Keyspace{}, apiError(err)
 	}
@@ -190,8 +191,12 @@ func (s *Server) keyspace(name string) (store.Keyspace, error) {
 			k, ok = ks.Config.Value, true
 		}
 	})
-	if !ok {
+	if ok {
+		return k, nil
+	}
+	k, _, err := s.store.GetKeyspace(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
 		return k, notFound("keyspace %q does not exist; create it with `keyshard keyspace create %s` or list them with `keyshard keyspace list`", name, name)
 	}
-	return k, nil
+	return k, apiError(err)
 }

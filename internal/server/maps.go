@@ -26,7 +26,7 @@ func (s *Server) currentMap(name string) (*mapView, <-chan struct{}) {
 
 func (a *mapService) GetMap(ctx context.Context, req *connect.Request[v1.GetMapRequest]) (*connect.Response[v1.GetMapResponse], error) {
 	name := req.Msg.GetKeyspace()
-	if _, err := a.s.keyspace(name); err != nil {
+	if _, err := a.s.keyspace(ctx, name); err != nil {
 		return nil, err
 	}
 	wait, err := waitOf(req.Msg.GetWait())
@@ -56,7 +56,7 @@ func (a *mapService) GetMap(ctx context.Context, req *connect.Request[v1.GetMapR
 
 func (a *mapService) WatchMap(ctx context.Context, req *connect.Request[v1.WatchMapRequest], stream *connect.ServerStream[v1.Map]) error {
 	name := req.Msg.GetKeyspace()
-	if _, err := a.s.keyspace(name); err != nil {
+	if _, err := a.s.keyspace(ctx, name); err != nil {
 		return err
 	}
 	sent := req.Msg.GetSinceEpoch()
@@ -78,7 +78,7 @@ func (a *mapService) WatchMap(ctx context.Context, req *connect.Request[v1.Watch
 
 func (a *mapService) Lookup(ctx context.Context, req *connect.Request[v1.LookupRequest]) (*connect.Response[v1.LookupResponse], error) {
 	name := req.Msg.GetKeyspace()
-	if _, err := a.s.keyspace(name); err != nil {
+	if _, err := a.s.keyspace(ctx, name); err != nil {
 		return nil, err
 	}
 	keys := req.Msg.GetKeys()

@@ -26,7 +26,7 @@ type memberService struct {
 
 func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
 	s := m.s
-	k, err := s.keyspace(req.Msg.GetKeyspace())
+	k, err := s.keyspace(ctx, req.Msg.GetKeyspace())
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +100,34 @@ func sessionEnded(sess session) error {
 	return notFound("session of member %q in %q has ended (expired, revoked, or the member left); join again", sess.member, sess.keyspace)
 }
 
+// liveGrants is grantsState, but a session the view does not know (it
+// joined through another replica a moment ago, and the watch has not
+// delivered it yet) is asked of etcd before it is declared ended.
+func (s *Server) liveGrants(ctx context.Context, sess session) (*v1.GetGrantsResponse, error) {
+	resp, alive := s.grantsState(sess)
+	if alive {
+		return resp, nil
+	}
+	if err := s.sessionAlive(ctx, sess); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// sessionAlive asks etcd whether the session's lease still lives.
+func (s *Server) sessionAlive(ctx context.Context, sess session) error {
+	info, err := s.store.TimeToLive(ctx, sess.lease)
+	switch {
+	case errors.Is(err, store.ErrLeaseNotFound):
+		return sessionEnded(sess)
+	case err != nil:
+		return apiError(err)
+	case info.TTL < 0: // etcd reports -1 for a lease that is gone
+		return sessionEnded(sess)
+	}
+	return nil
+}
+
 // grantsState is what a member should know: what it holds and what it
 // must release, at a version that changes whenever either may.
 func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bool) {
@@ -139,12 +167,10 @@ func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.G
 	timer := m.s.clock.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		var resp *v1.GetGrantsResponse
-		var alive bool
 		changed := m.s.view.read(func(*store.Snapshot, map[string]*mapView) {})
-		resp, alive = m.s.grantsState(sess)
-		if !alive {
-			return nil, sessionEnded(sess)
+		resp, err := m.s.liveGrants(ctx, sess)
+		if err != nil {
+			return nil, err
 		}
 		if resp.Revision > req.Msg.GetSinceRevision() || wait == 0 {
 			return connect.NewResponse(resp), nil
@@ -168,9 +194,9 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	first := true
 	for {
 		changed := m.s.view.read(func(*store.Snapshot, map[string]*mapView) {})
-		resp, alive := m.s.grantsState(sess)
-		if !alive {
-			return sessionEnded(sess)
+		resp, err := m.s.liveGrants(ctx, sess)
+		if err != nil {
+			return err
 		}
 		if first || resp.Revision != sent {
 			if err := stream.Send(resp); err != nil {
@@ -196,26 +222,33 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 	var held map[int]uint64
 	var released []store.BucketToken
 	var alive bool
-	m.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-		ks := snap.Keyspaces[sess.keyspace]
-		if ks == nil {
-			return
-		}
-		g, ok := ks.Grants[sess.member]
-		if !ok || g.Value.Session != sess.lease {
-			mem, joined := ks.Members[sess.member]
-			alive = joined && mem.Value.Session == sess.lease
-			return
-		}
-		alive = true
-		held = map[int]uint64{}
-		for _, bt := range g.Value.Buckets {
-			held[bt.Bucket] = bt.Token
-		}
-		released = append(released, ks.Releases[sess.member].Value.Buckets...)
-	})
+	load := func() {
+		held, released, alive = nil, nil, false
+		m.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+			ks := snap.Keyspaces[sess.keyspace]
+			if ks == nil {
+				return
+			}
+			g, ok := ks.Grants[sess.member]
+			if !ok || g.Value.Session != sess.lease {
+				mem, joined := ks.Members[sess.member]
+				alive = joined && mem.Value.Session == sess.lease
+				return
+			}
+			alive = true
+			held = map[int]uint64{}
+			for _, bt := range g.Value.Buckets {
+				held[bt.Bucket] = bt.Token
+			}
+			released = append(released, ks.Releases[sess.member].Value.Buckets...)
+		})
+	}
+	load()
 	if !alive {
-		return nil, sessionEnded(sess)
+		// Not in the view yet, or gone: etcd knows which.
+		if err := m.s.sessionAlive(ctx, sess); err != nil {
+			return nil, err
+		}
 	}
 	// Keep earlier releases still pending, add the new ones.
 	merged := map[int]uint64{}

@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +22,8 @@ import (
 
 // testServer is one serve replica on loopback with an embedded etcd.
 type testServer struct {
+	srv    *server.Server
+	stop   func() // stops the replica and waits; idempotent
 	url    string
 	admin  keyshardv1connect.AdminServiceClient
 	member keyshardv1connect.MemberServiceClient
@@ -42,19 +46,27 @@ func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	srv, err := server.New(cfg, server.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	var logOut io.Writer = io.Discard
+	if os.Getenv("KEYSHARD_TEST_LOG") != "" { // to debug a failing test
+		logOut = os.Stderr
+	}
+	srv, err := server.New(cfg, server.Options{Logger: slog.New(slog.NewTextHandler(logOut, nil)).With("replica", cfg.Replica)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }() // exits when the test cleans up
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	go func() { done <- srv.Run(ctx) }() // exits when stop cancels ctx
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-srv.Ready():
 	case err := <-done:
@@ -64,6 +76,8 @@ func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
 	}
 	url := "http://" + srv.Addr()
 	return &testServer{
+		srv:    srv,
+		stop:   stop,
 		url:    url,
 		admin:  keyshardv1connect.NewAdminServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(adminToken))),
 		member: keyshardv1connect.NewMemberServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(memberToken))),

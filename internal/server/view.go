@@ -64,6 +64,9 @@ func (v *view) apply(u store.Update) {
 			close(v.synced)
 		}
 	}
+	if v.snap.Rev < u.Rev {
+		v.snap.Rev = u.Rev // election-key changes the view does not keep
+	}
 	for _, c := range u.Changes {
 		if c.Err != nil {
 			v.log.Error("corrupt value in the store; ignoring it", "key", c.Key, "err", c.Err)

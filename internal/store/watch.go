@@ -36,8 +36,9 @@ type Resync struct {
 
 // Update is what Watch delivers: either a Resync or the Changes of one
 // etcd watch response (all the changes of each revision, in order; a
-// Commit's writes arrive together). Rev is the revision the reader has
-// seen everything up to once it has applied the update.
+// Commit's writes arrive together), or neither when only election keys
+// changed. Rev is the revision the reader
+// has seen everything up to once it has applied the update.
 type Update struct {
 	Resync  *Resync
 	Changes []Change
@@ -127,6 +128,11 @@ func (s *Store) watch(ctx context.Context, next int64, out chan<- Update) {
 			}
 			next = last + 1
 			if len(changes) == 0 {
+				// Only election keys changed; still report the revision.
+				if !send(Update{Rev: last}) {
+					cancel()
+					return
+				}
 				continue
 			}
 			if !send(Update{Changes: changes, Rev: last}) {

@@ -1,0 +1,163 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+)
+
+// Admin is the admin API of a Client: keyspaces, members, drains and
+// status. It needs a token with the admin role. Errors wrap the package's
+// sentinels (ErrInvalid, ErrNotFound, ErrExists, ErrImmutable,
+// ErrUnavailable, ErrUnauthenticated, ErrPermissionDenied, ErrClosed).
+type Admin struct{ c *Client }
+
+// drainPoll is how long WaitDrained waits for a new map between two reads
+// of the member list.
+const drainPoll = time.Second
+
+// CreateKeyspace creates a keyspace and returns it with the server's
+// defaults filled in. It returns an error wrapping ErrExists if the name
+// is taken, or ErrInvalid for a bad config.
+func (a *Admin) CreateKeyspace(ctx context.Context, cfg KeyspaceConfig) (KeyspaceConfig, error) {
+	k, err := keyspaceToProto(cfg)
+	if err != nil {
+		return KeyspaceConfig{}, err
+	}
+	resp, err := call(ctx, a.c, a.c.admin.CreateKeyspace, &keyshardv1.CreateKeyspaceRequest{Keyspace: k})
+	if err != nil {
+		return KeyspaceConfig{}, fmt.Errorf("create keyspace %q: %w", cfg.Name, err)
+	}
+	return keyspaceFromProto(resp.GetKeyspace()), nil
+}
+
+// GetKeyspace returns keyspace name, or an error wrapping ErrNotFound.
+func (a *Admin) GetKeyspace(ctx context.Context, name string) (KeyspaceConfig, error) {
+	if err := validName("keyspace name", name); err != nil {
+		return KeyspaceConfig{}, err
+	}
+	resp, err := call(ctx, a.c, a.c.admin.GetKeyspace, &keyshardv1.GetKeyspaceRequest{Name: name})
+	if err != nil {
+		return KeyspaceConfig{}, fmt.Errorf("get keyspace %q: %w", name, err)
+	}
+	return keyspaceFromProto(resp.GetKeyspace()), nil
+}
+
+// ListKeyspaces returns every keyspace.
+func (a *Admin) ListKeyspaces(ctx context.Context) ([]KeyspaceConfig, error) {
+	resp, err := call(ctx, a.c, a.c.admin.ListKeyspaces, &keyshardv1.ListKeyspacesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list keyspaces: %w", err)
+	}
+	out := make([]KeyspaceConfig, 0, len(resp.GetKeyspaces()))
+	for _, k := range resp.GetKeyspaces() {
+		out = append(out, keyspaceFromProto(k))
+	}
+	return out, nil
+}
+
+// UpdateKeyspace changes a keyspace's LeaseTTL and DrainTimeout and
+// returns the result. Zero fields are left unchanged. It returns an error
+// wrapping ErrImmutable if cfg sets Buckets, Hash or Mode to something
+// other than their current values, which never change.
+func (a *Admin) UpdateKeyspace(ctx context.Context, cfg KeyspaceConfig) (KeyspaceConfig, error) {
+	k, err := keyspaceToProto(cfg)
+	if err != nil {
+		return KeyspaceConfig{}, err
+	}
+	resp, err := call(ctx, a.c, a.c.admin.UpdateKeyspace, &keyshardv1.UpdateKeyspaceRequest{Keyspace: k})
+	if err != nil {
+		return KeyspaceConfig{}, fmt.Errorf("update keyspace %q: %w", cfg.Name, err)
+	}
+	return keyspaceFromProto(resp.GetKeyspace()), nil
+}
+
+// ListMembers returns the members of keyspace with their bucket counts.
+func (a *Admin) ListMembers(ctx context.Context, keyspace string) (Members, error) {
+	if err := validName("keyspace name", keyspace); err != nil {
+		return Members{}, err
+	}
+	resp, err := call(ctx, a.c, a.c.admin.ListMembers, &keyshardv1.ListMembersRequest{Keyspace: keyspace})
+	if err != nil {
+		return Members{}, fmt.Errorf("list members of keyspace %q: %w", keyspace, err)
+	}
+	out := Members{Epoch: resp.GetEpoch(), Members: make([]MemberStatus, 0, len(resp.GetMembers()))}
+	for _, m := range resp.GetMembers() {
+		out.Members = append(out.Members, memberStatusFromProto(m))
+	}
+	return out, nil
+}
+
+// DrainMember asks the control plane to move every bucket away from
+// member. The member stays joined, holding nothing, until it leaves. Use
+// WaitDrained to wait for the moves to finish.
+func (a *Admin) DrainMember(ctx context.Context, keyspace, member string) error {
+	if err := validName("keyspace name", keyspace); err != nil {
+		return err
+	}
+	if err := validName("member id", member); err != nil {
+		return err
+	}
+	if _, err := call(ctx, a.c, a.c.admin.DrainMember, &keyshardv1.DrainMemberRequest{Keyspace: keyspace, Member: member}); err != nil {
+		return fmt.Errorf("drain member %q of keyspace %q: %w", member, keyspace, err)
+	}
+	return nil
+}
+
+// WaitDrained blocks until member of keyspace is neither the target of
+// any bucket nor holds any (or has left), calling progress, if not nil,
+// with the number of buckets it still has after every read of the member
+// list. It reads the member list (ListMembers) each time the map changes
+// (a GetMap long poll) and at least every second. It returns nil when the
+// member is drained, or ctx.Err(), or the error of a failed call.
+//
+// The number passed to progress is max(target, granted): it falls to 0 as
+// the member releases its buckets.
+func (a *Admin) WaitDrained(ctx context.Context, keyspace, member string, progress func(left int)) error {
+	if err := validName("member id", member); err != nil {
+		return err
+	}
+	for {
+		list, err := a.ListMembers(ctx, keyspace)
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, m := range list.Members {
+			if m.ID == member {
+				left = max(m.TargetBuckets, m.GrantedBuckets)
+			}
+		}
+		if progress != nil {
+			progress(left)
+		}
+		if left == 0 {
+			return nil
+		}
+		start := a.c.opts.clock.Now()
+		req := &keyshardv1.GetMapRequest{Keyspace: keyspace, SinceEpoch: list.Epoch, Wait: durationpb.New(drainPoll)}
+		resp, err := call(ctx, a.c, a.c.maps.GetMap, req)
+		if err != nil {
+			return fmt.Errorf("wait for member %q of keyspace %q to drain: %w", member, keyspace, err)
+		}
+		if elapsed := a.c.opts.clock.Since(start); !resp.GetChanged() && elapsed < drainPoll/2 {
+			// The server answered at once without a new map: pace the reads.
+			if !sleep(ctx, a.c.opts.clock, drainPoll-elapsed) {
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// Status returns the state of the control plane and of every keyspace.
+func (a *Admin) Status(ctx context.Context) (Status, error) {
+	resp, err := call(ctx, a.c, a.c.admin.Status, &keyshardv1.StatusRequest{})
+	if err != nil {
+		return Status{}, fmt.Errorf("status: %w", err)
+	}
+	return statusFromProto(resp), nil
+}

@@ -1,0 +1,187 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/placement"
+)
+
+func TestAdminKeyspaces(t *testing.T) {
+	f := newFake(t)
+	a := f.dial(t).Admin()
+	ctx := context.Background()
+
+	got, err := a.CreateKeyspace(ctx, KeyspaceConfig{Name: "rooms", Buckets: 256, Hash: placement.HashSynapse, Mode: ModeStream, LeaseTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := KeyspaceConfig{Name: "rooms", Buckets: 256, Hash: placement.HashSynapse, Mode: ModeStream, LeaseTTL: 5 * time.Second, DrainTimeout: 30 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("CreateKeyspace (-want +got):\n%s", diff)
+	}
+	// Defaults come from the server.
+	def, err := a.CreateKeyspace(ctx, KeyspaceConfig{Name: "tenants"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDef := KeyspaceConfig{Name: "tenants", Buckets: 4096, Hash: placement.HashXXH64, Mode: ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second}
+	if diff := cmp.Diff(wantDef, def); diff != "" {
+		t.Errorf("CreateKeyspace with defaults (-want +got):\n%s", diff)
+	}
+	if _, err := a.CreateKeyspace(ctx, KeyspaceConfig{Name: "rooms"}); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), `keyspace "rooms" already exists`) {
+		t.Errorf("second CreateKeyspace = %v, want ErrExists with the server's message", err)
+	}
+	g, err := a.GetKeyspace(ctx, "rooms")
+	if err != nil || g != want {
+		t.Errorf("GetKeyspace = %+v, %v", g, err)
+	}
+	if _, err := a.GetKeyspace(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetKeyspace(nope) = %v, want ErrNotFound", err)
+	}
+	list, err := a.ListKeyspaces(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]KeyspaceConfig{want, wantDef}, list); diff != "" {
+		t.Errorf("ListKeyspaces (-want +got):\n%s", diff)
+	}
+	up, err := a.UpdateKeyspace(ctx, KeyspaceConfig{Name: "rooms", LeaseTTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if up.LeaseTTL != 20*time.Second || up.DrainTimeout != 30*time.Second || up.Buckets != 256 {
+		t.Errorf("UpdateKeyspace = %+v", up)
+	}
+	if _, err := a.UpdateKeyspace(ctx, KeyspaceConfig{Name: "rooms", Buckets: 512}); !errors.Is(err, ErrImmutable) || !strings.Contains(err.Error(), "buckets cannot change") {
+		t.Errorf("UpdateKeyspace(buckets) = %v, want ErrImmutable", err)
+	}
+}
+
+func TestAdminBadInput(t *testing.T) {
+	f := newFake(t)
+	a := f.dial(t).Admin()
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		cfg  KeyspaceConfig
+		want string
+	}{
+		{"empty name", KeyspaceConfig{}, "keyspace name is empty"},
+		{"bad name", KeyspaceConfig{Name: "rooms and halls"}, `has ' ' at byte 5`},
+		{"negative buckets", KeyspaceConfig{Name: "r", Buckets: -1}, "bucket count -1 is out of range"},
+		{"too many buckets", KeyspaceConfig{Name: "r", Buckets: 65537}, "bucket count 65537 is out of range"},
+		{"bad hash", KeyspaceConfig{Name: "r", Hash: "md5"}, `hash mode "md5" is unknown`},
+		{"bad mode", KeyspaceConfig{Name: "r", Mode: "shared"}, `keyspace mode "shared" is unknown`},
+		{"negative ttl", KeyspaceConfig{Name: "r", LeaseTTL: -time.Second}, "negative lease TTL"},
+	}
+	for _, tc := range tests {
+		_, err := a.CreateKeyspace(ctx, tc.cfg)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: CreateKeyspace = %v; want ErrInvalid mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	if err := a.DrainMember(ctx, "rooms", ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "member id is empty") {
+		t.Errorf("DrainMember(empty member) = %v", err)
+	}
+	if _, err := a.ListMembers(ctx, ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("ListMembers(empty keyspace) = %v", err)
+	}
+	if n := f.callCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
+		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
+	}
+}
+
+func TestAdminMembersAndStatus(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.members = []*keyshardv1.MemberStatus{{
+		Member:        &keyshardv1.Member{Id: "w1", Address: "h:1", Weight: 2, Zone: "z", Metadata: map[string]string{"v": "1"}},
+		TargetBuckets: 5, GrantedBuckets: 4, ReleasingBuckets: 1, Draining: true,
+	}}
+	a := f.dial(t).Admin()
+	ctx := context.Background()
+	got, err := a.ListMembers(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Members{Members: []MemberStatus{{
+		Member:        Member{ID: "w1", Address: "h:1", Weight: 2, Zone: "z", Metadata: map[string]string{"v": "1"}},
+		TargetBuckets: 5, GrantedBuckets: 4, ReleasingBuckets: 1, Draining: true,
+	}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ListMembers (-want +got):\n%s", diff)
+	}
+	if err := a.DrainMember(ctx, "rooms", "w1"); err != nil {
+		t.Errorf("DrainMember: %v", err)
+	}
+	st, err := a.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSt := Status{Replica: "r1", Leader: "r1", Keyspaces: []KeyspaceStatus{{
+		Keyspace: KeyspaceConfig{Name: "rooms", Buckets: 16, Hash: "xxh64", Mode: ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second},
+		Members:  2, UnassignedBuckets: 3, HandoffsInFlight: 1,
+	}}}
+	if diff := cmp.Diff(wantSt, st); diff != "" {
+		t.Errorf("Status (-want +got):\n%s", diff)
+	}
+}
+
+// TestWaitDrained: progress reports the buckets left; the wait wakes on
+// a new map at once, and on the poll interval otherwise.
+func TestWaitDrained(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	setStatus := func(target, granted int) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.members = []*keyshardv1.MemberStatus{
+			{Member: &keyshardv1.Member{Id: "w1"}, TargetBuckets: uint32(target), GrantedBuckets: uint32(granted)},
+			{Member: &keyshardv1.Member{Id: "w2"}, TargetBuckets: 8, GrantedBuckets: 8},
+		}
+	}
+	setStatus(8, 8)
+	a := f.dial(t).Admin()
+	progress := make(chan int, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.WaitDrained(context.Background(), "rooms", "w1", func(left int) { progress <- left })
+	}()
+
+	if got := recv(t, progress, "progress"); got != 8 {
+		t.Errorf("progress = %d, want 8", got)
+	}
+	recv(t, f.getMaps, "the GetMap long poll")
+	// A new map moves w1's targets away: the long poll returns at once.
+	setStatus(0, 6)
+	f.setMap("rooms", members("w2"), func(int) string { return "w2" })
+	if got := recv(t, progress, "progress"); got != 6 {
+		t.Errorf("progress = %d, want 6", got)
+	}
+	// Releases change no epoch: the next read comes after the poll wait.
+	recv(t, f.getMaps, "the second long poll")
+	setStatus(0, 0)
+	f.clock.BlockUntil(1)
+	f.clock.Advance(drainPoll)
+	if got := recv(t, progress, "progress"); got != 0 {
+		t.Errorf("progress = %d, want 0", got)
+	}
+	if err := recv(t, done, "WaitDrained"); err != nil {
+		t.Errorf("WaitDrained = %v", err)
+	}
+
+	// A member that is not listed (it left) is drained.
+	if err := a.WaitDrained(context.Background(), "rooms", "gone", nil); err != nil {
+		t.Errorf("WaitDrained(gone) = %v", err)
+	}
+	if err := a.WaitDrained(context.Background(), "rooms", "", nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("WaitDrained(empty member) = %v, want ErrInvalid", err)
+	}
+}

@@ -1,0 +1,146 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDialBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		url  string
+		opts []Option
+		want string // in the error text
+	}{
+		{"empty", "", nil, "server URL is empty"},
+		{"no scheme", "127.0.0.1:7400", nil, "must start with http:// or https://"},
+		{"host only", "localhost", nil, "must start with http:// or https://"},
+		{"other scheme", "grpc://127.0.0.1:7400", nil, "must start with http:// or https://"},
+		{"no host", "http://", nil, "has no host"},
+		{"no hostname", "http://:7400", nil, "has no host"},
+		{"user info", "http://admin:secret@127.0.0.1:7400", nil, "pass credentials with Token"},
+		{"query", "http://127.0.0.1:7400/?x=1", nil, "must not have a query"},
+		{"bad escape", "http://127.0.0.1:7400/%zz", nil, "invalid URL escape"},
+		{"tls over http", "http://127.0.0.1:7400", []Option{TLSConfig(&tls.Config{})}, "use an https:// URL"},
+		{"tls and client", "https://h", []Option{TLSConfig(&tls.Config{}), HTTPClient(http.DefaultClient)}, "TLSConfig and HTTPClient both given"},
+		{"token newline", "http://h", []Option{Token("a\nb")}, "line break"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Dial(tc.url, tc.opts...)
+			if err == nil {
+				c.Close()
+				t.Fatalf("Dial(%q) succeeded; want an error", tc.url)
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Dial(%q) = %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDialOptionsLastWins(t *testing.T) {
+	c, err := Dial("https://keyshard.internal:7400/base/", Token("a"), Token("b"), TLSConfig(&tls.Config{ServerName: "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.URL() != "https://keyshard.internal:7400/base" {
+		t.Errorf("URL() = %q", c.URL())
+	}
+	if c.authz != "Bearer b" {
+		t.Errorf("authorization = %q, want the last token", c.authz)
+	}
+}
+
+func TestToken(t *testing.T) {
+	f := newFake(t)
+	f.token = "s3cret"
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	ctx := context.Background()
+
+	_, err := f.dial(t).Admin().Status(ctx)
+	if !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("without a token: err = %v, want ErrUnauthenticated", err)
+	}
+	c := f.dial(t, Token("s3cret"))
+	if _, err := c.Admin().Status(ctx); err != nil {
+		t.Errorf("with the token: %v", err)
+	}
+	// Streams carry the token too.
+	r, err := NewRouter(ctx, c, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	recv(t, f.watchMaps, "WatchMap")
+	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	if err := r.WaitEpoch(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.callCount("/keyshard.v1.MapService/WatchMap"); n != 1 {
+		t.Errorf("WatchMap calls = %d, want 1 (the stream was accepted)", n)
+	}
+}
+
+func TestGRPC(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	ctx := context.Background()
+	c := f.dial(t, GRPC())
+	st, err := c.Admin().Status(ctx)
+	if err != nil {
+		t.Fatalf("Status over gRPC: %v", err)
+	}
+	if st.Leader != "r1" {
+		t.Errorf("Leader = %q", st.Leader)
+	}
+	if _, err := c.Admin().GetKeyspace(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetKeyspace(nope) over gRPC: %v, want ErrNotFound", err)
+	}
+	r, err := NewRouter(ctx, c, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	recv(t, f.watchMaps, "WatchMap")
+	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	if err := r.WaitEpoch(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := r.OwnerString("k"); !ok || m != "a" {
+		t.Errorf("Owner = %q, %v", m, ok)
+	}
+}
+
+func TestClientClose(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	ctx := context.Background()
+	c := f.dial(t)
+	r, err := NewRouter(ctx, c, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, f.watchMaps, "WatchMap")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // idempotent
+	// The Router's goroutine exits with the Client.
+	if err := r.WaitEpoch(ctx, 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitEpoch after Client.Close = %v, want ErrClosed", err)
+	}
+	r.Close()
+	if _, err := c.Admin().Status(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Status after Close = %v, want ErrClosed", err)
+	}
+	if _, err := NewRouter(ctx, c, "rooms"); !errors.Is(err, ErrClosed) {
+		t.Errorf("NewRouter after Close = %v, want ErrClosed", err)
+	}
+}

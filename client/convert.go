@@ -1,0 +1,302 @@
+package client
+
+import (
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// This file is the one place that converts between the package's Go types
+// and the keyshard.v1 protos.
+
+// Keyspace modes, for KeyspaceConfig.Mode.
+const (
+	// ModeExclusive: a moved bucket is granted to its new owner only after
+	// the old owner released it or its session ended. The default.
+	ModeExclusive = "exclusive"
+	// ModeStream: as ModeExclusive, plus a committed stream position per
+	// bucket.
+	ModeStream = "stream"
+)
+
+// KeyspaceConfig is a keyspace's configuration. Zero fields take the
+// server's defaults on create (4096 buckets, xxh64, exclusive, a 10 s lease
+// and a 30 s drain timeout) and mean "unchanged" on update.
+type KeyspaceConfig struct {
+	// Name is 1-128 characters of [A-Za-z0-9._:@-].
+	Name string
+	// Buckets is the bucket count, 1..65536. Cannot change.
+	Buckets int
+	// Hash maps keys to buckets. Cannot change.
+	Hash placement.HashMode
+	// Mode is ModeExclusive or ModeStream. Cannot change.
+	Mode string
+	// LeaseTTL is how long a member's session lives without a keep-alive
+	// (at least 2 s).
+	LeaseTTL time.Duration
+	// DrainTimeout is how long a member may take to release a bucket that
+	// moved away before its session is revoked.
+	DrainTimeout time.Duration
+}
+
+// Member is a worker process as it joins a keyspace.
+type Member struct {
+	// ID is 1-128 characters of [A-Za-z0-9._:@-], unique in the keyspace.
+	ID string
+	// Address is where routers send the member's work (host:port, URL...).
+	Address string
+	// Weight is the member's relative share of buckets; 0 means 1.
+	Weight float64
+	// Zone is the member's failure domain, if any.
+	Zone     string
+	Metadata map[string]string
+}
+
+// MemberStatus is a member as the control plane sees it.
+type MemberStatus struct {
+	Member
+	// TargetBuckets is how many buckets the current map assigns to it.
+	TargetBuckets int
+	// GrantedBuckets is how many buckets it holds a grant for.
+	GrantedBuckets int
+	// ReleasingBuckets is how many buckets are moving away from it and
+	// awaiting its release.
+	ReleasingBuckets int
+	// Draining is true once DrainMember or Leave was called for it.
+	Draining bool
+}
+
+// Members is the answer of Admin.ListMembers.
+type Members struct {
+	// Epoch is the epoch of the map the target counts come from.
+	Epoch   uint64
+	Members []MemberStatus
+}
+
+// Status is the answer of Admin.Status.
+type Status struct {
+	// Replica is the serve replica that answered; Leader the one leading.
+	Replica   string
+	Leader    string
+	Keyspaces []KeyspaceStatus
+}
+
+// KeyspaceStatus is one keyspace in a Status.
+type KeyspaceStatus struct {
+	Keyspace          KeyspaceConfig
+	Epoch             uint64
+	Members           int
+	UnassignedBuckets int
+	// HandoffsInFlight is the number of buckets whose target owner has no
+	// grant yet.
+	HandoffsInFlight int
+}
+
+// Grant is the right to act on one bucket, from Acquire until Release (or
+// until the grant's context is cancelled). Token is the grant's fencing
+// token: it strictly increases per bucket, so storage that keeps the
+// highest token it has seen can refuse a stale owner's writes.
+type Grant struct {
+	Bucket int
+	Token  uint64
+}
+
+func validName(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
+	}
+	if len(s) > 128 {
+		return fmt.Errorf("%w: %s %.20q... is %d characters long; the limit is 128", ErrInvalid, what, s, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		if 'a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '.' || ch == '_' || ch == ':' || ch == '@' || ch == '-' {
+			continue
+		}
+		return fmt.Errorf("%w: %s %q has %q at byte %d; use only [A-Za-z0-9._:@-]", ErrInvalid, what, s, rune(ch), i)
+	}
+	return nil
+}
+
+func modeToProto(m string) (keyshardv1.KeyspaceMode, error) {
+	switch m {
+	case "":
+		return keyshardv1.KeyspaceMode_KEYSPACE_MODE_UNSPECIFIED, nil
+	case ModeExclusive:
+		return keyshardv1.KeyspaceMode_KEYSPACE_MODE_EXCLUSIVE, nil
+	case ModeStream:
+		return keyshardv1.KeyspaceMode_KEYSPACE_MODE_STREAM, nil
+	}
+	return 0, fmt.Errorf("%w: keyspace mode %q is unknown; use %q or %q", ErrInvalid, m, ModeExclusive, ModeStream)
+}
+
+func modeFromProto(m keyshardv1.KeyspaceMode) string {
+	switch m {
+	case keyshardv1.KeyspaceMode_KEYSPACE_MODE_EXCLUSIVE, keyshardv1.KeyspaceMode_KEYSPACE_MODE_UNSPECIFIED:
+		return ModeExclusive
+	case keyshardv1.KeyspaceMode_KEYSPACE_MODE_STREAM:
+		return ModeStream
+	}
+	return m.String()
+}
+
+func durationToProto(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+func keyspaceToProto(k KeyspaceConfig) (*keyshardv1.Keyspace, error) {
+	if err := validName("keyspace name", k.Name); err != nil {
+		return nil, err
+	}
+	if k.Buckets < 0 || k.Buckets > placement.MaxBuckets {
+		return nil, fmt.Errorf("%w: keyspace %q: bucket count %d is out of range [1, %d] (0 means the default %d)", ErrInvalid, k.Name, k.Buckets, placement.MaxBuckets, placement.DefaultBuckets)
+	}
+	if k.Hash != "" {
+		if err := k.Hash.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: keyspace %q: %v", ErrInvalid, k.Name, err)
+		}
+	}
+	mode, err := modeToProto(k.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if k.LeaseTTL < 0 || k.DrainTimeout < 0 {
+		return nil, fmt.Errorf("%w: keyspace %q: negative lease TTL (%v) or drain timeout (%v)", ErrInvalid, k.Name, k.LeaseTTL, k.DrainTimeout)
+	}
+	return &keyshardv1.Keyspace{
+		Name:         k.Name,
+		Buckets:      uint32(k.Buckets),
+		Hash:         string(k.Hash),
+		Mode:         mode,
+		LeaseTtl:     durationToProto(k.LeaseTTL),
+		DrainTimeout: durationToProto(k.DrainTimeout),
+	}, nil
+}
+
+func keyspaceFromProto(k *keyshardv1.Keyspace) KeyspaceConfig {
+	return KeyspaceConfig{
+		Name:         k.GetName(),
+		Buckets:      int(k.GetBuckets()),
+		Hash:         placement.HashMode(k.GetHash()),
+		Mode:         modeFromProto(k.GetMode()),
+		LeaseTTL:     k.GetLeaseTtl().AsDuration(),
+		DrainTimeout: k.GetDrainTimeout().AsDuration(),
+	}
+}
+
+func memberToProto(m Member) (*keyshardv1.Member, error) {
+	if err := validName("member id", m.ID); err != nil {
+		return nil, err
+	}
+	if m.Weight < 0 || m.Weight != m.Weight {
+		return nil, fmt.Errorf("%w: member %q: weight %v must be positive (0 means 1)", ErrInvalid, m.ID, m.Weight)
+	}
+	return &keyshardv1.Member{Id: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Metadata: m.Metadata}, nil
+}
+
+func memberFromProto(m *keyshardv1.Member) Member {
+	return Member{ID: m.GetId(), Address: m.GetAddress(), Weight: m.GetWeight(), Zone: m.GetZone(), Metadata: m.GetMetadata()}
+}
+
+func memberStatusFromProto(s *keyshardv1.MemberStatus) MemberStatus {
+	return MemberStatus{
+		Member:           memberFromProto(s.GetMember()),
+		TargetBuckets:    int(s.GetTargetBuckets()),
+		GrantedBuckets:   int(s.GetGrantedBuckets()),
+		ReleasingBuckets: int(s.GetReleasingBuckets()),
+		Draining:         s.GetDraining(),
+	}
+}
+
+func statusFromProto(s *keyshardv1.StatusResponse) Status {
+	out := Status{Replica: s.GetReplica(), Leader: s.GetLeader()}
+	for _, k := range s.GetKeyspaces() {
+		out.Keyspaces = append(out.Keyspaces, KeyspaceStatus{
+			Keyspace:          keyspaceFromProto(k.GetKeyspace()),
+			Epoch:             k.GetEpoch(),
+			Members:           int(k.GetMembers()),
+			UnassignedBuckets: int(k.GetUnassignedBuckets()),
+			HandoffsInFlight:  int(k.GetHandoffsInFlight()),
+		})
+	}
+	return out
+}
+
+// routing is one epoch of a keyspace's map, ready for lookups. It is
+// immutable; next is closed when a newer routing replaces it.
+type routing struct {
+	epoch   uint64
+	table   *placement.Table
+	hasher  placement.Hasher
+	buckets int
+	hash    placement.HashMode
+	addrs   map[string]string // member id → address
+	next    chan struct{}
+}
+
+// emptyRouting is the routing before a keyspace's first map (GetMap
+// answers without a map until a member has joined): every key is
+// unassigned, and the bucket count is not known yet (buckets is 0).
+func emptyRouting() *routing {
+	t, err := placement.NewTable(placement.HashXXH64, placement.NewAssignment(1))
+	if err != nil {
+		panic("keyshard: building the empty routing table: " + err.Error()) // a constant input
+	}
+	return &routing{table: t, hasher: t.Hasher(), addrs: map[string]string{}, next: make(chan struct{})}
+}
+
+// routingFromProto validates m and builds its lookup table. A nil map
+// (no map yet) gives the empty routing.
+func routingFromProto(m *keyshardv1.Map) (*routing, error) {
+	if m == nil {
+		return emptyRouting(), nil
+	}
+	n := int(m.GetBuckets())
+	owners := m.GetOwners()
+	if n == 0 {
+		n = len(owners)
+	}
+	if len(owners) != 0 && len(owners) != n {
+		return nil, fmt.Errorf("map of keyspace %q at epoch %d has %d owners for %d buckets", m.GetKeyspace(), m.GetEpoch(), len(owners), n)
+	}
+	a := placement.Assignment{Members: make([]string, len(m.GetMembers())), Owners: make([]int32, n)}
+	addrs := make(map[string]string, len(m.GetMembers()))
+	for i, mem := range m.GetMembers() {
+		a.Members[i] = mem.GetId()
+		addrs[mem.GetId()] = mem.GetAddress()
+	}
+	for b := range a.Owners {
+		a.Owners[b] = placement.Unassigned
+		if len(owners) == 0 || owners[b] == 0 {
+			continue
+		}
+		if int(owners[b]) > len(a.Members) {
+			return nil, fmt.Errorf("map of keyspace %q at epoch %d: bucket %d has owner %d but the map lists %d members", m.GetKeyspace(), m.GetEpoch(), b, owners[b], len(a.Members))
+		}
+		a.Owners[b] = int32(owners[b] - 1)
+	}
+	mode := placement.HashMode(m.GetHash())
+	if mode == "" {
+		mode = placement.HashXXH64
+	}
+	t, err := placement.NewTable(mode, a)
+	if err != nil {
+		return nil, fmt.Errorf("map of keyspace %q at epoch %d: %w", m.GetKeyspace(), m.GetEpoch(), err)
+	}
+	return &routing{epoch: m.GetEpoch(), table: t, hasher: t.Hasher(), buckets: n, hash: mode, addrs: addrs, next: make(chan struct{})}, nil
+}
+
+func grantsToProto(gs []Grant) []*keyshardv1.BucketGrant {
+	out := make([]*keyshardv1.BucketGrant, len(gs))
+	for i, g := range gs {
+		out[i] = &keyshardv1.BucketGrant{Bucket: uint32(g.Bucket), Token: g.Token}
+	}
+	return out
+}

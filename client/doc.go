@@ -1,0 +1,103 @@
+// Package client is Keyshard's Go SDK: workers that own buckets of keys,
+// routers that find a key's owner in nanoseconds, and the admin API.
+//
+// # Connecting
+//
+// Dial returns a Client for one server URL. It does no IO; the three
+// services of keyshard.v1 are called over the Connect protocol (HTTP/1.1
+// or HTTP/2), or gRPC with the GRPC option.
+//
+//	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+//	if err != nil { ... }       // errors.Is(err, client.ErrInvalid): a bad URL
+//	defer c.Close()
+//
+// # Workers
+//
+// A Worker joins a keyspace as a member and calls a Handler as buckets are
+// granted to it (Acquire) and taken back (Release):
+//
+//	type rooms struct{ db *sql.DB }
+//
+//	func (r *rooms) Acquire(ctx context.Context, g client.Grant) error {
+//		// Load state for bucket g.Bucket; keep g.Token for writes. ctx is
+//		// cancelled when the grant ends.
+//		return nil
+//	}
+//
+//	func (r *rooms) Release(ctx context.Context, bucket int) error {
+//		// Finish in-flight work of the bucket, then return.
+//		return nil
+//	}
+//
+//	w := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{db})
+//	go func() { errc <- w.Run(ctx) }() // joins, keeps the session alive, re-joins after a loss
+//	...
+//	err := w.Close(shutdownCtx) // leave: hand every bucket over, then stop
+//
+// A request for a key that reaches the wrong worker is answered with the
+// owner's name, so the caller can retry there:
+//
+//	g, err := w.Owns(roomID)
+//	if err != nil {
+//		return nil, client.WrongOwner(err) // FailedPrecondition + WrongOwner detail
+//	}
+//	// serve the request using g.Token
+//
+// # Threading contract
+//
+// Handler.Acquire and Handler.Release are never called concurrently for
+// the same bucket; calls for different buckets run concurrently. For one
+// bucket they alternate, each starting after the previous returned, across
+// handoffs, self-fences and re-joins. Run owns every goroutine of a Worker
+// and returns only after all exited; Close is idempotent and blocks until
+// then. OnEvent callbacks are serialized and must not block. Router,
+// Worker and Client methods are safe for concurrent use.
+//
+// # Fencing tokens: a lease is not a lock
+//
+// A worker stops acting on its buckets before its lease can expire at the
+// server: it records when each keep-alive was sent and, once the newest
+// acknowledged send plus the lease TTL minus a margin has passed, cancels
+// every grant's context and calls Release (it "self-fences"). That keeps
+// well-behaved processes apart, but it cannot stop a process that was
+// paused (GC, SIGSTOP, a VM migration) between checking its grant and
+// writing. Only the resource can: every grant carries a fencing token that
+// strictly increases per bucket, and storage must refuse a write that
+// carries a smaller token than one it has already seen. In Postgres, keep
+// the token next to the data and make every write conditional on it:
+//
+//	UPDATE rooms SET state = $state, fence = $token
+//	 WHERE id = $room AND fence <= $token
+//
+// and treat "0 rows updated" as "I am no longer the owner": stop working
+// on the bucket. Checkpoints (stream positions, Kafka offsets) need the
+// same guard, or a stale owner's commit can overwrite its successor's.
+//
+// # Routers
+//
+// A Router keeps a keyspace's map current in the background (WatchMap,
+// falling back to GetMap long polls) and answers lookups from memory:
+//
+//	r, err := client.NewRouter(ctx, c, "rooms")
+//	if err != nil { ... }
+//	defer r.Close()
+//	member, ok := r.OwnerString(roomID) // ok is false while the bucket is unassigned
+//	addr := r.Address(member)
+//
+// On a *WrongOwnerError from a worker (AsWrongOwner), wait for the map
+// named in it with WaitEpoch and retry.
+//
+// # Admin
+//
+// Client.Admin creates and inspects keyspaces, drains members and reports
+// status; its methods are thin wrappers over AdminService taking and
+// returning Go types.
+//
+// # Errors
+//
+// Errors from the server are translated, in one table, to sentinels
+// (ErrInvalid, ErrNotFound, ErrExists, ErrImmutable, ErrUnavailable,
+// ErrUnauthenticated, ErrPermissionDenied, ErrConflict) that keep the
+// server's message; test them with errors.Is. A FailedPrecondition answer
+// with a WrongOwner detail becomes a *WrongOwnerError.
+package client

@@ -1,0 +1,164 @@
+package client_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keyshard/keyshard/client"
+)
+
+func ExampleDial() {
+	_, err := client.Dial("127.0.0.1:7400")
+	fmt.Println(errors.Is(err, client.ErrInvalid))
+	fmt.Println(err)
+	// Output:
+	// true
+	// keyshard: invalid argument: server URL "127.0.0.1:7400" must start with http:// or https://, for example http://127.0.0.1:7400
+}
+
+// A worker's own RPC server answers a misrouted request with WrongOwner;
+// the caller decodes the owner with AsWrongOwner and retries there.
+func ExampleWrongOwner() {
+	owns := &client.WrongOwnerError{Bucket: 17, Owner: "writer-2", Address: "10.0.0.8:8080", Epoch: 42}
+	answer := client.WrongOwner(fmt.Errorf("send to room !abc: %w", owns)) // return this from the handler
+
+	wo, ok := client.AsWrongOwner(answer) // on the caller's side
+	fmt.Println(connect.CodeOf(answer), ok)
+	fmt.Printf("retry at %s once the map reaches epoch %d\n", wo.Address, wo.Epoch)
+	// Output:
+	// failed_precondition true
+	// retry at 10.0.0.8:8080 once the map reaches epoch 42
+}
+
+// rooms is an application's Handler: it serves the rooms whose keys hash
+// into the buckets it holds, writing with the bucket's fencing token.
+type rooms struct {
+	db *sql.DB
+}
+
+func (r *rooms) Acquire(ctx context.Context, g client.Grant) error {
+	// Load what the bucket needs; run its work under ctx, which is
+	// cancelled when the grant ends. Every write carries g.Token:
+	//
+	//	UPDATE rooms SET state = $1, fence = $2 WHERE id = $3 AND fence <= $2
+	//
+	// and "0 rows updated" means another worker owns the room now.
+	return nil
+}
+
+func (r *rooms) Release(ctx context.Context, bucket int) error {
+	// Finish in-flight work of the bucket; return when done.
+	return nil
+}
+
+func ExampleNewWorker() {
+	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	w := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{},
+		client.OnEvent(func(ev client.Event) { log.Printf("keyshard: %s %+v %v", ev.Kind, ev.Grant, ev.Err) }))
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(context.Background()) }()
+
+	<-ctx.Done() // SIGINT: hand every bucket over, then stop
+	drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.Close(drain); err != nil {
+		log.Printf("drain incomplete: %v", err)
+	}
+	if err := <-errc; err != nil {
+		log.Print(err)
+	}
+}
+
+func ExampleWorker_Owns() {
+	var w *client.Worker // running
+	serve := func(ctx context.Context, room string) error {
+		g, err := w.OwnsString(room)
+		if errors.Is(err, client.ErrNotGranted) {
+			g, err = w.WaitGrant(ctx, []byte(room)) // the map names us; the grant is on its way
+		}
+		if err != nil {
+			return client.WrongOwner(err) // tells the caller where to go
+		}
+		_ = g.Token // write with it
+		return nil
+	}
+	_ = serve
+}
+
+func ExampleNewRouter() {
+	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	r, err := client.NewRouter(ctx, c, "rooms")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+
+	member, ok := r.OwnerString("!room:example.org")
+	if !ok {
+		log.Print("the room's bucket is unassigned; retry shortly")
+		return
+	}
+	addr := r.Address(member)
+	err = send(ctx, addr)
+	if wo, ok := client.AsWrongOwner(err); ok {
+		_ = r.WaitEpoch(ctx, wo.Epoch) // our map was behind: catch up, then retry at wo.Address
+	}
+}
+
+func send(context.Context, string) error { return nil }
+
+func ExampleAdmin_WaitDrained() {
+	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_ADMIN_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	a := c.Admin()
+	if err := a.DrainMember(ctx, "rooms", "writer-1"); err != nil {
+		log.Fatal(err)
+	}
+	err = a.WaitDrained(ctx, "rooms", "writer-1", func(left int) {
+		fmt.Printf("\rwriter-1: %d buckets left", left)
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func ExampleAdmin_CreateKeyspace() {
+	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_ADMIN_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ks, err := c.Admin().CreateKeyspace(context.Background(), client.KeyspaceConfig{Name: "rooms", Buckets: 4096, LeaseTTL: 10 * time.Second})
+	switch {
+	case errors.Is(err, client.ErrExists):
+		log.Print("keyspace rooms exists already")
+	case err != nil:
+		log.Fatal(err)
+	default:
+		log.Printf("created %+v", ks)
+	}
+}

@@ -1,0 +1,309 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/placement"
+)
+
+func members(ids ...string) []*keyshardv1.Member {
+	out := make([]*keyshardv1.Member, len(ids))
+	for i, id := range ids {
+		out[i] = &keyshardv1.Member{Id: id, Address: id + ".internal:9000"}
+	}
+	return out
+}
+
+func newRouter(t *testing.T, f *fakeServer, c *Client) *Router {
+	t.Helper()
+	r, err := NewRouter(context.Background(), c, "rooms")
+	if err != nil {
+		t.Fatalf("NewRouter: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestRouterFollowsMap(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 64, 10*time.Second)
+	ctx := context.Background()
+	r := newRouter(t, f, f.dial(t))
+	if r.Epoch() != 0 {
+		t.Errorf("Epoch() = %d before any map, want 0", r.Epoch())
+	}
+	if m, ok := r.OwnerString("room-1"); ok || m != "" {
+		t.Errorf("Owner before any map = %q, %v; want unassigned", m, ok)
+	}
+	if b := r.Bucket([]byte("room-1")); b != -1 {
+		t.Errorf("Bucket before any map = %d, want -1 (bucket count unknown)", b)
+	}
+	recv(t, f.watchMaps, "WatchMap")
+
+	// Epoch 1: buckets alternate between a and b, bucket 0 unassigned.
+	owner1 := func(b int) string {
+		switch {
+		case b == 0:
+			return ""
+		case b%2 == 0:
+			return "a"
+		}
+		return "b"
+	}
+	f.setMap("rooms", members("a", "b"), owner1)
+	if err := r.WaitEpoch(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := placement.NewHasher(placement.HashXXH64, 64)
+	check := func(owner func(int) string) {
+		t.Helper()
+		for i := range 500 {
+			key := fmt.Sprintf("room-%d", i)
+			b := h.BucketString(key)
+			if got := r.Bucket([]byte(key)); got != b {
+				t.Fatalf("Bucket(%q) = %d, want %d", key, got, b)
+			}
+			want := owner(b)
+			got, ok := r.Owner([]byte(key))
+			got2, ok2 := r.OwnerString(key)
+			if got != want || ok != (want != "") || got2 != got || ok2 != ok {
+				t.Fatalf("Owner(%q) (bucket %d) = %q, %v / %q, %v; want %q", key, b, got, ok, got2, ok2, want)
+			}
+		}
+	}
+	check(owner1)
+	if got := r.Address("a"); got != "a.internal:9000" {
+		t.Errorf("Address(a) = %q", got)
+	}
+	if got := r.Address("nobody"); got != "" {
+		t.Errorf("Address(nobody) = %q, want empty", got)
+	}
+
+	// Epoch 2: c takes everything.
+	f.setMap("rooms", members("c"), func(int) string { return "c" })
+	if err := r.WaitEpoch(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	check(func(int) string { return "c" })
+	if r.Epoch() != 2 {
+		t.Errorf("Epoch() = %d, want 2", r.Epoch())
+	}
+	if got, ok := r.BucketOwner(64); ok || got != "" {
+		t.Errorf("BucketOwner(out of range) = %q, %v", got, ok)
+	}
+}
+
+func TestRouterBadInput(t *testing.T) {
+	f := newFake(t)
+	c := f.dial(t)
+	ctx := context.Background()
+	tests := []struct {
+		keyspace string
+		want     error
+		text     string
+	}{
+		{"", ErrInvalid, "keyspace name is empty"},
+		{"rooms/1", ErrInvalid, `has '/' at byte 5`},
+		{strings.Repeat("x", 129), ErrInvalid, "the limit is 128"},
+		{"missing", ErrNotFound, `keyspace "missing" does not exist`},
+	}
+	for _, tc := range tests {
+		_, err := NewRouter(ctx, c, tc.keyspace)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("NewRouter(%.20q) = %v; want %v mentioning %q", tc.keyspace, err, tc.want, tc.text)
+		}
+	}
+	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 1 {
+		t.Errorf("GetMap calls = %d; invalid names must be refused without a call", n)
+	}
+}
+
+// TestRouterReconnects: the stream fails; the Router retries it with
+// backoff on its clock and picks up the newer map.
+func TestRouterReconnects(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.watchMapErr = 2
+	r := newRouter(t, f, f.dial(t))
+	for i := range 2 {
+		recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d (refused)", i))
+		f.clock.BlockUntil(1) // the backoff timer
+		f.clock.Advance(backoffCap)
+	}
+	req := recv(t, f.watchMaps, "WatchMap 3")
+	if req.GetSinceEpoch() != 0 {
+		t.Errorf("since_epoch = %d, want 0", req.GetSinceEpoch())
+	}
+	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	if err := r.WaitEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRouterFallsBackToLongPoll: after repeated stream failures the
+// Router long-polls GetMap, and still sees new maps.
+func TestRouterFallsBackToLongPoll(t *testing.T) {
+	for _, unimpl := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unimplemented=%v", unimpl), func(t *testing.T) {
+			f := newFake(t)
+			f.addKeyspace("rooms", 16, 10*time.Second)
+			f.watchMapErr = 1000
+			f.watchMapUnimpl = unimpl
+			r := newRouter(t, f, f.dial(t))
+			recv(t, f.getMaps, "the first GetMap")
+			attempts := streamFailuresBeforePoll
+			if unimpl {
+				attempts = 1
+			}
+			for i := range attempts {
+				recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d", i))
+				f.clock.BlockUntil(1)
+				f.clock.Advance(backoffCap)
+			}
+			poll := recv(t, f.getMaps, "a GetMap long poll")
+			if poll.GetWait().AsDuration() != pollWait {
+				t.Errorf("long poll wait = %v, want %v", poll.GetWait().AsDuration(), pollWait)
+			}
+			f.setMap("rooms", members("a"), func(int) string { return "a" })
+			if err := r.WaitEpoch(context.Background(), 1); err != nil {
+				t.Fatal(err)
+			}
+			if got := recv(t, f.getMaps, "the next long poll"); got.GetSinceEpoch() != 1 {
+				t.Errorf("next poll since_epoch = %d, want 1", got.GetSinceEpoch())
+			}
+		})
+	}
+}
+
+func TestRouterCloseAndWaitEpoch(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	r := newRouter(t, f, f.dial(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.WaitEpoch(ctx, 5); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitEpoch(cancelled ctx) = %v", err)
+	}
+	if err := r.WaitEpoch(ctx, 0); err != nil {
+		t.Errorf("WaitEpoch(reached epoch) = %v, want nil", err)
+	}
+	r.Close()
+	r.Close()
+	if err := r.WaitEpoch(context.Background(), 5); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitEpoch after Close = %v, want ErrClosed", err)
+	}
+	if _, ok := r.OwnerString("k"); ok {
+		t.Errorf("Owner after Close answered from a map that has no owners")
+	}
+}
+
+func TestRouterIgnoresBadMaps(t *testing.T) {
+	mapOf := func(epoch uint64, buckets int, ids []string, owner func(b int) uint32) *keyshardv1.Map {
+		m := &keyshardv1.Map{Keyspace: "rooms", Epoch: epoch, Buckets: uint32(buckets), Hash: "xxh64", Members: members(ids...), Owners: make([]uint32, buckets)}
+		for b := range m.Owners {
+			m.Owners[b] = owner(b)
+		}
+		return m
+	}
+	r := &Router{keyspace: "rooms", log: slog.New(slog.DiscardHandler), done: make(chan struct{})}
+	r.cur.Store(emptyRouting())
+	r.apply(mapOf(1, 16, []string{"a"}, func(int) uint32 { return 1 }))
+	tests := []struct {
+		name string
+		m    *keyshardv1.Map
+	}{
+		{"bucket count changed", mapOf(2, 32, []string{"x"}, func(int) uint32 { return 1 })},
+		{"hash changed", func() *keyshardv1.Map {
+			m := mapOf(2, 16, []string{"x"}, func(int) uint32 { return 1 })
+			m.Hash = "synapse-sha256"
+			return m
+		}()},
+		{"owner index out of range", mapOf(2, 16, []string{"x"}, func(int) uint32 { return 2 })},
+		{"owners do not match buckets", func() *keyshardv1.Map {
+			m := mapOf(2, 16, []string{"x"}, func(int) uint32 { return 1 })
+			m.Owners = m.Owners[:3]
+			return m
+		}()},
+		{"unknown hash", func() *keyshardv1.Map {
+			m := mapOf(2, 16, []string{"x"}, func(int) uint32 { return 1 })
+			m.Hash = "md5"
+			return m
+		}()},
+		{"duplicate member", mapOf(2, 16, []string{"x", "x"}, func(int) uint32 { return 1 })},
+		{"stale epoch", mapOf(1, 16, []string{"x"}, func(int) uint32 { return 1 })},
+	}
+	for _, tc := range tests {
+		r.apply(tc.m)
+		if m, _ := r.OwnerString("k"); r.Epoch() != 1 || m != "a" {
+			t.Errorf("%s: the map was applied (epoch %d, owner %q)", tc.name, r.Epoch(), m)
+		}
+	}
+	r.apply(mapOf(2, 16, []string{"x"}, func(int) uint32 { return 1 }))
+	if m, _ := r.OwnerString("k"); r.Epoch() != 2 || m != "x" {
+		t.Errorf("a good map was not applied (epoch %d, owner %q)", r.Epoch(), m)
+	}
+}
+
+func routerForBench(tb testing.TB) *Router {
+	a := placement.NewAssignment(4096)
+	a.Members = []string{"w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8"}
+	for b := range a.Owners {
+		a.Owners[b] = int32(b % len(a.Members))
+	}
+	m := &keyshardv1.Map{Keyspace: "rooms", Epoch: 1, Buckets: 4096, Hash: "xxh64", Members: members(a.Members...), Owners: make([]uint32, 4096)}
+	for b, o := range a.Owners {
+		m.Owners[b] = uint32(o + 1)
+	}
+	rt, err := routingFromProto(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r := &Router{keyspace: "rooms", done: make(chan struct{})}
+	r.cur.Store(rt)
+	return r
+}
+
+func TestRouterOwnerDoesNotAllocate(t *testing.T) {
+	r := routerForBench(t)
+	key := []byte("!room-4242:matrix.example.org")
+	skey := string(key)
+	if n := testing.AllocsPerRun(1000, func() { r.Owner(key) }); n != 0 {
+		t.Errorf("Owner allocates %v times per call, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { r.OwnerString(skey) }); n != 0 {
+		t.Errorf("OwnerString allocates %v times per call, want 0", n)
+	}
+}
+
+func BenchmarkRouterOwner(b *testing.B) {
+	r := routerForBench(b)
+	keys := make([][]byte, 1024)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("!room-%d:matrix.example.org", i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		r.Owner(keys[i&1023])
+		i++
+	}
+}
+
+func BenchmarkRouterOwnerParallel(b *testing.B) {
+	r := routerForBench(b)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		key := []byte("!room-4242:matrix.example.org")
+		for pb.Next() {
+			r.Owner(key)
+		}
+	})
+}

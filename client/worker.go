@@ -1,0 +1,1005 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// Handler is called by a Worker as it gains and loses buckets.
+//
+// Acquire and Release are never called concurrently for the same bucket
+// (they may be for different buckets): for one bucket the calls strictly
+// alternate Acquire, Release, Acquire, ..., each starting after the
+// previous one returned, across grants and across sessions. Release is
+// called exactly once for every Acquire, even if Acquire returned an
+// error.
+//
+// Acquire is called when the worker is granted a bucket. ctx is the
+// grant's context: it stays valid after Acquire returns and is cancelled
+// when the grant ends (after a handoff's Release returned; before Release
+// is called when the worker self-fences, is hard-stopped, or the server
+// took the bucket away). Work done for the bucket should run under ctx
+// and pass g.Token to storage (see the package documentation on fencing
+// tokens). If Acquire returns an error the Worker logs it and reports it
+// through OnEvent; it still holds the grant, and calls Release when the
+// grant ends. A handler that cannot serve a bucket should retry inside
+// Acquire or make the process leave.
+//
+// Release is called when the grant of bucket ends. For a handoff (the
+// bucket moved to another member, or the worker is leaving) the grant's
+// context is still live: finish the bucket's in-flight work, stop taking
+// new work for it, and return when done; the next owner is granted the
+// bucket only after Release returned (or after the keyspace's drain
+// timeout). When the worker self-fences (its lease could not be renewed),
+// the grant's context is cancelled first: stop at once, since another
+// member may soon hold the bucket. The ctx passed to Release is cancelled
+// only when the worker stops without draining (Run's ctx ended or Close's
+// ctx expired). An error from Release is logged and reported; the bucket
+// is released anyway.
+//
+// Calls come from the Worker's goroutines; a call that blocks delays only
+// its own bucket, but Close waits for every call to return, so a Handler
+// must not call Close itself.
+type Handler interface {
+	Acquire(ctx context.Context, g Grant) error
+	Release(ctx context.Context, bucket int) error
+}
+
+// EventKind says what happened to a Worker.
+type EventKind int
+
+// Event kinds, in the order a worker usually sees them.
+const (
+	// EventJoined: the worker joined its keyspace (Event.Session is new).
+	EventJoined EventKind = iota + 1
+	// EventAcquired: Handler.Acquire returned for Event.Grant (Err is
+	// its error, if any).
+	EventAcquired
+	// EventReleased: Handler.Release returned for Event.Grant (Err is its
+	// error, if any).
+	EventReleased
+	// EventFenced: the worker stopped acting on every bucket of the
+	// session because it could not renew its lease in time, or because
+	// the server ended the session. Err wraps ErrSessionLost and says
+	// why. Release calls follow.
+	EventFenced
+	// EventSessionLost: every Release of the lost session returned;
+	// Err wraps ErrSessionLost. The worker re-joins next.
+	EventSessionLost
+	// EventRejoined: the worker joined again with a new session after
+	// losing one.
+	EventRejoined
+	// EventLeft: the worker left the keyspace gracefully (Close).
+	EventLeft
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoined:
+		return "joined"
+	case EventAcquired:
+		return "acquired"
+	case EventReleased:
+		return "released"
+	case EventFenced:
+		return "fenced"
+	case EventSessionLost:
+		return "session lost"
+	case EventRejoined:
+		return "rejoined"
+	case EventLeft:
+		return "left"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is something that happened to a Worker, for observability.
+type Event struct {
+	Kind EventKind
+	// Time is the Worker's clock when the event happened.
+	Time    time.Time
+	Session string
+	// Grant is the grant concerned, for EventAcquired and EventReleased.
+	Grant Grant
+	Err   error
+}
+
+type workerOptions struct {
+	clock   clock.Clock
+	log     *slog.Logger
+	replace bool
+	margin  time.Duration
+	onEvent func(Event)
+}
+
+type workerOpt func(*workerOptions)
+
+func (f workerOpt) applyWorker(o *workerOptions) { f(o) }
+
+// Replace makes the worker's first Join take over its member id from a
+// session that is still alive, such as the previous run of a restarted
+// process. The old session is revoked, and its buckets move after a full
+// lease TTL. Without it, such a Join fails with ErrExists.
+func Replace(replace bool) WorkerOption {
+	return workerOpt(func(o *workerOptions) { o.replace = replace })
+}
+
+// FenceMargin sets how long before its lease could expire at the server
+// the worker stops acting on its buckets: it self-fences once
+// lastAckedSend + TTL − margin passes, where lastAckedSend is the time at
+// which the newest acknowledged keep-alive was sent. The default is
+// max(TTL/10, 500ms); at most TTL/2 is used. The margin must cover the
+// time the application takes to notice a cancelled context, and clock
+// drift between the worker and the server.
+func FenceMargin(d time.Duration) WorkerOption {
+	return workerOpt(func(o *workerOptions) { o.margin = d })
+}
+
+// OnEvent sets a function called with every Event of the worker. Calls
+// are serialized, made from the worker's goroutines, and must not block
+// (nor call Close).
+func OnEvent(f func(Event)) WorkerOption {
+	return workerOpt(func(o *workerOptions) { o.onEvent = f })
+}
+
+// Worker is a member of a keyspace: it joins, keeps its session alive,
+// and calls a Handler as the control plane grants it buckets and asks for
+// them back. Create it with NewWorker, start it with Run, stop it with
+// Close. Its methods are safe for concurrent use.
+//
+// Run owns every goroutine of the Worker: a keep-alive loop that also
+// self-fences, a grants follower (WatchGrants, falling back to GetGrants
+// long polls), a releaser that batches Release calls, an internal Router
+// for Owns, and one goroutine per granted bucket that calls the Handler.
+// Run returns after all of them exited.
+type Worker struct {
+	c        *Client
+	keyspace string
+	member   Member
+	h        Handler
+	opts     workerOptions
+	clock    clock.Clock
+	log      *slog.Logger
+
+	drainCh   chan struct{} // closed by Close: leave
+	drainOnce sync.Once
+	runDone   chan struct{} // closed when Run returns
+	emitMu    sync.Mutex    // serializes OnEvent calls
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	stop    context.CancelFunc // cancels Run's context: Close's second phase
+	router  *Router
+	hasher  placement.Hasher      // the keyspace's, from Join; zero before
+	grants  map[int]*grantState   // bucket → its current grant, until Release returned
+	last    map[int]chan struct{} // bucket → done channel of its latest grant goroutine
+	changed chan struct{}         // closed and replaced when Held changes
+	actors  sync.WaitGroup        // every grant goroutine
+
+	// testRenewed, if set (by tests only), is called by the keep-alive
+	// loop with the new fence deadline after each acknowledged renewal.
+	testRenewed func(deadline time.Time)
+}
+
+// grantState is one grant's lifecycle. Fields marked (mu) are guarded by
+// Worker.mu.
+type grantState struct {
+	g        Grant
+	s        *session
+	cancel   context.CancelFunc // cancels the grant's context
+	end      chan struct{}      // closed when the grant ends
+	done     chan struct{}      // closed when its goroutine exits
+	how      endKind            // (mu) how it ends; set before end is closed
+	ending   bool               // (mu)
+	acquired bool               // (mu) Acquire returned
+}
+
+type endKind int
+
+const (
+	// endHandoff: the server asked for the bucket. Release with the grant
+	// context live, then cancel it, then tell the server.
+	endHandoff endKind = iota + 1
+	// endFence: stop now. Cancel the grant context, then Release; the
+	// server is not told (the session is gone or going).
+	endFence
+)
+
+// session is one Join. Fields marked (mu) are guarded by Worker.mu.
+type session struct {
+	id       string
+	ttl      time.Duration
+	margin   time.Duration
+	joinSent time.Time // when the Join that created it was sent
+	buckets  int       // the keyspace's bucket count and hash, from Join
+	hash     placement.HashMode
+	fenced   bool // (mu) no grant of the session may start
+	released map[int]uint64
+	pending  []Grant       // (mu) released, to tell the server
+	kick     chan struct{} // cap 1: pending is not empty
+	rev      uint64        // (mu) newest grants revision seen
+	actors   sync.WaitGroup
+}
+
+var (
+	errFenced      = errors.New("lease deadline passed")
+	errSessionGone = errors.New("the server ended the session")
+)
+
+// NewWorker returns a Worker that will join keyspace as member m and call
+// h. It does no IO and starts nothing: call Run. The lease TTL comes from
+// the keyspace. Bad arguments are reported by Run.
+func NewWorker(c *Client, keyspace string, m Member, h Handler, opts ...WorkerOption) *Worker {
+	o := workerOptions{clock: c.opts.clock, log: c.opts.log}
+	for _, opt := range opts {
+		if opt != nil {
+			opt.applyWorker(&o)
+		}
+	}
+	return &Worker{
+		c: c, keyspace: keyspace, member: m, h: h, opts: o,
+		clock:   o.clock,
+		log:     o.log.With("keyspace", keyspace, "member", m.ID),
+		drainCh: make(chan struct{}),
+		runDone: make(chan struct{}),
+		grants:  make(map[int]*grantState),
+		last:    make(map[int]chan struct{}),
+		changed: make(chan struct{}),
+	}
+}
+
+// Run joins the keyspace and serves grants until Close, ctx ending, or a
+// permanent error. It re-joins by itself with a new session after losing
+// one (see ErrSessionLost). It returns nil after Close (which reports
+// whether the drain completed), ctx.Err() if ctx ended (the worker then stops at once, as if the
+// process died: the server moves its buckets when the lease expires), or
+// an error wrapping ErrInvalid, ErrNotFound (no such keyspace), ErrExists
+// (the member id is in use; see Replace), ErrUnauthenticated,
+// ErrPermissionDenied or ErrClosed. Run may be called once.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := validName("keyspace name", w.keyspace); err != nil {
+		return err
+	}
+	pm, err := memberToProto(w.member)
+	if err != nil {
+		return err
+	}
+	if w.h == nil {
+		return fmt.Errorf("%w: nil Handler", ErrInvalid)
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.mu.Lock()
+	switch {
+	case w.closed:
+		w.mu.Unlock()
+		return ErrClosed
+	case w.started:
+		w.mu.Unlock()
+		return fmt.Errorf("%w: Worker.Run called twice", ErrInvalid)
+	}
+	w.started = true
+	w.stop = cancel
+	w.mu.Unlock()
+	defer close(w.runDone)
+	stopWithClient := context.AfterFunc(w.c.ctx, cancel)
+	defer stopWithClient()
+
+	err = w.run(ctx, pm)
+
+	// Whatever is still held ends now.
+	w.mu.Lock()
+	for _, gs := range w.grants {
+		w.endGrantLocked(gs, endFence)
+	}
+	r := w.router
+	w.mu.Unlock()
+	w.actors.Wait()
+	if r != nil {
+		r.Close()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case w.c.closed():
+		return ErrClosed
+	case parent.Err() == nil && w.draining():
+		return nil // Close stopped the worker when its ctx expired; Close reports that
+	}
+	return err
+}
+
+// run is Run's loop over sessions.
+func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
+	var b backoff
+	for {
+		r, err := NewRouter(ctx, w.c, w.keyspace, Clock(w.clock), Logger(w.opts.log))
+		if err == nil {
+			w.mu.Lock()
+			w.router = r
+			w.notifyLocked()
+			w.mu.Unlock()
+			break
+		}
+		if permanent(err, true) {
+			return err
+		}
+		w.log.Warn("keyshard: cannot read the map; retrying", "err", err)
+		if !w.wait(ctx, b.next()) {
+			return w.stopped(ctx)
+		}
+	}
+	for first := true; ; first = false {
+		s, err := w.join(ctx, pm, first)
+		if err != nil {
+			return err
+		}
+		if s == nil {
+			return w.stopped(ctx)
+		}
+		if h, err := placement.NewHasher(s.hash, s.buckets); err == nil {
+			w.mu.Lock()
+			w.hasher = h
+			w.mu.Unlock()
+		}
+		if first {
+			w.emit(Event{Kind: EventJoined, Session: s.id})
+		} else {
+			w.emit(Event{Kind: EventRejoined, Session: s.id})
+		}
+		cause := w.runSession(ctx, s)
+		switch {
+		case cause == nil:
+			w.emit(Event{Kind: EventLeft, Session: s.id})
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		lost := fmt.Errorf("session %s: %w: %w", s.id, cause, ErrSessionLost)
+		w.log.Error("keyshard: session lost; re-joining", "session", s.id, "err", cause)
+		w.emit(Event{Kind: EventSessionLost, Session: s.id, Err: lost})
+		if w.draining() {
+			return nil // nothing is held, so nothing is left to drain
+		}
+	}
+}
+
+// stopped is what Run returns when it stopped waiting: ctx's error, or
+// nil if Close asked it to stop.
+func (w *Worker) stopped(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// wait sleeps d and reports whether it did (false: ctx ended or Close was
+// called).
+func (w *Worker) wait(ctx context.Context, d time.Duration) bool {
+	t := w.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	case <-w.drainCh:
+		return false
+	}
+}
+
+func (w *Worker) draining() bool {
+	select {
+	case <-w.drainCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// permanent reports whether retrying err cannot help.
+func permanent(err error, first bool) bool {
+	for _, s := range []error{ErrInvalid, ErrNotFound, ErrImmutable, ErrUnauthenticated, ErrPermissionDenied, ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	// At a re-join, our own old session may still be alive: wait for it
+	// to expire.
+	return first && errors.Is(err, ErrExists)
+}
+
+// join joins the keyspace, retrying failures that may pass. It returns
+// nil and no error if ctx ended or Close was called meanwhile.
+func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first bool) (*session, error) {
+	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace}
+	var b backoff
+	for !w.draining() {
+		sent := w.clock.Now()
+		resp, err := call(ctx, w.c, w.c.member.Join, req)
+		if err == nil {
+			return w.newSession(resp, sent)
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if permanent(err, first) {
+			if errors.Is(err, ErrExists) {
+				return nil, fmt.Errorf("join keyspace %q as %q: %w (pass client.Replace(true) to take over the id from a live session)", w.keyspace, w.member.ID, err)
+			}
+			return nil, fmt.Errorf("join keyspace %q as %q: %w", w.keyspace, w.member.ID, err)
+		}
+		w.log.Warn("keyshard: join failed; retrying", "err", err)
+		if !w.wait(ctx, b.next()) {
+			return nil, nil
+		}
+	}
+	return nil, nil
+}
+
+func (w *Worker) newSession(resp *keyshardv1.JoinResponse, sent time.Time) (*session, error) {
+	ttl := resp.GetLeaseTtl().AsDuration()
+	if ttl <= 0 {
+		ttl = resp.GetKeyspace().GetLeaseTtl().AsDuration()
+	}
+	if resp.GetSession() == "" || ttl <= 0 {
+		return nil, fmt.Errorf("join keyspace %q: the server's answer lacks the session or its lease TTL", w.keyspace)
+	}
+	margin := w.opts.margin
+	if margin <= 0 {
+		margin = max(ttl/10, 500*time.Millisecond)
+	}
+	if margin > ttl/2 {
+		w.log.Warn("keyshard: fence margin too large for the lease TTL; using TTL/2", "margin", margin, "ttl", ttl)
+		margin = ttl / 2
+	}
+	return &session{
+		id: resp.GetSession(), ttl: ttl, margin: margin, joinSent: sent,
+		buckets: int(resp.GetKeyspace().GetBuckets()), hash: placement.HashMode(resp.GetKeyspace().GetHash()),
+		released: make(map[int]uint64),
+		kick:     make(chan struct{}, 1),
+	}, nil
+}
+
+// runSession serves one session until it ends. It returns nil if the
+// worker left, ctx.Err() if ctx ended, or why the session was lost.
+func (w *Worker) runSession(ctx context.Context, s *session) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	ended := make(chan error, 3) // each of keep, followGrants and leave sends at most once
+	// Each of these exits when sctx ends; keep and followGrants also when
+	// the session ends.
+	wg.Go(func() {
+		if err := w.keep(sctx, s); err != nil {
+			ended <- err
+		}
+	})
+	wg.Go(func() {
+		if err := w.followGrants(sctx, ctx, s); err != nil {
+			ended <- err
+		}
+	})
+	wg.Go(func() { w.releaseLoop(sctx, s) })
+
+	leaving := false
+	drain := w.drainCh
+	var cause error
+	for cause == nil {
+		select {
+		case <-ctx.Done():
+			cause = ctx.Err()
+		case <-drain:
+			drain, leaving = nil, true
+			wg.Go(func() { // exits once Leave succeeded, or sctx ends
+				if err := w.leave(sctx, s); err != nil {
+					ended <- err
+				}
+			})
+		case cause = <-ended:
+		}
+	}
+	left := leaving && errors.Is(cause, errSessionGone)
+	// Whatever the session still holds ends now, before anything waits.
+	w.fence(s, cause, !left && ctx.Err() == nil)
+	cancel()
+	wg.Wait()
+	s.actors.Wait()
+	if left {
+		return nil
+	}
+	return cause
+}
+
+// keep renews the session every TTL/3 and self-fences when
+// lastAckedSend + TTL − margin passes without a newer acknowledged
+// renewal. It returns nil when ctx ends, or why the session ended.
+func (w *Worker) keep(ctx context.Context, s *session) error {
+	interval := s.ttl / 3
+	retry := max(interval/3, 100*time.Millisecond)
+	deadline := s.joinSent.Add(s.ttl - s.margin)
+	fence := w.clock.NewTimer(deadline.Sub(w.clock.Now()))
+	defer fence.Stop()
+	next := w.clock.NewTimer(interval)
+	defer next.Stop()
+
+	type result struct {
+		sent time.Time
+		resp *keyshardv1.KeepAliveResponse
+		err  error
+	}
+	results := make(chan result, 1) // at most one call in flight
+	inflight := false
+	var calls sync.WaitGroup
+	callCtx, callCancel := context.WithCancel(ctx)
+	defer func() { callCancel(); calls.Wait() }()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-fence.C():
+			if now := w.clock.Now(); now.Before(deadline) { // a stale tick from before a renewal
+				fence.Reset(deadline.Sub(now))
+				continue
+			}
+			cause := fmt.Errorf("%w: no keep-alive acknowledged in time (lease TTL %v, margin %v)", errFenced, s.ttl, s.margin)
+			w.fence(s, cause, true)
+			return cause
+		case <-next.C():
+			if inflight {
+				continue // re-armed when the call returns
+			}
+			inflight = true
+			cctx, ccancel := context.WithCancel(callCtx)
+			timeout := w.clock.AfterFunc(interval, ccancel) // abandon a call that hangs
+			sent := w.clock.Now()
+			calls.Go(func() { // exits when the call returns; bounded by timeout and callCtx
+				resp, err := call(cctx, w.c, w.c.member.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s.id})
+				timeout.Stop()
+				ccancel()
+				results <- result{sent, resp, err}
+			})
+		case r := <-results:
+			inflight = false
+			switch {
+			case r.err == nil:
+				ttl := s.ttl
+				if left := r.resp.GetTtl().AsDuration(); left > 0 && left < ttl {
+					ttl = left // the server renewed after we sent, so sent+left is still early
+				}
+				if d := r.sent.Add(ttl - s.margin); d.After(deadline) {
+					deadline = d
+					fence.Reset(deadline.Sub(w.clock.Now()))
+				}
+				if w.testRenewed != nil {
+					w.testRenewed(deadline)
+				}
+				next.Reset(interval)
+			case errors.Is(r.err, ErrNotFound):
+				return fmt.Errorf("keep-alive: %w: %w", errSessionGone, r.err)
+			default:
+				if ctx.Err() != nil {
+					return nil
+				}
+				w.log.Warn("keyshard: keep-alive failed; retrying", "session", s.id, "err", r.err)
+				next.Reset(retry)
+			}
+		}
+	}
+}
+
+// fence ends every grant of s at once (cancelling their contexts first)
+// and stops new ones. It is idempotent; report says whether to emit
+// EventFenced.
+func (w *Worker) fence(s *session, cause error, report bool) {
+	w.mu.Lock()
+	if s.fenced {
+		w.mu.Unlock()
+		return
+	}
+	s.fenced = true
+	for _, gs := range w.grants {
+		if gs.s == s {
+			w.endGrantLocked(gs, endFence)
+		}
+	}
+	w.notifyLocked()
+	w.mu.Unlock()
+	if report {
+		w.log.Error("keyshard: self-fenced: stopped acting on every bucket", "session", s.id, "err", cause)
+		w.emit(Event{Kind: EventFenced, Session: s.id, Err: fmt.Errorf("%w: %w", cause, ErrSessionLost)})
+	}
+}
+
+// followGrants applies the session's grants as the server publishes
+// them. It returns nil when sctx ends, or an error wrapping
+// errSessionGone.
+func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
+	f := follower[keyshardv1.GetGrantsResponse]{
+		clock: w.clock,
+		log:   w.log,
+		what:  "grants",
+		watch: func(ctx context.Context, yield func(*keyshardv1.GetGrantsResponse)) error {
+			return stream(ctx, w.c, w.c.member.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id}, yield)
+		},
+		poll: func(ctx context.Context) (*keyshardv1.GetGrantsResponse, bool, error) {
+			w.mu.Lock()
+			since := s.rev
+			w.mu.Unlock()
+			req := &keyshardv1.GetGrantsRequest{Session: s.id, SinceRevision: since, Wait: durationpb.New(pollWait)}
+			resp, err := call(ctx, w.c, w.c.member.GetGrants, req)
+			if err != nil {
+				return nil, false, err
+			}
+			return resp, resp.GetRevision() > since, nil
+		},
+		apply: func(m *keyshardv1.GetGrantsResponse) { w.reconcile(sctx, runCtx, s, m) },
+		fatal: func(err error) bool { return errors.Is(err, ErrNotFound) || errors.Is(err, ErrClosed) },
+	}
+	err := f.run(sctx)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("watch grants: %w: %w", errSessionGone, err)
+	}
+	return err
+}
+
+// reconcile makes the worker's grants of session s match what the server
+// says: new grants start, grants listed in release are handed off, and
+// grants the server no longer lists end at once.
+func (w *Worker) reconcile(sctx, runCtx context.Context, s *session, m *keyshardv1.GetGrantsResponse) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s.fenced || sctx.Err() != nil {
+		return
+	}
+	if rev := m.GetRevision(); rev != 0 {
+		if rev < s.rev {
+			return // older than what we applied
+		}
+		s.rev = rev
+	}
+	granted := make(map[int]uint64, len(m.GetGrants()))
+	for _, g := range m.GetGrants() {
+		granted[int(g.GetBucket())] = g.GetToken()
+	}
+	for b, tok := range s.released {
+		if t, ok := granted[b]; !ok || t != tok {
+			delete(s.released, b) // the server has taken our release in
+		}
+	}
+	for b, gs := range w.grants {
+		if gs.s != s {
+			continue
+		}
+		if tok, ok := granted[b]; !ok || tok != gs.g.Token {
+			w.log.Warn("keyshard: the server took back a bucket without a release; stopping it", "bucket", b, "token", gs.g.Token)
+			w.endGrantLocked(gs, endFence)
+		}
+	}
+	for b, tok := range granted {
+		if t, ok := s.released[b]; ok && t == tok {
+			continue
+		}
+		if gs := w.grants[b]; gs != nil && gs.s == s && gs.g.Token == tok {
+			continue
+		}
+		w.startGrantLocked(runCtx, s, Grant{Bucket: b, Token: tok})
+	}
+	for _, b := range m.GetRelease() {
+		if gs := w.grants[int(b)]; gs != nil && gs.s == s {
+			w.endGrantLocked(gs, endHandoff)
+		}
+	}
+	w.notifyLocked()
+}
+
+func (w *Worker) startGrantLocked(runCtx context.Context, s *session, g Grant) {
+	gctx, cancel := context.WithCancel(runCtx)
+	gs := &grantState{g: g, s: s, cancel: cancel, end: make(chan struct{}), done: make(chan struct{})}
+	prev := w.last[g.Bucket]
+	w.last[g.Bucket] = gs.done
+	w.grants[g.Bucket] = gs
+	w.actors.Add(1)
+	s.actors.Add(1)
+	go w.serveGrant(gctx, runCtx, gs, prev) // exits once the grant ended and Release returned
+}
+
+// endGrantLocked ends gs. A fence cancels the grant's context at once,
+// even if a handoff is already under way.
+func (w *Worker) endGrantLocked(gs *grantState, how endKind) {
+	if how == endFence {
+		gs.cancel()
+		gs.how = endFence
+	}
+	if !gs.ending {
+		gs.ending = true
+		gs.how = how
+		close(gs.end)
+	}
+}
+
+// serveGrant calls the handler for one grant: Acquire, then Release once
+// the grant ends. It runs after the previous grant of the bucket's
+// goroutine (prev) exited, so calls for one bucket never overlap.
+func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <-chan struct{}) {
+	defer w.actors.Done()
+	defer gs.s.actors.Done()
+	defer close(gs.done)
+	if prev != nil {
+		<-prev
+	}
+	b := gs.g.Bucket
+	w.mu.Lock()
+	skip := gs.ending // ended before it started: no Acquire, so no Release
+	w.mu.Unlock()
+	if !skip {
+		err := w.h.Acquire(gctx, gs.g)
+		if err != nil {
+			w.log.Error("keyshard: Acquire failed; the bucket stays held until released", "bucket", b, "token", gs.g.Token, "err", err)
+		}
+		w.mu.Lock()
+		gs.acquired = true
+		w.notifyLocked()
+		w.mu.Unlock()
+		w.emit(Event{Kind: EventAcquired, Session: gs.s.id, Grant: gs.g, Err: err})
+		<-gs.end
+		err = w.h.Release(runCtx, b)
+		gs.cancel()
+		if err != nil {
+			w.log.Error("keyshard: Release failed; releasing the bucket anyway", "bucket", b, "token", gs.g.Token, "err", err)
+		}
+		w.emit(Event{Kind: EventReleased, Session: gs.s.id, Grant: gs.g, Err: err})
+	}
+	gs.cancel()
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.grants[b] == gs {
+		delete(w.grants, b)
+	}
+	if w.last[b] == gs.done {
+		delete(w.last, b)
+	}
+	if gs.how == endHandoff && !gs.s.fenced {
+		gs.s.released[b] = gs.g.Token
+		gs.s.pending = append(gs.s.pending, gs.g)
+		select {
+		case gs.s.kick <- struct{}{}:
+		default:
+		}
+	}
+	w.notifyLocked()
+}
+
+// releaseLoop tells the server about released buckets, batching those
+// released while a call is in flight. It exits when ctx ends.
+func (w *Worker) releaseLoop(ctx context.Context, s *session) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		for {
+			w.mu.Lock()
+			batch := s.pending
+			s.pending = nil
+			w.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			if !w.sendRelease(ctx, s, batch) {
+				return
+			}
+		}
+	}
+}
+
+// sendRelease sends one Release call for batch, retrying failures that
+// may pass. The server refuses a whole call if one of its buckets is no
+// longer held at that token (it was taken back meanwhile); the buckets are
+// then sent one by one, so the others still go through. It reports false
+// if ctx ended.
+func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) bool {
+	var b backoff
+	for {
+		req := &keyshardv1.ReleaseRequest{Session: s.id, Buckets: grantsToProto(batch)}
+		_, err := call(ctx, w.c, w.c.member.Release, req)
+		switch {
+		case err == nil:
+			return true
+		case ctx.Err() != nil:
+			return false
+		case errors.Is(err, ErrNotFound):
+			return true // the session is gone; the keep-alive loop sees it too
+		case (errors.Is(err, ErrInvalid) || errors.Is(err, ErrImmutable)) && len(batch) > 1:
+			for _, g := range batch {
+				if !w.sendRelease(ctx, s, []Grant{g}) {
+					return false
+				}
+			}
+			return true
+		case errors.Is(err, ErrInvalid) || errors.Is(err, ErrImmutable):
+			w.log.Warn("keyshard: the server refused a release; the bucket is no longer held at that token", "session", s.id, "bucket", batch[0].Bucket, "token", batch[0].Token, "err", err)
+			return true
+		}
+		w.log.Warn("keyshard: release failed; retrying", "session", s.id, "buckets", len(batch), "err", err)
+		if !sleep(ctx, w.clock, b.next()) {
+			return false
+		}
+	}
+}
+
+// leave asks the server to drain the member and end its session once it
+// holds nothing. It returns nil once Leave succeeded or ctx ended, and an
+// error wrapping errSessionGone if the session is already gone.
+func (w *Worker) leave(ctx context.Context, s *session) error {
+	var b backoff
+	for {
+		_, err := call(ctx, w.c, w.c.member.Leave, &keyshardv1.LeaveRequest{Session: s.id})
+		switch {
+		case err == nil, ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrNotFound):
+			return fmt.Errorf("leave: %w: %w", errSessionGone, err)
+		case permanent(err, false):
+			w.log.Error("keyshard: leave refused; waiting for the session to end", "err", err)
+			return nil
+		}
+		w.log.Warn("keyshard: leave failed; retrying", "err", err)
+		if !sleep(ctx, w.clock, b.next()) {
+			return nil
+		}
+	}
+}
+
+// Close leaves the keyspace gracefully and stops the worker, in two
+// phases. Drain: it asks the server to move the worker's buckets away
+// (Leave), keeps releasing what the server asks for, and waits until the
+// server ends the session (a keep-alive answers NotFound). If ctx ends
+// first, close: it stops at once, ending every grant as a self-fence
+// does. Either way Close returns after Run returned and every goroutine
+// exited; it returns nil after a complete drain, or an error wrapping
+// ctx.Err(). Close is idempotent; later calls wait the same way and
+// return nil. Close before Run makes Run return ErrClosed.
+func (w *Worker) Close(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	started := w.started
+	w.mu.Unlock()
+	w.drainOnce.Do(func() { close(w.drainCh) })
+	if !started {
+		return nil
+	}
+	select {
+	case <-w.runDone:
+		return nil
+	case <-ctx.Done():
+	}
+	w.mu.Lock()
+	stop := w.stop
+	w.mu.Unlock()
+	stop()
+	<-w.runDone
+	return fmt.Errorf("keyshard: worker stopped before it finished draining: %w", ctx.Err())
+}
+
+// Held returns the grants the worker acts on, sorted by bucket: granted,
+// Acquire returned, and not being released.
+func (w *Worker) Held() []Grant {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []Grant
+	for _, gs := range w.grants {
+		if gs.acquired && !gs.ending {
+			out = append(out, gs.g)
+		}
+	}
+	slices.SortFunc(out, func(a, b Grant) int { return a.Bucket - b.Bucket })
+	return out
+}
+
+// Owns returns the worker's grant for key's bucket if the worker holds it
+// (as Held counts it). Otherwise it returns a *WrongOwnerError naming the
+// bucket's owner under the worker's current map ("" if the bucket is
+// unassigned; turn the error into an answer to a misrouted request with
+// WrongOwner), or an error wrapping ErrNotGranted if the map names this
+// worker but the grant has not arrived or Acquire has not returned yet
+// (hold the request, or use WaitGrant), or if the worker has not joined
+// yet.
+func (w *Worker) Owns(key []byte) (Grant, error) {
+	w.mu.Lock()
+	h := w.hasher
+	w.mu.Unlock()
+	if h.Buckets() == 0 {
+		return Grant{}, fmt.Errorf("worker has not joined yet: %w", ErrNotGranted)
+	}
+	return w.owns(h.Bucket(key))
+}
+
+// OwnsString is Owns for a string key.
+func (w *Worker) OwnsString(key string) (Grant, error) {
+	w.mu.Lock()
+	h := w.hasher
+	w.mu.Unlock()
+	if h.Buckets() == 0 {
+		return Grant{}, fmt.Errorf("worker has not joined yet: %w", ErrNotGranted)
+	}
+	return w.owns(h.BucketString(key))
+}
+
+func (w *Worker) owns(b int) (Grant, error) {
+	w.mu.Lock()
+	gs := w.grants[b]
+	r := w.router
+	if gs != nil && gs.acquired && !gs.ending {
+		g := gs.g
+		w.mu.Unlock()
+		return g, nil
+	}
+	w.mu.Unlock()
+	rt := r.cur.Load() // the router exists once the worker has joined
+	owner, _ := rt.table.BucketOwner(b)
+	if owner == w.member.ID {
+		return Grant{}, fmt.Errorf("bucket %d: %w", b, ErrNotGranted)
+	}
+	return Grant{}, &WrongOwnerError{Bucket: b, Owner: owner, Address: rt.addrs[owner], Epoch: rt.epoch}
+}
+
+// WaitGrant blocks while Owns(key) returns ErrNotGranted, and then
+// returns what Owns returns; or ctx.Err() if ctx ends first, or
+// ErrClosed once Run has returned.
+func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
+	for {
+		w.mu.Lock()
+		changed := w.changed
+		r := w.router
+		w.mu.Unlock()
+		var mapChanged <-chan struct{}
+		if r != nil {
+			mapChanged = r.changed()
+		}
+		g, err := w.Owns(key)
+		if !errors.Is(err, ErrNotGranted) {
+			return g, err
+		}
+		select {
+		case <-changed:
+		case <-mapChanged:
+		case <-ctx.Done():
+			return Grant{}, ctx.Err()
+		case <-w.runDone:
+			return Grant{}, ErrClosed
+		}
+	}
+}
+
+func (w *Worker) notifyLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+func (w *Worker) emit(ev Event) {
+	ev.Time = w.clock.Now()
+	w.log.Debug("keyshard: worker event", "event", ev.Kind.String(), "session", ev.Session, "bucket", ev.Grant.Bucket, "token", ev.Grant.Token, "err", ev.Err)
+	if w.opts.onEvent == nil {
+		return
+	}
+	w.emitMu.Lock()
+	defer w.emitMu.Unlock()
+	w.opts.onEvent(ev)
+}

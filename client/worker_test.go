@@ -1,0 +1,814 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/placement"
+)
+
+const testTTL = 9 * time.Second // default margin: 900ms; keep-alive every 3s
+
+// recHandler records every call and fails the test if calls for one
+// bucket overlap or do not alternate Acquire, Release.
+type recHandler struct {
+	t        *testing.T
+	acquires chan acqCall
+	releases chan relCall
+	yield    bool // Gosched inside calls, to shake out interleavings
+
+	mu          sync.Mutex
+	active      map[int]int
+	held        map[int]bool
+	gctx        map[int]context.Context
+	gateAcquire map[int]chan struct{}
+	gateRelease map[int]chan struct{}
+}
+
+type acqCall struct {
+	g   Grant
+	ctx context.Context
+}
+
+type relCall struct {
+	bucket int
+	// grantCtxErr is the grant context's error when Release was entered.
+	grantCtxErr error
+	grantCtx    context.Context
+}
+
+func newRecHandler(t *testing.T) *recHandler {
+	return &recHandler{
+		t: t, acquires: make(chan acqCall, 4096), releases: make(chan relCall, 4096),
+		active: map[int]int{}, held: map[int]bool{}, gctx: map[int]context.Context{},
+		gateAcquire: map[int]chan struct{}{}, gateRelease: map[int]chan struct{}{},
+	}
+}
+
+func (h *recHandler) enter(b int, acquire bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.active[b]++
+	if h.active[b] > 1 {
+		h.t.Errorf("bucket %d: %d handler calls at once", b, h.active[b])
+	}
+	if h.held[b] == acquire {
+		h.t.Errorf("bucket %d: Acquire/Release out of order (acquire=%v while held=%v)", b, acquire, h.held[b])
+	}
+	h.held[b] = acquire
+}
+
+func (h *recHandler) exit(b int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.active[b]--
+}
+
+func (h *recHandler) Acquire(ctx context.Context, g Grant) error {
+	h.enter(g.Bucket, true)
+	defer h.exit(g.Bucket)
+	h.mu.Lock()
+	h.gctx[g.Bucket] = ctx
+	gate := h.gateAcquire[g.Bucket]
+	h.mu.Unlock()
+	h.acquires <- acqCall{g, ctx}
+	if h.yield {
+		runtime.Gosched()
+	}
+	if gate != nil {
+		<-gate
+	}
+	return nil
+}
+
+func (h *recHandler) Release(_ context.Context, b int) error {
+	h.enter(b, false)
+	defer h.exit(b)
+	h.mu.Lock()
+	gctx := h.gctx[b]
+	gate := h.gateRelease[b]
+	h.mu.Unlock()
+	h.releases <- relCall{b, gctx.Err(), gctx}
+	if h.yield {
+		runtime.Gosched()
+	}
+	if gate != nil {
+		<-gate
+	}
+	return nil
+}
+
+// heldNone fails the test if some bucket was acquired and never released.
+func (h *recHandler) heldNone() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for b, held := range h.held {
+		if held {
+			h.t.Errorf("bucket %d: Acquire without a matching Release", b)
+		}
+	}
+}
+
+type testWorker struct {
+	*Worker
+	events chan Event
+	runErr chan error
+}
+
+func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
+	t.Helper()
+	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1)}
+	opts = append([]WorkerOption{OnEvent(func(e Event) { tw.events <- e })}, opts...)
+	tw.Worker = NewWorker(f.dial(t), "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
+	return tw
+}
+
+func (tw *testWorker) start(t *testing.T) {
+	go func() { tw.runErr <- tw.Run(context.Background()) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		tw.Close(ctx) // a hard stop if the test did not close it
+	})
+}
+
+func startWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
+	tw := newTestWorker(t, f, h, opts...)
+	tw.start(t)
+	return tw
+}
+
+// waitEvent returns the next event of kind k, skipping others.
+func (tw *testWorker) waitEvent(t *testing.T, k EventKind) Event {
+	t.Helper()
+	for {
+		ev := recv(t, tw.events, "event "+k.String())
+		if ev.Kind == k {
+			return ev
+		}
+	}
+}
+
+// waitFor blocks until cond, checked under the worker's lock each time the
+// worker's state changes.
+func (tw *testWorker) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for {
+		tw.mu.Lock()
+		ok := cond()
+		ch := tw.changed
+		tw.mu.Unlock()
+		if ok {
+			return
+		}
+		recv(t, ch, what)
+	}
+}
+
+// keyInBucket returns a key of bucket b among buckets.
+func keyInBucket(t *testing.T, b, buckets int) string {
+	h, err := placement.NewHasher(placement.HashXXH64, buckets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if k := fmt.Sprintf("room-%d", i); h.BucketString(k) == b {
+			return k
+		}
+	}
+}
+
+func TestWorkerHandoff(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	join := recv(t, f.joins, "Join")
+	want := &keyshardv1.JoinRequest{Keyspace: "rooms", Member: &keyshardv1.Member{Id: "w1", Address: "w1.internal:9000"}}
+	if join.GetKeyspace() != want.Keyspace || join.GetMember().GetId() != "w1" || join.GetMember().GetAddress() != "w1.internal:9000" || join.GetReplace() {
+		t.Errorf("Join = %v, want %v", join, want)
+	}
+	sid := w.waitEvent(t, EventJoined).Session
+
+	tok := f.grant(sid, 3)
+	a := recv(t, h.acquires, "Acquire")
+	if a.g != (Grant{Bucket: 3, Token: tok}) {
+		t.Errorf("Acquire(%+v), want bucket 3 token %d", a.g, tok)
+	}
+	if ev := w.waitEvent(t, EventAcquired); ev.Grant != a.g || ev.Err != nil {
+		t.Errorf("acquired event = %+v", ev)
+	}
+	if diff := cmp.Diff([]Grant{{3, tok}}, w.Held()); diff != "" {
+		t.Errorf("Held (-want +got):\n%s", diff)
+	}
+	if g, err := w.OwnsString(keyInBucket(t, 3, 16)); err != nil || g != a.g {
+		t.Errorf("Owns(key of bucket 3) = %+v, %v", g, err)
+	}
+
+	f.askRelease(sid, 3)
+	rel := recv(t, h.releases, "Release")
+	if rel.bucket != 3 || rel.grantCtxErr != nil {
+		t.Errorf("Release(%d) with grant ctx err %v; want bucket 3 with the grant still live during a handoff", rel.bucket, rel.grantCtxErr)
+	}
+	w.waitEvent(t, EventReleased)
+	if a.ctx.Err() == nil {
+		t.Errorf("grant ctx still live after Release returned")
+	}
+	rr := recv(t, f.releases, "the Release RPC")
+	if diff := cmp.Diff([]Grant{{3, tok}}, grantsFromProto(rr.GetBuckets())); diff != "" || rr.GetSession() != sid {
+		t.Errorf("Release RPC session %q (-want +got):\n%s", rr.GetSession(), diff)
+	}
+	if got := w.Held(); len(got) != 0 {
+		t.Errorf("Held after release = %v", got)
+	}
+
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := recv(t, w.runErr, "Run"); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	w.waitEvent(t, EventLeft)
+	h.heldNone()
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+func grantsFromProto(gs []*keyshardv1.BucketGrant) []Grant {
+	var out []Grant
+	for _, g := range gs {
+		out = append(out, Grant{Bucket: int(g.GetBucket()), Token: g.GetToken()})
+	}
+	return out
+}
+
+// TestWorkerSelfFence: with keep-alives failing or hanging, the worker
+// holds on until just before lastAckedSend + TTL − margin, then cancels
+// the grant's context, calls Release, reports ErrSessionLost and re-joins:
+// all before the lease TTL has passed since the last acknowledged send.
+func TestWorkerSelfFence(t *testing.T) {
+	for _, mode := range []string{"fail", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			f := newFake(t)
+			f.addKeyspace("rooms", 16, testTTL)
+			h := newRecHandler(t)
+			t0 := f.clock.Now() // the Join is sent at t0: the session's first acknowledged send
+			w := startWorker(t, f, h)
+			sid := w.waitEvent(t, EventJoined).Session
+			f.grant(sid, 5)
+			a := recv(t, h.acquires, "Acquire")
+			w.waitEvent(t, EventAcquired)
+
+			f.setKA(mode)
+			f.clock.BlockUntil(2) // the keep-alive and fence timers
+			margin := testTTL / 10
+			f.clock.Advance(testTTL - margin - time.Nanosecond)
+			if a.ctx.Err() != nil || len(h.releases) != 0 || len(w.Held()) != 1 {
+				t.Fatalf("fenced before lastAckedSend + TTL − margin (ctx err %v, %d releases, held %v)", a.ctx.Err(), len(h.releases), w.Held())
+			}
+			f.clock.Advance(2 * time.Nanosecond)
+			rel := recv(t, h.releases, "Release after the fence")
+			if rel.bucket != 5 || rel.grantCtxErr == nil {
+				t.Errorf("Release(%d) with grant ctx err %v; want bucket 5 with the grant ctx already cancelled", rel.bucket, rel.grantCtxErr)
+			}
+			if since := f.clock.Since(t0); since >= testTTL {
+				t.Errorf("fenced %v after the last acknowledged send; must be before the TTL %v", since, testTTL)
+			}
+			ev := w.waitEvent(t, EventFenced)
+			if !errors.Is(ev.Err, ErrSessionLost) || ev.Session != sid {
+				t.Errorf("fenced event = %+v, want ErrSessionLost for %s", ev, sid)
+			}
+			if ev := w.waitEvent(t, EventSessionLost); !errors.Is(ev.Err, ErrSessionLost) {
+				t.Errorf("session lost event err = %v", ev.Err)
+			}
+			if got := w.Held(); len(got) != 0 {
+				t.Errorf("Held after the fence = %v", got)
+			}
+			// It re-joins with a new session.
+			recv(t, f.joins, "Join")
+			recv(t, f.joins, "re-Join")
+			if ev := w.waitEvent(t, EventRejoined); ev.Session == sid || ev.Session == "" {
+				t.Errorf("rejoined with session %q", ev.Session)
+			}
+			if n := len(f.releases); n != 0 {
+				t.Errorf("%d Release RPCs after a fence; a fenced session must not release", n)
+			}
+			f.setKA("")
+			if err := w.Close(context.Background()); err != nil {
+				t.Errorf("Close = %v", err)
+			}
+			h.heldNone()
+		})
+	}
+}
+
+// TestWorkerFenceCountsFromSend: a renewal moves the deadline to the time
+// its keep-alive was SENT plus TTL − margin, not to when the answer came.
+func TestWorkerFenceCountsFromSend(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := newTestWorker(t, f, h)
+	renewed := make(chan time.Time, 16)
+	w.testRenewed = func(d time.Time) { renewed <- d }
+	t0 := f.clock.Now()
+	w.start(t)
+	sid := w.waitEvent(t, EventJoined).Session
+	f.grant(sid, 5)
+	a := recv(t, h.acquires, "Acquire")
+
+	f.setKA("gate")
+	f.clock.BlockUntil(2)
+	f.clock.Advance(testTTL / 3) // the keep-alive is sent at t0+3s ...
+	recv(t, f.keepAlives, "KeepAlive")
+	f.clock.Advance(time.Second) // ... and answered at t0+4s
+	f.kaGate <- struct{}{}
+	deadline := recv(t, renewed, "renewal")
+	margin := testTTL / 10
+	if want := t0.Add(testTTL/3 + testTTL - margin); !deadline.Equal(want) {
+		t.Fatalf("deadline after renewal = t0+%v, want t0+%v (send time + TTL − margin)", deadline.Sub(t0), want.Sub(t0))
+	}
+	f.setKA("fail")
+	f.clock.Advance(deadline.Sub(f.clock.Now()) - time.Nanosecond) // past the first deadline, t0+8.1s
+	if a.ctx.Err() != nil || len(h.releases) != 0 {
+		t.Fatalf("fenced before the renewed deadline")
+	}
+	f.clock.Advance(2 * time.Nanosecond)
+	if rel := recv(t, h.releases, "Release after the fence"); rel.grantCtxErr == nil {
+		t.Errorf("Release called before the grant ctx was cancelled")
+	}
+	w.waitEvent(t, EventFenced)
+}
+
+// TestWorkerSessionEnded: the server ends the session (its grants stream
+// says NotFound): the worker fences, re-joins, and takes new grants.
+func TestWorkerSessionEnded(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	tok1 := f.grant(sid, 2)
+	recv(t, h.acquires, "Acquire")
+
+	f.endSession(sid)
+	if rel := recv(t, h.releases, "Release"); rel.grantCtxErr == nil {
+		t.Errorf("Release before the grant ctx was cancelled")
+	}
+	w.waitEvent(t, EventFenced)
+	w.waitEvent(t, EventSessionLost)
+	sid2 := w.waitEvent(t, EventRejoined).Session
+	tok2 := f.grant(sid2, 2)
+	if a := recv(t, h.acquires, "Acquire in the new session"); a.g.Token != tok2 || tok2 <= tok1 {
+		t.Errorf("Acquire(%+v), want token %d > %d", a.g, tok2, tok1)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
+// TestWorkerKeepAliveNotFound: a keep-alive answered NotFound ends the
+// session at once, without waiting for the deadline.
+func TestWorkerKeepAliveNotFound(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	f.grant(sid, 2)
+	recv(t, h.acquires, "Acquire")
+	f.setKA("notfound")
+	f.clock.BlockUntil(2)
+	f.clock.Advance(testTTL / 3)
+	recv(t, h.releases, "Release")
+	if ev := w.waitEvent(t, EventFenced); !errors.Is(ev.Err, ErrSessionLost) || !strings.Contains(ev.Err.Error(), "ended the session") {
+		t.Errorf("fenced event err = %v", ev.Err)
+	}
+	f.setKA("")
+	w.waitEvent(t, EventRejoined)
+}
+
+// TestWorkerReleaseWaitsForAcquire: a release asked while Acquire is
+// still running is handled once Acquire returned.
+func TestWorkerReleaseWaitsForAcquire(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	gate := make(chan struct{})
+	h.gateAcquire[4] = gate
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	tok := f.grant(sid, 4)
+	recv(t, h.acquires, "Acquire (blocked)")
+	f.askRelease(sid, 4)
+	w.waitFor(t, "the release to be seen", func() bool { gs := w.grants[4]; return gs != nil && gs.ending })
+	if len(h.releases) != 0 {
+		t.Fatalf("Release called while Acquire runs")
+	}
+	close(gate)
+	recv(t, h.releases, "Release")
+	rr := recv(t, f.releases, "Release RPC")
+	if diff := cmp.Diff([]Grant{{4, tok}}, grantsFromProto(rr.GetBuckets())); diff != "" {
+		t.Errorf("Release RPC (-want +got):\n%s", diff)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
+// TestWorkerAcquireWaitsForRelease: a new grant of a bucket whose Release
+// is still running is acquired once that Release returned.
+func TestWorkerAcquireWaitsForRelease(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	gate := make(chan struct{})
+	h.gateRelease[4] = gate
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	f.grant(sid, 4)
+	recv(t, h.acquires, "Acquire")
+	f.askRelease(sid, 4)
+	recv(t, h.releases, "Release (blocked)")
+	// The server takes the bucket back and grants it again.
+	tok2 := f.grant(sid, 4)
+	w.waitFor(t, "the new grant", func() bool { gs := w.grants[4]; return gs != nil && gs.g.Token == tok2 })
+	if len(h.acquires) != 0 {
+		t.Fatalf("Acquire called while Release runs")
+	}
+	h.mu.Lock()
+	delete(h.gateRelease, 4)
+	h.mu.Unlock()
+	close(gate)
+	if a := recv(t, h.acquires, "the second Acquire"); a.g.Token != tok2 {
+		t.Errorf("second Acquire token %d, want %d", a.g.Token, tok2)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
+// TestWorkerStress drives random grants, releases and take-backs over
+// many buckets; the handler checks that calls for one bucket never
+// overlap and alternate. Run with -race.
+func TestWorkerStress(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	h.yield = true
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 300 {
+		b := rng.IntN(16)
+		switch rng.IntN(3) {
+		case 0, 1:
+			f.grant(sid, b) // a new grant, or a take-back and re-grant
+		case 2:
+			f.askRelease(sid, b)
+		}
+		if rng.IntN(8) == 0 {
+			runtime.Gosched()
+		}
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := recv(t, w.runErr, "Run"); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	h.heldNone()
+	f.mu.Lock()
+	gone := f.sessions[sid].gone
+	f.mu.Unlock()
+	if !gone {
+		t.Errorf("the session is still alive after Close")
+	}
+}
+
+// TestWorkerCloseDrains: Close leaves, releases what the server asks for
+// with the grants live, and returns once the server ended the session.
+func TestWorkerCloseDrains(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	toks := map[int]uint64{1: f.grant(sid, 1), 2: f.grant(sid, 2)}
+	recv(t, h.acquires, "Acquire")
+	recv(t, h.acquires, "Acquire")
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(context.Background()) }()
+	if got := recv(t, f.leaves, "Leave"); got != sid {
+		t.Errorf("Leave(%q), want %q", got, sid)
+	}
+	for range 2 {
+		if rel := recv(t, h.releases, "Release"); rel.grantCtxErr != nil {
+			t.Errorf("Release(%d) during a drain with the grant ctx cancelled", rel.bucket)
+		}
+	}
+	got := map[int]uint64{}
+	for len(got) < 2 {
+		for _, g := range recv(t, f.releases, "Release RPC").GetBuckets() {
+			got[int(g.GetBucket())] = g.GetToken()
+		}
+	}
+	if diff := cmp.Diff(toks, got); diff != "" {
+		t.Errorf("released tokens (-want +got):\n%s", diff)
+	}
+	if err := recv(t, closed, "Close"); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := recv(t, w.runErr, "Run"); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	w.waitEvent(t, EventLeft)
+	h.heldNone()
+}
+
+// TestWorkerCloseDeadline: if the drain does not finish before Close's ctx
+// ends, Close stops the worker at once (grants cancelled before Release)
+// and says so.
+func TestWorkerCloseDeadline(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.leaveIgnored = true
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	f.grant(sid, 1)
+	recv(t, h.acquires, "Acquire")
+	ctx, cancel := context.WithCancel(context.Background())
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(ctx) }()
+	recv(t, f.leaves, "Leave")
+	cancel()
+	if err := recv(t, closed, "Close"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Close = %v, want context.Canceled", err)
+	}
+	if rel := recv(t, h.releases, "Release"); rel.grantCtxErr == nil {
+		t.Errorf("hard stop: Release before the grant ctx was cancelled")
+	}
+	if err := recv(t, w.runErr, "Run"); err != nil {
+		t.Errorf("Run = %v, want nil after Close", err)
+	}
+	h.heldNone()
+}
+
+func TestWorkerOwns(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	epoch := f.setMap("rooms", members("w1", "w2"), func(b int) string {
+		if b < 8 {
+			return "w1"
+		}
+		return "w2"
+	})
+	h := newRecHandler(t)
+	w := newTestWorker(t, f, h)
+	if _, err := w.OwnsString("x"); !errors.Is(err, ErrNotGranted) {
+		t.Errorf("Owns before Run = %v, want ErrNotGranted", err)
+	}
+	w.start(t)
+	sid := w.waitEvent(t, EventJoined).Session
+
+	_, err := w.Owns([]byte(keyInBucket(t, 10, 16)))
+	wo, ok := AsWrongOwner(err)
+	if !ok || !errors.Is(err, ErrWrongOwner) {
+		t.Fatalf("Owns(key of w2) = %v, want a *WrongOwnerError", err)
+	}
+	want := WrongOwnerError{Bucket: 10, Owner: "w2", Address: "w2.internal:9000", Epoch: epoch}
+	if *wo != want {
+		t.Errorf("WrongOwnerError = %+v, want %+v", *wo, want)
+	}
+	// The answer a worker's RPC server gives decodes to the same.
+	cerr := WrongOwner(err)
+	if cerr.Code() != connect.CodeFailedPrecondition {
+		t.Errorf("WrongOwner code = %v", cerr.Code())
+	}
+	if back, ok := AsWrongOwner(cerr); !ok || *back != want {
+		t.Errorf("AsWrongOwner(WrongOwner(err)) = %+v, %v", back, ok)
+	}
+
+	key := []byte(keyInBucket(t, 3, 16))
+	if _, err := w.Owns(key); !errors.Is(err, ErrNotGranted) || !strings.Contains(err.Error(), "bucket 3") {
+		t.Errorf("Owns(own key before its grant) = %v, want ErrNotGranted", err)
+	}
+	type result struct {
+		g   Grant
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		g, err := w.WaitGrant(context.Background(), key)
+		waited <- result{g, err}
+	}()
+	tok := f.grant(sid, 3)
+	if r := recv(t, waited, "WaitGrant"); r.err != nil || r.g != (Grant{3, tok}) {
+		t.Errorf("WaitGrant = %+v, %v", r.g, r.err)
+	}
+	// The map moves bucket 3 to w2: while the grant is held it is still
+	// ours; once released, Owns names w2.
+	f.setMap("rooms", members("w1", "w2"), func(b int) string { return "w2" })
+	f.askRelease(sid, 3)
+	recv(t, h.releases, "Release")
+	w.waitFor(t, "the release", func() bool { return w.grants[3] == nil })
+	w.Worker.mu.Lock()
+	r := w.router
+	w.Worker.mu.Unlock()
+	if err := r.WaitEpoch(context.Background(), epoch+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Owns(key); !errors.Is(err, ErrWrongOwner) {
+		t.Errorf("Owns after the handoff = %v, want ErrWrongOwner", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := w.WaitGrant(ctx, key); !errors.Is(err, ErrWrongOwner) {
+		t.Errorf("WaitGrant for another member's key = %v, want ErrWrongOwner", err)
+	}
+}
+
+func TestWorkerBadInput(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	c := f.dial(t)
+	h := newRecHandler(t)
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		keyspace string
+		m        Member
+		h        Handler
+		want     error
+		text     string
+	}{
+		{"empty keyspace", "", Member{ID: "w1"}, h, ErrInvalid, "keyspace name is empty"},
+		{"empty member", "rooms", Member{}, h, ErrInvalid, "member id is empty"},
+		{"bad member", "rooms", Member{ID: "w 1"}, h, ErrInvalid, "member id \"w 1\" has ' '"},
+		{"negative weight", "rooms", Member{ID: "w1", Weight: -1}, h, ErrInvalid, "weight -1 must be positive"},
+		{"nil handler", "rooms", Member{ID: "w1"}, nil, ErrInvalid, "nil Handler"},
+		{"unknown keyspace", "halls", Member{ID: "w1"}, h, ErrNotFound, `keyspace "halls" does not exist`},
+	}
+	for _, tc := range tests {
+		err := NewWorker(c, tc.keyspace, tc.m, tc.h).Run(ctx)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: Run = %v; want %v mentioning %q", tc.name, err, tc.want, tc.text)
+		}
+	}
+
+	// A live session holds the id: a clear error, and Replace sends replace.
+	f.joinErr = connect.NewError(connect.CodeAlreadyExists, errors.New(`member "w1" has a live session`))
+	err := NewWorker(c, "rooms", Member{ID: "w1"}, h).Run(ctx)
+	if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), "Replace(true)") {
+		t.Errorf("Run with the id taken = %v; want ErrExists suggesting Replace(true)", err)
+	}
+	recv(t, f.joins, "Join")
+	w := NewWorker(c, "rooms", Member{ID: "w1"}, h, Replace(true))
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	if j := recv(t, f.joins, "Join"); !j.GetReplace() {
+		t.Errorf("Join.replace = false with Replace(true)")
+	}
+	if err := w.Run(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "called twice") {
+		t.Errorf("second Run = %v", err)
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := recv(t, runErr, "Run"); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+
+	// Close before Run.
+	w = NewWorker(c, "rooms", Member{ID: "w9"}, h)
+	if err := w.Close(ctx); err != nil {
+		t.Errorf("Close before Run = %v", err)
+	}
+	if err := w.Run(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestWorkerGrantsLongPoll: without WatchGrants the worker long-polls
+// GetGrants.
+func TestWorkerGrantsLongPoll(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.watchGrantsUnimpl = true
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	f.clock.BlockUntil(3) // keep-alive, fence, and the backoff after Unimplemented
+	f.clock.Advance(backoffBase)
+	recv(t, f.getGrants, "GetGrants")
+	if req := recv(t, f.getGrants, "the GetGrants long poll"); req.GetSinceRevision() == 0 || req.GetWait().AsDuration() != pollWait {
+		t.Errorf("long poll = %v", req)
+	}
+	tok := f.grant(sid, 7)
+	if a := recv(t, h.acquires, "Acquire"); a.g != (Grant{7, tok}) {
+		t.Errorf("Acquire(%+v)", a.g)
+	}
+	f.askRelease(sid, 7)
+	recv(t, h.releases, "Release")
+	recv(t, f.releases, "Release RPC")
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
+// TestWorkerReleaseBatchSplit: releases that pile up while a Release call
+// is in flight go in one call; if the server refuses it because one bucket
+// was taken back meanwhile, the others still get through one by one.
+func TestWorkerReleaseBatchSplit(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	gate := make(chan struct{})
+	f.releaseGate = gate
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	tok := map[int]uint64{1: f.grant(sid, 1), 2: f.grant(sid, 2), 3: f.grant(sid, 3)}
+	for range 3 {
+		recv(t, h.acquires, "Acquire")
+	}
+	f.askRelease(sid, 1)
+	if got := grantsFromProto(recv(t, f.releases, "Release RPC 1").GetBuckets()); !cmp.Equal(got, []Grant{{1, tok[1]}}) {
+		t.Errorf("first Release RPC = %v", got)
+	}
+	f.askRelease(sid, 2)
+	f.askRelease(sid, 3)
+	w.waitFor(t, "releases of 2 and 3", func() bool { return w.grants[2] == nil && w.grants[3] == nil })
+	tok2 := f.grant(sid, 2) // taken back and granted again
+	if a := recv(t, h.acquires, "Acquire of the new grant"); a.g != (Grant{2, tok2}) {
+		t.Errorf("Acquire(%+v), want bucket 2 at %d", a.g, tok2)
+	}
+	close(gate)
+	batch := grantsFromProto(recv(t, f.releases, "Release RPC 2").GetBuckets())
+	slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
+	if !cmp.Equal(batch, []Grant{{2, tok[2]}, {3, tok[3]}}) {
+		t.Errorf("batched Release RPC = %v", batch)
+	}
+	var singles []Grant
+	for range 2 {
+		singles = append(singles, grantsFromProto(recv(t, f.releases, "single Release RPC").GetBuckets())...)
+	}
+	slices.SortFunc(singles, func(a, b Grant) int { return a.Bucket - b.Bucket })
+	if !cmp.Equal(singles, []Grant{{2, tok[2]}, {3, tok[3]}}) {
+		t.Errorf("Release RPCs after the refusal = %v", singles)
+	}
+	f.waitUntil(t, "the server to drop bucket 3", func() bool { _, ok := f.sessions[sid].grants[3]; return !ok })
+	f.mu.Lock()
+	held := maps.Clone(f.sessions[sid].grants)
+	f.mu.Unlock()
+	if !cmp.Equal(held, map[uint32]uint64{2: tok2}) {
+		t.Errorf("server-side grants = %v, want only bucket 2 at %d", held, tok2)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
+// TestWorkerOwnsBeforeFirstMap: a keyspace with no map yet (the real
+// server has none until a member joins): the worker joins, and keys are
+// unassigned until the first map arrives.
+func TestWorkerOwnsBeforeFirstMap(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	w.waitEvent(t, EventJoined)
+	_, err := w.OwnsString(keyInBucket(t, 9, 16))
+	if wo, ok := AsWrongOwner(err); !ok || *wo != (WrongOwnerError{Bucket: 9}) {
+		t.Errorf("Owns before the first map = %v, want bucket 9 unassigned at epoch 0", err)
+	}
+	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	w.mu.Lock()
+	r := w.router
+	w.mu.Unlock()
+	if err := r.WaitEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.OwnsString(keyInBucket(t, 9, 16)); !errors.Is(err, ErrNotGranted) {
+		t.Errorf("Owns once the map names us = %v, want ErrNotGranted", err)
+	}
+}
