@@ -34,7 +34,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newBench())
+	root.AddCommand(newServe(), newDemo(), newBench())
 	addAdminCommands(root)
 	return root
 }

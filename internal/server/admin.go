@@ -142,7 +142,7 @@ func (a *adminService) DrainMember(ctx context.Context, req *connect.Request[v1.
 func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	resp := &v1.StatusResponse{Replica: a.s.cfg.Replica}
 	leader, err := a.s.store.Leader(ctx)
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrNotFound) { // not found: nobody leads right now
 		return nil, apiError(err)
 	}
 	resp.Leader = leader

@@ -1,0 +1,90 @@
+// Package kafka is the overflow router's Kafka producer adapter: it routes
+// keyed records to a main or an overflow topic by a hotkey.Policy and
+// produces them with a franz-go client, and its Barrier lets consumers of
+// either lane honour the order of a key that moves between lanes.
+//
+// It lives in its own module (github.com/keyshard/keyshard/kafka) so that
+// the rest of Keyshard does not depend on franz-go.
+//
+// # Guarantees
+//
+//   - The key is kept. Records are partitioned the way Kafka's Java client
+//     does it by default, toPositive(murmur2(key)) % partitions (see
+//     KeyPartition), so producers in any language agree on where a key
+//     lives, and a hot key lands on one overflow partition rather than all
+//     of them. NewRouter checks the client's partitioner: franz-go's
+//     default and kgo.StickyKeyPartitioner(nil) qualify. Only a "spread"
+//     rule (or PolicyConfig.SpreadDetected) sends a key to random
+//     partitions; its Kafka key is then moved to the HeaderKey header.
+//   - Nothing is dropped silently. A record without a key fails with
+//     ErrMissingKey, or gets a key from Config.KeyFunc. A record a drop rule
+//     matches fails with ErrDropped and is counted.
+//   - Every send resolves, exactly once, within Config.SendTimeout: with
+//     nil once the broker acknowledged it, or with an error. A broker that
+//     never answers yields ErrTimeout (the record may still be written
+//     later; Stats.LateAcks counts those).
+//   - Per-key order holds across lanes, and main and overflow consumers
+//     never process one key at the same time, through two drain barriers:
+//     a key entering overflow waits until the main records of that key
+//     already sent are acknowledged, and its first overflow records carry
+//     HeaderWaitMain, the main position the overflow consumer must wait
+//     for; a key leaves overflow only once the overflow consumer group
+//     (Config.OverflowGroup) has committed past its last overflow record,
+//     read with the Kafka admin API, and its first main record carries
+//     HeaderWaitOverflow. Consumers honour both headers with a Barrier,
+//     and must commit an offset only after processing the records before
+//     it.
+//   - Every outcome is counted (Stats, and Prometheus metrics through
+//     Config.Registerer), and the overflow backlog is exported per
+//     partition (keyshard_overflow_backlog_messages{partition}), with a
+//     logged warning when a partition's unconsumed bytes approach the
+//     topic's retention.bytes.
+//
+// The barriers cover the records this router produced: producers that
+// route the same keys should share one router, or accept that a key hot in
+// several processes is ordered per process. The kill switch
+// (Router.SetEnabled(false)) sends everything to main at once and waives
+// the barriers, as hotkey.Policy.SetEnabled documents. Keys beyond
+// hotkey.PolicyConfig.MaxOverflowKeys that a rule forces to overflow pass
+// no barrier (Stats.Untracked).
+//
+// # Usage
+//
+//	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+//		kgo.RecordDeliveryTimeout(10*time.Second)) // the default partitioner is murmur2
+//	if err != nil { return err }
+//	defer cl.Close()
+//	r, err := kafka.NewRouter(ctx, cl, kadm.NewClient(cl), kafka.Config{
+//		MainTopic: "events", OverflowTopic: "events-overflow", OverflowGroup: "ingest-overflow",
+//		Policy: hotkey.PolicyConfig{Detector: hotkey.DetectorConfig{Threshold: 1000, MaxTotalRate: 200_000}},
+//	})
+//	if err != nil { return err } // wraps ErrBadConfig: names the field
+//	defer r.Close()
+//	r.Produce(ctx, &kgo.Record{Key: distinctID, Value: event}, func(rec *kgo.Record, err error) {
+//		// exactly once: nil, ErrMissingKey, ErrDropped, ErrTimeout or the client's error
+//	})
+//
+// and in the overflow lane's consumer (the main lane's is symmetrical):
+//
+//	b, err := kafka.NewBarrier(adm, kafka.BarrierConfig{Lane: kafka.Overflow, Topic: "events", Group: "ingest"})
+//	for _, rec := range fetches.Records() {
+//		if err := b.Wait(ctx, rec); err != nil { return err } // until main has committed past its header
+//		process(rec)
+//	}
+//	cl.CommitRecords(ctx, fetches.Records()...) // after processing
+//
+// # Lifecycle and threading
+//
+// NewRouter checks the configuration and the topics, then starts two
+// goroutines: the refresh loop (every Config.RefreshInterval it runs
+// Refresh: committed offsets, drain, sweep, backlog, partition count) and
+// the one that times out sends. Produce, ProduceSync, Flush, Refresh,
+// Stats, SetEnabled and SetRules are safe for concurrent use. A promise is
+// called from Produce's own goroutine (errors found before producing),
+// from the client's promise goroutine, or from the router's timeout
+// goroutine; it must not block, nor call ProduceSync, Flush or Close.
+// Close stops accepting sends, waits until every accepted send has
+// resolved (at most SendTimeout), stops the goroutines and unregisters
+// the metrics; it is idempotent. The router does not own the Kafka
+// clients: close them after the router.
+package kafka
