@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/placement"
 )
 
 // leaderTTL is the lease of a replica's election session: a crashed
@@ -141,7 +144,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		}
 		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
 		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
-		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves)
+		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "members", len(a.Map.Assignment.Counts()), "buckets_per_member", countsSummary(a.Map.Assignment))
 	case coordinator.WriteGrants:
 		var writes []store.Write
 		var expects []store.Expect
@@ -183,4 +186,26 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
 	}
 	return nil
+}
+
+// countsSummary is "a:12 b:11 ..." for up to 16 members, for logs.
+func countsSummary(a placement.Assignment) string {
+	counts := a.Counts()
+	ids := make([]string, 0, len(counts))
+	for id := range counts {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var sb strings.Builder
+	for i, id := range ids {
+		if i == 16 {
+			fmt.Fprintf(&sb, " and %d more", len(ids)-16)
+			break
+		}
+		if i > 0 {
+			sb.WriteByte(' ')
+		}
+		fmt.Fprintf(&sb, "%s:%d", id, counts[id])
+	}
+	return sb.String()
 }

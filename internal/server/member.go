@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"sort"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -19,10 +17,7 @@ import (
 const maxWait = 60 * time.Second
 
 // memberService serves MemberService: a worker's session.
-type memberService struct {
-	s        *Server
-	releases sync.Mutex // serialises read-merge-write of release records on this replica
-}
+type memberService struct{ s *Server }
 
 func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
 	s := m.s
@@ -217,69 +212,26 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 	if err != nil {
 		return nil, err
 	}
-	m.releases.Lock()
-	defer m.releases.Unlock()
-	var held map[int]uint64
-	var released []store.BucketToken
-	var alive bool
-	load := func() {
-		held, released, alive = nil, nil, false
-		m.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-			ks := snap.Keyspaces[sess.keyspace]
-			if ks == nil {
-				return
-			}
-			g, ok := ks.Grants[sess.member]
-			if !ok || g.Value.Session != sess.lease {
-				mem, joined := ks.Members[sess.member]
-				alive = joined && mem.Value.Session == sess.lease
-				return
-			}
-			alive = true
-			held = map[int]uint64{}
-			for _, bt := range g.Value.Buckets {
-				held[bt.Bucket] = bt.Token
-			}
-			released = append(released, ks.Releases[sess.member].Value.Buckets...)
-		})
-	}
-	load()
-	if !alive {
-		// Not in the view yet, or gone: etcd knows which.
-		if err := m.s.sessionAlive(ctx, sess); err != nil {
-			return nil, err
-		}
-	}
-	// Keep earlier releases still pending, add the new ones.
-	merged := map[int]uint64{}
-	for _, bt := range released {
-		if held[bt.Bucket] == bt.Token {
-			merged[bt.Bucket] = bt.Token
-		}
-	}
+	buckets := make([]store.BucketToken, len(req.Msg.GetBuckets()))
 	for i, bg := range req.Msg.GetBuckets() {
-		b := int(bg.GetBucket())
-		tok, ok := held[b]
-		switch {
-		case !ok:
-			return nil, invalid("buckets[%d]: bucket %d is not held by this session (already released, or never granted)", i, b)
-		case tok != bg.GetToken():
-			return nil, invalid("buckets[%d]: bucket %d is held at token %d, not %d", i, b, tok, bg.GetToken())
+		buckets[i] = store.BucketToken{Bucket: int(bg.GetBucket()), Token: bg.GetToken()}
+	}
+	_, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets)
+	var notHeld *store.NotHeldError
+	switch {
+	case err == nil:
+		return connect.NewResponse(&v1.ReleaseResponse{}), nil
+	case errors.As(err, &notHeld):
+		for i, bt := range buckets {
+			if bt.Bucket == notHeld.Bucket {
+				return nil, invalid("buckets[%d]: %v", i, notHeld)
+			}
 		}
-		merged[b] = tok
+		return nil, invalid("%v", notHeld)
+	case errors.Is(err, store.ErrFenced), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseNotFound):
+		return nil, sessionEnded(sess)
 	}
-	out := store.Releases{}
-	for b, t := range merged {
-		out.Buckets = append(out.Buckets, store.BucketToken{Bucket: b, Token: t})
-	}
-	sort.Slice(out.Buckets, func(i, j int) bool { return out.Buckets[i].Bucket < out.Buckets[j].Bucket })
-	if _, err := m.s.store.PutReleases(ctx, sess.keyspace, sess.member, out, sess.lease); err != nil {
-		if errors.Is(err, store.ErrFenced) || errors.Is(err, store.ErrLeaseNotFound) || errors.Is(err, store.ErrNotFound) {
-			return nil, sessionEnded(sess)
-		}
-		return nil, apiError(err)
-	}
-	return connect.NewResponse(&v1.ReleaseResponse{}), nil
+	return nil, apiError(err)
 }
 
 func (m *memberService) Leave(ctx context.Context, req *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {

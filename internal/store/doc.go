@@ -37,7 +37,7 @@
 //
 // Members write through Join (ErrExists if the id is held by another live
 // session, unless replace is asked: then the old lease is returned for the
-// caller to revoke), PutReleases (fenced on the member's session) and
+// caller to revoke), Release (checked against the grants in etcd, merged without lost updates) and
 // DeleteMember; the API writes keyspaces and drain requests. The leader
 // writes only through Commit: one etcd transaction guarded by
 // CreateRevision(Fence.LeaderKey) == Fence.LeaderRev (else ErrFenced) and

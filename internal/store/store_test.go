@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,16 +235,44 @@ func TestMemberWrites(t *testing.T) {
 	if _, _, err := s.Join(ctx, "mw", member("w1"), a.LeaseID(), false); err != nil {
 		t.Fatal(err)
 	}
-	rel := Releases{Buckets: []BucketToken{{3, 7}}}
-	if _, err := s.PutReleases(ctx, "mw", "w1", rel, a.LeaseID()); err != nil {
+	// The leader grants w1 a few buckets; w1 releases them one call at a
+	// time, and concurrently: every release must stay recorded.
+	_, fence := campaign(t, s, "leader-mw")
+	var granted []BucketToken
+	for b := range 20 {
+		granted = append(granted, BucketToken{b, 7})
+	}
+	if _, err := s.Commit(ctx, fence, []Write{PutGrants("mw", "w1", Grants{Session: a.LeaseID(), Buckets: granted})}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutReleases(ctx, "mw", "w1", rel, b.LeaseID()); !errors.Is(err, ErrFenced) {
-		t.Fatalf("releases from another session: %v, want ErrFenced", err)
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{3, 7}}); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := s.PutReleases(ctx, "mw", "w9", rel, a.LeaseID()); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("releases of unknown member: %v, want ErrNotFound", err)
+	var nh *NotHeldError
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{5, 8}}); !errors.As(err, &nh) || nh.Held != 7 || !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("release at the wrong token: %v", err)
 	}
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{40, 1}}); !errors.As(err, &nh) || nh.Held != 0 {
+		t.Fatalf("release of a bucket not held: %v", err)
+	}
+	if _, err := s.Release(ctx, "mw", "w1", b.LeaseID(), []BucketToken{{3, 7}}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("release from another session: %v, want ErrFenced", err)
+	}
+	if _, err := s.Release(ctx, "mw", "w9", a.LeaseID(), []BucketToken{{3, 7}}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("release of unknown member: %v, want ErrNotFound", err)
+	}
+	var wg sync.WaitGroup
+	for _, bt := range granted[4:] {
+		wg.Add(1)
+		go func() { // exits after one release
+			defer wg.Done()
+			if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{bt}); err != nil {
+				t.Errorf("release %v: %v", bt, err)
+			}
+		}()
+	}
+	wg.Wait()
+	rel := Releases{Buckets: append([]BucketToken{{3, 7}}, granted[4:]...)}
 	if _, err := s.PutDrain(ctx, "mw", "w1", sampleDrain); err != nil {
 		t.Fatal(err)
 	}

@@ -105,37 +105,6 @@ func memberFenced(op string, resp *clientv3.TxnResponse, id string, lease LeaseI
 	return fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(kvs[0].Lease), lease)
 }
 
-// PutReleases writes the (bucket, token) pairs member id has released,
-// attached to its session lease, only if the member record is still held
-// by that lease. Errors: ErrNotFound (no such member), ErrFenced (the id is
-// held by another session), ErrLeaseNotFound, ErrInvalid, ErrUnavailable.
-func (s *Store) PutReleases(ctx context.Context, ks, id string, r Releases, lease LeaseID) (int64, error) {
-	if s.closed() {
-		return 0, errClosed("put releases")
-	}
-	if err := checkNames(ks, id); err != nil {
-		return 0, err
-	}
-	val, err := EncodeReleases(r)
-	if err != nil {
-		return 0, err
-	}
-	op := fmt.Sprintf("put releases of %s/%s", ks, id)
-	mk := MemberKey(ks, id)
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease))).
-		Then(clientv3.OpPut(ReleasesKey(ks, id), string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
-		Else(clientv3.OpGet(mk)).
-		Commit()
-	if err != nil {
-		return 0, s.err(op, err)
-	}
-	if !resp.Succeeded {
-		return 0, memberFenced(op, resp, id, lease)
-	}
-	return resp.Header.Revision, nil
-}
-
 // PutDrain asks member id to drain: it writes d at drain/<ks>/<id>,
 // attached to the member's current session so that it vanishes with it.
 // Errors: ErrNotFound (no such member), ErrInvalid, ErrUnavailable.
