@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"testing"
 	"text/tabwriter"
 
@@ -21,7 +22,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl())
 	return cmd
 }
 
@@ -51,6 +52,50 @@ func newBenchHotkeys() *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	return cmd
+}
+
+func newBenchControl() *cobra.Command {
+	var f benchFlags
+	var quick, verbose bool
+	cmd := &cobra.Command{
+		Use:   "control",
+		Short: "The control plane end to end: router lookups, handoffs, scale-out, crash takeover, map fan-out",
+		Long: `Start an embedded etcd and Keyshard server on loopback and drive them with
+in-process SDK workers and routers: the cost of a router lookup, the time of
+a graceful handoff, a 4th worker joining 3 on 16384 buckets (time and etcd
+writes), the takeover of a crashed worker's buckets, and 100 routers
+following new maps. Takes under two minutes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.apply(); err != nil {
+				return err
+			}
+			opts := bench.ControlOptions{Runs: f.runs, Quick: quick}
+			if verbose {
+				opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			}
+			rep, err := bench.Control(cmd.Context(), opts, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "measure\tvalue\ttarget")
+			fmt.Fprintf(tw, "router OwnerString (%d buckets, %d members)\t%.1f ns, %d allocs\t≤ 50 ns, 0 allocs\n", rep.RouterBuckets, rep.RouterMembers, rep.RouterOwnerNs, rep.RouterOwnerAllocs)
+			fmt.Fprintf(tw, "graceful handoff, release → acquire (%d)\tp50 %.1f ms, p99 %.1f ms\tp99 ≤ 50 ms\n", rep.Handoffs, rep.HandoffP50Ms, rep.HandoffP99Ms)
+			fmt.Fprintf(tw, "scale-out 3 → 4 workers, %d buckets\t%.3f s, %d moved, %d etcd writes\t≤ 2 s, writes O(members)\n", rep.ScaleoutBuckets, rep.ScaleoutS, rep.ScaleoutMovedBuckets, rep.ScaleoutEtcdWrites)
+			fmt.Fprintf(tw, "crash takeover\t%.3f s (lease TTL %.0f s)\t≤ TTL + 1 s\n", rep.CrashTakeoverS, rep.LeaseTTLS)
+			fmt.Fprintf(tw, "map fan-out to %d routers (%d epochs)\tp50 %.1f ms, p99 %.1f ms, %d missed\tp99 ≤ 200 ms\n", rep.WatchRouters, rep.WatchEpochs, rep.WatchFanoutP50Ms, rep.WatchFanoutP99Ms, rep.WatchMissed)
+			fmt.Fprintf(tw, "releases the server lost\t%d (%d sessions revoked)\t0\n", rep.LostReleases, rep.RevokedSessions)
+			return tw.Flush()
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&quick, "quick", false, "small keyspaces and few routers: a smoke test, not comparable with the targets")
+	cmd.Flags().BoolVar(&verbose, "verbose", false, "also print the server's, etcd's and workers' logs")
 	return cmd
 }
 

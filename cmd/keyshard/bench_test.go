@@ -61,6 +61,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"bench", "placement", "--buckets", "70000"}, "--buckets 70000 is out of range"},
 		{[]string{"bench", "placement", "--members", "1"}, "--members 1: want at least 2"},
 		{[]string{"bench", "placement", "--runs", "0"}, "--runs is 0"},
+		{[]string{"bench", "control", "--runs", "0"}, "--runs is 0"},
 		{[]string{"bench", "placement", "--benchtime", "soon"}, `--benchtime "soon"`},
 		{[]string{"bench", "placement", "extra"}, "unknown command"},
 	} {
