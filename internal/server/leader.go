@@ -92,9 +92,15 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 		for len(pending) > 0 {
 			a := pending[0]
 			pending = pending[1:]
-			err := s.do(ctx, fence, a)
+			rev, err := s.do(ctx, fence, a)
 			switch {
 			case err == nil:
+				// Tell the machine what it just wrote, at the revision it was
+				// written, so it can plan the next round now instead of when
+				// the watch echoes the write (the echo then changes nothing).
+				if evs := committedEvents(a, rev); len(evs) > 0 {
+					pending = append(pending, m.StepAll(evs, s.clock.Now())...)
+				}
 			case errors.Is(err, store.ErrFenced):
 				return errNotLeader
 			case ctx.Err() != nil:
@@ -131,20 +137,39 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 	}
 }
 
-// do applies one action as a fenced store write.
-func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) error {
+// committedEvents are the changes a committed action made, as the watch
+// will deliver them.
+func committedEvents(a coordinator.Action, rev int64) []coordinator.Event {
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		return []coordinator.Event{coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: rev}}
+	case coordinator.WriteGrants:
+		evs := make([]coordinator.Event, 0, len(a.Grants)+1)
+		for id, g := range a.Grants {
+			evs = append(evs, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: rev})
+		}
+		return append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: rev})
+	}
+	return nil
+}
+
+// do applies one action as a fenced store write and returns the revision
+// it was committed at (0 for actions that are not one transaction).
+func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
 		m, err := store.MapFromAssignment(a.Map.Epoch, a.Hash, a.Map.Assignment)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}}); err != nil {
-			return err
+		rev, err := s.store.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		if err != nil {
+			return 0, err
 		}
 		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
 		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
 		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "members", len(a.Map.Assignment.Counts()), "buckets_per_member", countsSummary(a.Map.Assignment))
+		return rev, nil
 	case coordinator.WriteGrants:
 		var writes []store.Write
 		var expects []store.Expect
@@ -160,32 +185,34 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			}
 		}
 		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
-		if _, err := s.store.Commit(ctx, fence, writes, expects); err != nil {
-			return err
+		rev, err := s.store.Commit(ctx, fence, writes, expects)
+		if err != nil {
+			return 0, err
 		}
 		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
+		return rev, nil
 	case coordinator.RevokeSession:
 		lease := store.LeaseID(a.Session)
 		if len(a.Quarantine) > 0 {
 			qlease, _, err := s.store.Grant(ctx, a.TTL)
 			if err != nil {
-				return err
+				return 0, err
 			}
 			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
 			if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
 				_ = s.store.Revoke(ctx, qlease)
-				return err
+				return 0, err
 			}
 		}
 		if err := s.store.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
-			return err
+			return 0, err
 		}
 		s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine))
 	case coordinator.Report:
 		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
 	}
-	return nil
+	return 0, nil
 }
 
 // countsSummary is "a:12 b:11 ..." for up to 16 members, for logs.

@@ -107,6 +107,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer emb.Close()
 		endpoints = emb.Endpoints()
 	}
+	embedded := len(s.cfg.Etcd.Endpoints) == 0
 	etcdTLS, err := s.etcdTLS()
 	if err != nil {
 		return err
@@ -122,6 +123,16 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("read the cluster secret: %w", err)
 	}
 	s.sessions = sessions{secret: secret}
+	if embedded {
+		// Nobody else can share an embedded etcd: an election key left by
+		// this process's previous run (killed) only delays the campaign
+		// until its lease runs out, so end it now.
+		if n, err := st.ClearElection(ctx); err != nil {
+			return fmt.Errorf("clear the previous run's election key: %w", err)
+		} else if n > 0 {
+			s.log.Info("ended the election session of the previous run", "sessions", n)
+		}
+	}
 	if err := s.createKeyspaces(ctx); err != nil {
 		return err
 	}
@@ -156,7 +167,11 @@ func (s *Server) Run(ctx context.Context) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 10*time.Second)
 		defer cancel()
-		return httpSrv.Shutdown(sctx)
+		if err := httpSrv.Shutdown(sctx); err != nil {
+			s.log.Warn("API shutdown did not finish in time; closing the remaining connections", "err", err)
+			return httpSrv.Close()
+		}
+		return nil
 	})
 	g.Go(func() error { // exits once ready, or when gctx ends
 		select {
@@ -212,7 +227,15 @@ func (s *Server) httpServer() (*http.Server, error) {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: h2c.NewHandler(mux, &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+	// Streams and long polls end when shutdown begins, so clients move to
+	// another replica at once instead of holding Shutdown for its timeout.
+	base, endStreams := context.WithCancel(context.Background())
+	srv := &http.Server{
+		Handler:           h2c.NewHandler(mux, &http2.Server{}),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+	srv.RegisterOnShutdown(endStreams)
 	if s.cfg.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile)
 		if err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -149,4 +150,30 @@ func (s *Store) observe(ctx context.Context, out chan string) {
 			failures++
 		}
 	}
+}
+
+// ClearElection revokes the lease of every campaigner's key, ending any
+// leadership. For a replica that starts on an embedded etcd, which no
+// other replica can share: a key left by its own previous, killed run
+// would otherwise hold the election until that lease expires. It returns
+// how many sessions it ended.
+func (s *Store) ClearElection(ctx context.Context) (int, error) {
+	if s.closed() {
+		return 0, errClosed("clear election")
+	}
+	resp, err := s.client.Get(ctx, ElectionPrefix+"/", clientv3.WithPrefix())
+	if err != nil {
+		return 0, s.err("clear election", err)
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		if kv.Lease == 0 {
+			continue
+		}
+		if err := s.Revoke(ctx, LeaseID(kv.Lease)); err != nil && !errors.Is(err, ErrLeaseNotFound) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

@@ -822,3 +822,17 @@ func TestClusterSecret(t *testing.T) {
 		t.Fatalf("secrets differ or wrong size: %x %x", a, b)
 	}
 }
+
+func TestClearElection(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	el, _ := campaign(t, s, "stale-run")
+	_ = el
+	n, err := s.ClearElection(ctx)
+	if err != nil || n < 1 {
+		t.Fatalf("ClearElection = %d, %v", n, err)
+	}
+	if leader, err := s.Leader(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("leader after clearing: %q, %v", leader, err)
+	}
+}
