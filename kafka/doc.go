@@ -3,8 +3,9 @@
 // produces them with a franz-go client, and its Barrier lets consumers of
 // either lane honour the order of a key that moves between lanes.
 //
-// It lives in its own module (github.com/keyshard/keyshard/kafka) so that
-// the rest of Keyshard does not depend on franz-go.
+// It shares Keyshard's module because `keyshard demo --mode hotkeys`
+// builds on it; franz-go is pure Go, and programs that do not import this
+// package do not link it.
 //
 // # Guarantees
 //
