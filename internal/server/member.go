@@ -216,7 +216,15 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 	for i, bg := range req.Msg.GetBuckets() {
 		buckets[i] = store.BucketToken{Bucket: int(bg.GetBucket()), Token: bg.GetToken()}
 	}
-	_, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets)
+	// The view's copy saves a read when it is current; the store checks it.
+	var guess *store.ReleaseState
+	m.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
+			g, r := ks.Grants[sess.member], ks.Releases[sess.member]
+			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision}
+		}
+	})
+	_, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
 	var notHeld *store.NotHeldError
 	switch {
 	case err == nil:

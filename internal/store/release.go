@@ -30,17 +30,31 @@ func (e *NotHeldError) Error() string {
 // Unwrap makes errors.Is(err, ErrNotHeld) true.
 func (e *NotHeldError) Unwrap() error { return ErrNotHeld }
 
+// ReleaseState is what Release needs to know of a member: its grants and
+// its release record, each with the ModRevision it was read at (0: absent).
+// A caller with a cache may pass its copy as a first guess; Release checks
+// it in the same transaction that writes, and reads etcd only if it was
+// stale.
+type ReleaseState struct {
+	Grants      Grants
+	GrantsRev   int64
+	Releases    Releases
+	ReleasesRev int64
+}
+
 // Release records that member id, in session lease, released buckets at
-// the tokens given. It reads the member's grants and earlier releases from
-// etcd and writes the merged release record (still-held earlier releases
-// plus the new ones) only if none of them changed meanwhile, retrying
-// otherwise: concurrent releases of one member, through any replica, never
-// overwrite each other, and a release is checked against the grants as
-// they are, not as a replica's cache had them.
+// the tokens given. It merges them with the member's earlier releases that
+// are still held and writes the record only if the member's grants and
+// releases are still at the revisions the merge was computed from, with
+// the member record still on lease; otherwise it takes the current values
+// from the failed transaction and tries again. So concurrent releases of
+// one member, through any replica, never overwrite each other, and a
+// release is checked against the grants as etcd has them. guess, if not
+// nil, saves the first read.
 // Errors: *NotHeldError (wrapping ErrNotHeld), ErrNotFound (no such
 // member), ErrFenced (the id is held by another session), ErrConflict
 // (still contended after retries), ErrUnavailable.
-func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, buckets []BucketToken) (int64, error) {
+func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, buckets []BucketToken, guess *ReleaseState) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("release")
 	}
@@ -49,50 +63,82 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 	}
 	op := fmt.Sprintf("release buckets of %s/%s", ks, id)
 	mk, gk, rk := MemberKey(ks, id), GrantsKey(ks, id), ReleasesKey(ks, id)
-	for range maxRetries {
-		resp, err := s.client.Txn(ctx).Then(clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(rk)).Commit()
-		if err != nil {
-			return 0, s.err(op, err)
-		}
+	reads := []clientv3.Op{clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(rk)}
+	// fresh parses the three reads into a state, checking the member.
+	fresh := func(resp *clientv3.TxnResponse) (ReleaseState, error) {
+		var st ReleaseState
 		mkv := resp.Responses[0].GetResponseRange().Kvs
 		if len(mkv) == 0 {
-			return 0, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
+			return st, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
 		}
 		if LeaseID(mkv[0].Lease) != lease {
-			return 0, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(mkv[0].Lease), lease)
+			return st, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(mkv[0].Lease), lease)
 		}
-		held := map[int]uint64{}
-		var gRev, rRev int64
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
-			gRev = kvs[0].ModRevision
 			g, err := DecodeGrants(gk, kvs[0].Value)
 			if err != nil {
-				return 0, err
+				return st, err
 			}
-			if g.Session == lease {
-				for _, bt := range g.Buckets {
-					held[bt.Bucket] = bt.Token
-				}
+			st.Grants, st.GrantsRev = g, kvs[0].ModRevision
+		}
+		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+			r, err := DecodeReleases(rk, kvs[0].Value)
+			if err != nil {
+				return st, err
+			}
+			st.Releases, st.ReleasesRev = r, kvs[0].ModRevision
+		}
+		return st, nil
+	}
+	read := func() (ReleaseState, error) {
+		resp, err := s.client.Txn(ctx).Then(reads...).Commit()
+		if err != nil {
+			return ReleaseState{}, s.err(op, err)
+		}
+		return fresh(resp)
+	}
+	var st ReleaseState
+	guessed := guess != nil
+	if guessed {
+		st = *guess
+	} else {
+		var err error
+		if st, err = read(); err != nil {
+			return 0, err
+		}
+	}
+	for range maxRetries {
+		held := map[int]uint64{}
+		if st.Grants.Session == lease {
+			for _, bt := range st.Grants.Buckets {
+				held[bt.Bucket] = bt.Token
 			}
 		}
 		merged := map[int]uint64{}
-		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
-			rRev = kvs[0].ModRevision
-			r, err := DecodeReleases(rk, kvs[0].Value)
-			if err != nil {
-				return 0, err
-			}
-			for _, bt := range r.Buckets {
-				if held[bt.Bucket] == bt.Token {
-					merged[bt.Bucket] = bt.Token
-				}
+		for _, bt := range st.Releases.Buckets {
+			if held[bt.Bucket] == bt.Token {
+				merged[bt.Bucket] = bt.Token
 			}
 		}
+		var refused *NotHeldError
 		for _, bt := range buckets {
 			if have, ok := held[bt.Bucket]; !ok || have != bt.Token {
-				return 0, &NotHeldError{Bucket: bt.Bucket, Token: bt.Token, Held: have}
+				refused = &NotHeldError{Bucket: bt.Bucket, Token: bt.Token, Held: have}
+				break
 			}
 			merged[bt.Bucket] = bt.Token
+		}
+		if refused != nil {
+			if !guessed {
+				return 0, refused
+			}
+			// The guess may be behind etcd: check before refusing.
+			var err error
+			if st, err = read(); err != nil {
+				return 0, err
+			}
+			guessed = false
+			continue
 		}
 		out := Releases{}
 		for b, t := range merged {
@@ -105,9 +151,10 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 		}
 		put, err := s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease)),
-				clientv3.Compare(clientv3.ModRevision(gk), "=", gRev),
-				clientv3.Compare(clientv3.ModRevision(rk), "=", rRev)).
+				clientv3.Compare(clientv3.ModRevision(gk), "=", st.GrantsRev),
+				clientv3.Compare(clientv3.ModRevision(rk), "=", st.ReleasesRev)).
 			Then(clientv3.OpPut(rk, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
+			Else(reads...).
 			Commit()
 		if err != nil {
 			return 0, s.err(op, err)
@@ -115,7 +162,12 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 		if put.Succeeded {
 			return put.Header.Revision, nil
 		}
-		// Grants, releases or the member changed meanwhile: read again.
+		// The member, its grants or its releases changed meanwhile: the
+		// failed transaction read them; go again from there.
+		if st, err = fresh(put); err != nil {
+			return 0, err
+		}
+		guessed = false
 	}
 	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxRetries)
 }

@@ -242,23 +242,24 @@ func TestMemberWrites(t *testing.T) {
 	for b := range 20 {
 		granted = append(granted, BucketToken{b, 7})
 	}
-	if _, err := s.Commit(ctx, fence, []Write{PutGrants("mw", "w1", Grants{Session: a.LeaseID(), Buckets: granted})}, nil); err != nil {
+	grantsRev, err := s.Commit(ctx, fence, []Write{PutGrants("mw", "w1", Grants{Session: a.LeaseID(), Buckets: granted})}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{3, 7}}); err != nil {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{3, 7}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var nh *NotHeldError
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{5, 8}}); !errors.As(err, &nh) || nh.Held != 7 || !errors.Is(err, ErrNotHeld) {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{5, 8}}, nil); !errors.As(err, &nh) || nh.Held != 7 || !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("release at the wrong token: %v", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{40, 1}}); !errors.As(err, &nh) || nh.Held != 0 {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{40, 1}}, nil); !errors.As(err, &nh) || nh.Held != 0 {
 		t.Fatalf("release of a bucket not held: %v", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", b.LeaseID(), []BucketToken{{3, 7}}); !errors.Is(err, ErrFenced) {
+	if _, err := s.Release(ctx, "mw", "w1", b.LeaseID(), []BucketToken{{3, 7}}, nil); !errors.Is(err, ErrFenced) {
 		t.Fatalf("release from another session: %v, want ErrFenced", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w9", a.LeaseID(), []BucketToken{{3, 7}}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Release(ctx, "mw", "w9", a.LeaseID(), []BucketToken{{3, 7}}, nil); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("release of unknown member: %v, want ErrNotFound", err)
 	}
 	var wg sync.WaitGroup
@@ -266,7 +267,9 @@ func TestMemberWrites(t *testing.T) {
 		wg.Add(1)
 		go func() { // exits after one release
 			defer wg.Done()
-			if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{bt}); err != nil {
+			// A stale guess (nothing released yet) must not lose a release.
+			stale := &ReleaseState{Grants: Grants{Session: a.LeaseID(), Buckets: granted}, GrantsRev: grantsRev}
+			if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{bt}, stale); err != nil {
 				t.Errorf("release %v: %v", bt, err)
 			}
 		}()
