@@ -121,13 +121,19 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 			if !ok {
 				return errNotLeader
 			}
-			var evs []coordinator.Event
-			if u.Resync != nil {
-				evs = snapshotEvents(u.Resync.Snapshot)
-			}
-			for _, c := range u.Changes {
-				if ev := changeEvent(c); ev != nil {
-					evs = append(evs, ev)
+			// Take every update already waiting too, and plan once: a burst
+			// of releases becomes one grant round, not one round each.
+			evs := updateEvents(nil, u)
+		drain:
+			for range 256 {
+				select {
+				case u, ok := <-updates:
+					if !ok {
+						return errNotLeader
+					}
+					evs = updateEvents(evs, u)
+				default:
+					break drain
 				}
 			}
 			pending = append(pending, m.StepAll(evs, s.clock.Now())...)
@@ -135,6 +141,19 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 			pending = append(pending, m.Step(coordinator.Tick{}, s.clock.Now())...)
 		}
 	}
+}
+
+// updateEvents appends the coordinator events of one watch update.
+func updateEvents(evs []coordinator.Event, u store.Update) []coordinator.Event {
+	if u.Resync != nil {
+		evs = append(evs, snapshotEvents(u.Resync.Snapshot)...)
+	}
+	for _, c := range u.Changes {
+		if ev := changeEvent(c); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
 }
 
 // committedEvents are the changes a committed action made, as the watch
