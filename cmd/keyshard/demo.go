@@ -14,6 +14,7 @@ import (
 func newDemo() *cobra.Command {
 	var opts demo.Options
 	var asJSON, verbose bool
+	var mode string
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run an embedded Keyshard with workers that join, leave and crash, and check the record",
@@ -32,16 +33,37 @@ and every change moved the optimal number of buckets.`,
 			} else {
 				opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 			}
-			rep, err := demo.Run(cmd.Context(), opts)
-			if err != nil {
-				return err
+			var rep any
+			var ok bool
+			switch mode {
+			case "exclusive":
+				r, err := demo.Run(cmd.Context(), opts)
+				if err != nil {
+					return err
+				}
+				rep, ok = r, r.OK
+			case "hotkeys":
+				hopts := demo.HotkeysOptions{Duration: opts.Duration, Rate: opts.Rate, Out: opts.Out, Logger: opts.Logger}
+				if !cmd.Flags().Changed("duration") {
+					hopts.Duration = 0 // the mode's own default
+				}
+				if !cmd.Flags().Changed("rate") {
+					hopts.Rate = 0
+				}
+				r, err := demo.RunHotkeys(cmd.Context(), hopts)
+				if err != nil {
+					return err
+				}
+				rep, ok = r, r.OK
+			default:
+				return fmt.Errorf("--mode %q: want exclusive or hotkeys", mode)
 			}
 			if asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
 					return err
 				}
 			}
-			if !rep.OK {
+			if !ok {
 				return fmt.Errorf("demo: a check failed (see above)")
 			}
 			return nil
@@ -52,6 +74,7 @@ and every change moved the optimal number of buckets.`,
 	fl.IntVar(&opts.Workers, "workers", 3, "workers at the start")
 	fl.IntVar(&opts.Buckets, "buckets", 256, "buckets of the demo keyspace")
 	fl.IntVar(&opts.Rate, "rate", 2000, "keyed events per second")
+	fl.StringVar(&mode, "mode", "exclusive", `"exclusive" (workers owning buckets) or "hotkeys" (Kafka overflow router on kfake)`)
 	fl.BoolVar(&asJSON, "json", false, "end with one JSON object of the checked figures on stdout")
 	fl.BoolVar(&verbose, "verbose", false, "also print the server's and workers' logs")
 	return cmd
