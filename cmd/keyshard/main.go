@@ -1,8 +1,9 @@
 // Command keyshard is the one Keyshard binary.
 //
-//	keyshard serve                      run the control plane (embedded etcd)
+//	keyshard demo [--mode hotkeys]                      see it work, with its own checks
+//	keyshard serve                                      run the control plane (embedded etcd)
 //	keyshard status | keyspace | members | map | drain   operate it
-//	keyshard bench placement|hotkeys [--json]           measure it
+//	keyshard bench placement|control|hotkeys [--json]   measure it
 //
 // Run `keyshard help` for every command and flag.
 package main
