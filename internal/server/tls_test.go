@@ -13,11 +13,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/internal/store"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir and
@@ -35,7 +37,7 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 		NotAfter:     time.Now().Add(time.Hour),
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IsCA:         true, BasicConstraintsValid: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
@@ -88,5 +90,37 @@ func TestTLS(t *testing.T) {
 		if res.StatusCode == http.StatusOK {
 			t.Fatal("plain HTTP served the API port")
 		}
+	}
+}
+
+// TestExternalEtcdTLS runs a replica against an etcd that serves clients
+// over TLS and requires a client certificate: the replica connects with
+// the etcd.tls settings and serves as usual.
+func TestExternalEtcdTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, _ := selfSigned(t, dir)
+	ctx := ctxT(t)
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: filepath.Join(dir, "etcd"), ClientTLS: &store.ClientTLS{CertFile: certFile, KeyFile: keyFile, ClientCA: certFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close) // after the replica: cleanups run last-in first-out
+	if ep := emb.Endpoints()[0]; !strings.HasPrefix(ep, "https://") {
+		t.Fatalf("endpoint %q is not https", ep)
+	}
+	ts := startServer(t, func(c *server.Config) {
+		c.Etcd.Endpoints = emb.Endpoints()
+		c.Etcd.TLS = server.TLSFiles{CertFile: certFile, KeyFile: keyFile, CAFile: certFile}
+	})
+	cl, err := client.Dial(ts.url, client.Token(adminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Admin().CreateKeyspace(ctx, client.KeyspaceConfig{Name: "rooms", Buckets: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if ks, err := cl.Admin().ListKeyspaces(ctx); err != nil || len(ks) != 1 {
+		t.Fatalf("keyspaces over a TLS etcd: %v %v", ks, err)
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -62,6 +64,18 @@ type EmbeddedConfig struct {
 	// UnsafeNoFsync skips fsync: faster, and loses data on a machine
 	// crash. For tests only.
 	UnsafeNoFsync bool
+	// ClientTLS, if set, serves clients over TLS (https client URLs) with
+	// this certificate; with ClientCA set, clients must present a
+	// certificate that CA signed.
+	ClientTLS *ClientTLS
+}
+
+// ClientTLS is the certificate an embedded etcd serves clients with, and
+// the CA its clients' certificates must chain to (empty: no client
+// certificates required).
+type ClientTLS struct {
+	CertFile, KeyFile string
+	ClientCA          string
 }
 
 // Embedded is a running in-process etcd server. Close stops it.
@@ -94,6 +108,9 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 			}
 			if pickClient {
 				c.ClientURL = urls[0]
+				if cfg.ClientTLS != nil {
+					c.ClientURL = "https://" + strings.TrimPrefix(c.ClientURL, "http://")
+				}
 			}
 			if pickPeer {
 				c.PeerURL = urls[1]
@@ -158,6 +175,9 @@ func embedConfig(cfg EmbeddedConfig, closing *atomic.Bool) (*embed.Config, error
 		return nil, fmt.Errorf("peer URL %q: %w", cfg.PeerURL, err)
 	}
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	if t := cfg.ClientTLS; t != nil {
+		ec.ClientTLSInfo = transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.ClientCA, ClientCertAuth: t.ClientCA != ""}
+	}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	ec.InitialCluster = cfg.InitialCluster
 	if ec.InitialCluster == "" {
