@@ -19,6 +19,10 @@ import (
 type Machine struct {
 	leader    bool
 	keyspaces map[string]*keyspace
+	// dirty are the keyspaces an event touched since they were last
+	// planned; a Tick (drain timeouts) or a change of leadership marks all.
+	dirty    map[string]bool
+	allDirty bool
 }
 
 // keyspace is everything observed about one keyspace.
@@ -46,7 +50,7 @@ type keyspace struct {
 
 // New returns a Machine that knows nothing and does not lead.
 func New() *Machine {
-	return &Machine{keyspaces: map[string]*keyspace{}}
+	return &Machine{keyspaces: map[string]*keyspace{}, dirty: map[string]bool{}, allDirty: true}
 }
 
 func (m *Machine) ks(name string) *keyspace {
@@ -88,8 +92,12 @@ func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
 	var acts []Action
 	names := make([]string, 0, len(m.keyspaces))
 	for name := range m.keyspaces {
-		names = append(names, name)
+		if m.allDirty || m.dirty[name] {
+			names = append(names, name)
+		}
 	}
+	m.allDirty = false
+	clear(m.dirty)
 	sort.Strings(names)
 	for _, name := range names {
 		acts = append(acts, m.plan(name, m.keyspaces[name], now)...)
@@ -98,6 +106,11 @@ func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
 }
 
 func (m *Machine) apply(ev Event) {
+	if name := eventKeyspace(ev); name != "" {
+		m.dirty[name] = true
+	} else {
+		m.allDirty = true // Tick, leadership, Reset
+	}
 	switch e := ev.(type) {
 	case KeyspacePut:
 		k := m.ks(e.Keyspace.Name)
@@ -169,6 +182,51 @@ func (m *Machine) apply(ev Event) {
 		}
 	case Tick:
 	}
+}
+
+// eventKeyspace returns the keyspace an event concerns, or "" for events
+// that concern all of them.
+func eventKeyspace(ev Event) string {
+	switch e := ev.(type) {
+	case KeyspacePut:
+		return e.Keyspace.Name
+	case KeyspaceDeleted:
+		return e.Name
+	case MemberPut:
+		return e.Keyspace
+	case MemberDeleted:
+		return e.Keyspace
+	case DrainPut:
+		return e.Keyspace
+	case DrainDeleted:
+		return e.Keyspace
+	case MapPut:
+		return e.Keyspace
+	case GrantsPut:
+		return e.Keyspace
+	case GrantsDeleted:
+		return e.Keyspace
+	case ReleasesPut:
+		return e.Keyspace
+	case ReleasesDeleted:
+		return e.Keyspace
+	case TokensPut:
+		return e.Keyspace
+	case QuarantinePut:
+		return e.Keyspace
+	case QuarantineDeleted:
+		return e.Keyspace
+	case WriteFailed:
+		switch a := e.Action.(type) {
+		case WriteMap:
+			return a.Keyspace
+		case WriteGrants:
+			return a.Keyspace
+		case RevokeSession:
+			return a.Keyspace
+		}
+	}
+	return ""
 }
 
 // effectiveMembers are the members that the balancer sees: joined members,
