@@ -19,12 +19,14 @@ func (a *adminService) CreateKeyspace(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	if _, err := a.s.store.CreateKeyspace(ctx, c.store()); err != nil {
+	rev, err := a.s.store.CreateKeyspace(ctx, c.store())
+	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("keyspace %q already exists; use UpdateKeyspace to change its lease TTL or drain timeout", c.Name))
 		}
 		return nil, apiError(err)
 	}
+	a.s.view.waitRev(ctx, rev)
 	a.s.log.Info("created keyspace", "keyspace", c.Name, "buckets", c.Buckets, "hash", c.Hash)
 	return connect.NewResponse(&v1.CreateKeyspaceResponse{Keyspace: keyspaceProto(c.store())}), nil
 }
@@ -84,9 +86,11 @@ func (a *adminService) UpdateKeyspace(ctx context.Context, req *connect.Request[
 	case store.Mode(c.Mode) != have.Mode:
 		return nil, failedPrecondition("keyspace %q is in %s mode; the mode cannot change", c.Name, have.Mode)
 	}
-	if _, err := a.s.store.UpdateKeyspace(ctx, c.store()); err != nil {
+	rev, err := a.s.store.UpdateKeyspace(ctx, c.store())
+	if err != nil {
 		return nil, apiError(err)
 	}
+	a.s.view.waitRev(ctx, rev)
 	return connect.NewResponse(&v1.UpdateKeyspaceResponse{Keyspace: keyspaceProto(c.store())}), nil
 }
 
@@ -129,12 +133,14 @@ func (a *adminService) DrainMember(ctx context.Context, req *connect.Request[v1.
 	if _, err := a.s.keyspace(ctx, ks); err != nil {
 		return nil, err
 	}
-	if _, err := a.s.store.PutDrain(ctx, ks, id, store.DrainRequest{RequestedAt: a.s.clock.Now(), By: "admin"}); err != nil {
+	rev, err := a.s.store.PutDrain(ctx, ks, id, store.DrainRequest{RequestedAt: a.s.clock.Now(), By: "admin"})
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, notFound("member %q is not joined to keyspace %q; list members with `keyshard members %s`", id, ks, ks)
 		}
 		return nil, apiError(err)
 	}
+	a.s.view.waitRev(ctx, rev)
 	a.s.log.Info("drain requested", "keyspace", ks, "member", id)
 	return connect.NewResponse(&v1.DrainMemberResponse{}), nil
 }

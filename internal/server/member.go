@@ -44,7 +44,7 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		return nil, apiError(err)
 	}
 	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
-	old, _, err := s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
+	old, rev, err := s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
 	if err != nil {
 		_ = s.store.Revoke(context.WithoutCancel(ctx), lease)
 		if errors.Is(err, store.ErrExists) {
@@ -69,6 +69,7 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 	} else {
 		s.log.Info("member joined", "keyspace", k.Name, "member", rec.ID, "address", rec.Address, "weight", w, "zone", rec.Zone)
 	}
+	s.view.waitRev(ctx, rev)
 	return connect.NewResponse(&v1.JoinResponse{
 		Session:  s.sessions.token(k.Name, rec.ID, lease),
 		LeaseTtl: durationpb.New(ttl),
@@ -224,6 +225,8 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision}
 		}
 	})
+	// No read-your-writes wait here: a member never reads its releases
+	// back, and the handoff should not wait for this replica's watch.
 	_, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
 	var notHeld *store.NotHeldError
 	switch {
@@ -247,12 +250,14 @@ func (m *memberService) Leave(ctx context.Context, req *connect.Request[v1.Leave
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.s.store.PutDrain(ctx, sess.keyspace, sess.member, store.DrainRequest{RequestedAt: m.s.clock.Now(), By: "member", Leave: true}); err != nil {
+	rev, err := m.s.store.PutDrain(ctx, sess.keyspace, sess.member, store.DrainRequest{RequestedAt: m.s.clock.Now(), By: "member", Leave: true})
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, sessionEnded(sess)
 		}
 		return nil, apiError(err)
 	}
+	m.s.view.waitRev(ctx, rev)
 	m.s.log.Info("member leaving", "keyspace", sess.keyspace, "member", sess.member)
 	return connect.NewResponse(&v1.LeaveResponse{}), nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 	"log/slog"
 	"sync"
 
@@ -122,6 +123,27 @@ func (v *view) read(f func(s *store.Snapshot, maps map[string]*mapView)) <-chan 
 	defer v.mu.RUnlock()
 	f(v.snap, v.maps)
 	return v.changed
+}
+
+// waitRev waits until the view has applied revision rev (a write this
+// replica just made), so that the caller's next read through this replica
+// sees it: read-your-writes. It gives up quietly after a few seconds or
+// when ctx ends; the write has succeeded either way.
+func (v *view) waitRev(ctx context.Context, rev int64) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		var at int64
+		changed := v.read(func(s *store.Snapshot, _ map[string]*mapView) { at = s.Rev })
+		if at >= rev {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (v *view) ready() bool {
