@@ -2,9 +2,9 @@ package server
 
 import (
 	"context"
-	"time"
 	"log/slog"
 	"sync"
+	"time"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/internal/store"
