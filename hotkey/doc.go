@@ -133,4 +133,12 @@
 //
 // Every decision is counted by outcome and reason (Counters); String forms of
 // Outcome and Reason suit metric labels.
+// # Cluster-wide hot keys
+//
+// Aggregate is the pure core of cluster-wide detection: it sums the latest
+// heavy-hitter Report of every producer (stale ones dropped), so a key
+// spread evenly over many producers is caught at the global threshold, and
+// returns the next versioned OverflowSet with the same hysteresis as the
+// policy (enter at Threshold, leave after Cooldown below LowThreshold).
+// The version rises whenever the set's membership changes.
 package hotkey
