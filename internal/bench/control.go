@@ -1258,20 +1258,6 @@ func (o *etcdObserver) mapEpochs(ks string, after uint64) []epochAt {
 	return out
 }
 
-// medianOf returns the median of xs (NaN if empty).
-func medianOf(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	xs = slices.Clone(xs)
-	slices.Sort(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
-}
-
 // percentileMs returns the p-th percentile (nearest rank) of ds in
 // milliseconds; p 100 is the maximum.
 func percentileMs(ds []time.Duration, p float64) float64 {

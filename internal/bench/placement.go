@@ -93,11 +93,21 @@ func median(runs int, f func() float64) float64 {
 	for i := range xs {
 		xs[i] = f()
 	}
-	slices.Sort(xs)
-	if runs%2 == 1 {
-		return xs[runs/2]
+	return medianOf(xs)
+}
+
+// medianOf returns the median of xs (NaN if empty).
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
 	}
-	return (xs[runs/2-1] + xs[runs/2]) / 2
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 func nsPerOp(f func(b *testing.B)) (float64, int64) {
@@ -185,7 +195,7 @@ func placementCase(buckets, n, runs int, lookupKeys, spreadKeys [][]byte) (Place
 		c.LookupAllocs = max(c.LookupAllocs, allocs)
 		return ns
 	})
-	c.HashNs = median(len(hashNs), func() float64 { h := hashNs[0]; hashNs = hashNs[1:]; return h })
+	c.HashNs = medianOf(hashNs)
 	c.LookupOverHash = c.LookupNs / c.HashNs
 
 	// Keys per member.

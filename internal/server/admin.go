@@ -153,7 +153,7 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 	}
 	resp.Leader = leader
 	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-		for name, ks := range snap.Keyspaces {
+		for _, ks := range snap.Keyspaces {
 			if !ks.Config.Exists() {
 				continue
 			}
@@ -175,7 +175,6 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 			if !ks.Map.Exists() {
 				st.UnassignedBuckets = uint32(ks.Config.Value.Buckets)
 			}
-			_ = name
 			resp.Keyspaces = append(resp.Keyspaces, st)
 		}
 	})
