@@ -42,6 +42,13 @@ type ReleaseState struct {
 	ReleasesRev int64
 }
 
+// maxReleaseRetries bounds Release's compare-and-write loop. A failed
+// attempt means another write to the member's grants or releases won, so
+// n concurrent Release calls of one member can fail up to n times each
+// (once more for a stale guess): the bound is set well above the calls a
+// member makes at once.
+const maxReleaseRetries = 64
+
 // Release records that member id, in session lease, released buckets at
 // the tokens given. It merges them with the member's earlier releases that
 // are still held and writes the record only if the member's grants and
@@ -107,7 +114,7 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 			return 0, err
 		}
 	}
-	for range maxRetries {
+	for range maxReleaseRetries {
 		held := map[int]uint64{}
 		if st.Grants.Session == lease {
 			for _, bt := range st.Grants.Buckets {
@@ -169,5 +176,5 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 		}
 		guessed = false
 	}
-	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxRetries)
+	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxReleaseRetries)
 }
