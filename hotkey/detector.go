@@ -186,7 +186,7 @@ type heapEntry struct {
 // weights; see the package documentation for the error bounds.
 //
 // A Detector is not safe for concurrent use. It never allocates after
-// NewDetector except in AppendHot.
+// NewDetector except in AppendHot and AppendAbove.
 type Detector struct {
 	cfg      DetectorConfig
 	k        int32
@@ -511,7 +511,49 @@ func (d *Detector) AppendHot(dst []HotKey, now time.Time) []HotKey {
 			Estimate:  d.estimate(d.countOf(int32(s)), sl.own, scale, inv),
 		})
 	}
-	slices.SortFunc(dst[start:], func(a, b HotKey) int {
+	sortHot(dst[start:])
+	return dst
+}
+
+// AppendAbove appends to dst every tracked key whose estimated Rate (the
+// upper bound) is at least minRate at now, highest rate first, and
+// returns the extended slice. It allocates the key strings. A NaN minRate
+// selects nothing; a minRate ≤ 0 selects every tracked key.
+//
+// It is what a producer reports for cluster-wide detection (see
+// Aggregate): every producer reports its keys at or above a common
+// minRate, and the control plane sums the reports. The upper bound is
+// reported, not the guaranteed lower bound, so that the sum never misses
+// a key: if a key's true rate summed over the producers is at least the
+// global threshold, the sum of its reported rates is too, provided every
+// producer that sends it holds its share at or above minRate and tracks
+// it (a share below minRate, or an untracked one, is left out, so set
+// minRate to at most threshold/producers for keys spread evenly). The
+// price is overestimation: the sum exceeds the true summed rate by at most
+// the reported keys' ErrorBounds, each at most the producer's
+// Stats().ErrorBound.
+//
+// Keys longer than MaxKeyLen come back with Truncated set and only their
+// first MaxKeyLen bytes: they cannot be reported by name, so callers skip
+// them (and should count them), or raise MaxKeyLen.
+func (d *Detector) AppendAbove(dst []HotKey, minRate float64, now time.Time) []HotKey {
+	scale, inv := d.scaleAt(now.UnixNano())
+	start := len(dst)
+	for s := range d.slots[:d.n] {
+		est := d.estimate(d.countOf(int32(s)), d.slots[s].own, scale, inv)
+		if !(est.Rate >= minRate) {
+			continue
+		}
+		key, trunc := d.storedKey(int32(s))
+		dst = append(dst, HotKey{Key: string(key), Truncated: trunc, Estimate: est})
+	}
+	sortHot(dst[start:])
+	return dst
+}
+
+// sortHot orders hs by rate, highest first, then by key.
+func sortHot(hs []HotKey) {
+	slices.SortFunc(hs, func(a, b HotKey) int {
 		switch {
 		case a.Rate > b.Rate:
 			return -1
@@ -520,7 +562,6 @@ func (d *Detector) AppendHot(dst []HotKey, now time.Time) []HotKey {
 		}
 		return bytes.Compare([]byte(a.Key), []byte(b.Key))
 	})
-	return dst
 }
 
 // Stats returns a snapshot of the detector's counters at now.

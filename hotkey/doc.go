@@ -99,6 +99,8 @@
 //     SkipStatefulRule);
 //   - overflow rules (Overflow, ForcedOverflow), then junk ids (Overflow,
 //     JunkKey), matched without regard to ASCII case;
+//   - the cluster-wide overflow set that the owner installs with
+//     SetClusterKeys (Overflow, ClusterHot; Main with OverflowFull);
 //   - the keys already in overflow and the detector (Overflow with Detected
 //     or Sticky; Main with NotHot, Released or OverflowFull).
 //
@@ -111,12 +113,15 @@
 // # Lifecycle of a key in overflow
 //
 // A key enters overflow when the detector reports it hot (rate ≥ (1−ε)·T
-// guaranteed; see above) or a rule forces it there. It then stays, Reason
-// Sticky, until all of these hold at one of its decisions or at Sweep:
+// guaranteed; see above), a rule forces it there, or it is in the cluster
+// set. It then stays, Reason Sticky, until all of these hold at one of its
+// decisions or at Sweep (which never releases a key of the cluster set):
 //
 //  1. its rate's upper bound is below LowThreshold (hysteresis: enter at
 //     T, leave below LowThreshold < T);
-//  2. it has been below LowThreshold for Cooldown;
+//  2. it has been below LowThreshold for Cooldown (a key that entered
+//     through the cluster set and was never locally at LowThreshold owes
+//     none: the control plane's own cooldown has run);
 //  3. MarkDrained has reported processed every message that a decision sent
 //     to overflow, up to the latest one.
 //
@@ -133,6 +138,7 @@
 //
 // Every decision is counted by outcome and reason (Counters); String forms of
 // Outcome and Reason suit metric labels.
+//
 // # Cluster-wide hot keys
 //
 // Aggregate is the pure core of cluster-wide detection: it sums the latest
@@ -141,4 +147,11 @@
 // returns the next versioned OverflowSet with the same hysteresis as the
 // policy (enter at Threshold, leave after Cooldown below LowThreshold).
 // The version rises whenever the set's membership changes.
+//
+// A producer takes part with two calls, both made by the policy's owner
+// under the lock it decides under: Detector.AppendAbove lists the keys
+// to report (their upper-bound rates, so that sums never miss a key), and
+// Policy.SetClusterKeys installs each newer set. The client package's
+// HotKeys runs that exchange with `keyshard serve`; the kafka package's
+// Router wires it up (kafka.Config.ClusterHotKeys).
 package hotkey

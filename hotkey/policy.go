@@ -62,13 +62,15 @@ const (
 	Sticky                         // Overflow: the key is no longer hot but has not left overflow yet
 	Released                       // Main: the key left overflow with this message
 	KillSwitch                     // Main: overflow is disabled; the key would have gone to overflow
-	OverflowFull                   // Main: the key is hot but MaxOverflowKeys keys are in overflow
+	OverflowFull                   // Main: the key is hot (locally or cluster-wide) but MaxOverflowKeys keys are in overflow
+	ClusterHot                     // Overflow: the key is in the cluster-wide overflow set (SetClusterKeys)
 	numReasons
 )
 
 var reasonNames = [numReasons]string{
 	"none", "missing_key", "not_hot", "drop_rule", "dead_letter_rule", "skip_stateful_rule",
 	"forced_overflow", "junk_key", "detected", "sticky", "released", "kill_switch", "overflow_full",
+	"cluster_hot",
 }
 
 func (r Reason) String() string {
@@ -126,8 +128,9 @@ type PolicyConfig struct {
 	// by a rule still goes to overflow but is not made sticky (counted in
 	// Counters.Untracked). Default DefaultMaxOverflowKeys.
 	MaxOverflowKeys int
-	// SpreadDetected sends detected hot keys to random overflow partitions
-	// instead of preserving the key. Opt in only when overflow processing is
+	// SpreadDetected sends detected hot keys, and the keys of the cluster
+	// set (SetClusterKeys), to random overflow partitions instead of
+	// preserving the key. Opt in only when overflow processing is
 	// stateless.
 	SpreadDetected bool
 	// Rules are the operator rules; nil means none.
@@ -142,7 +145,8 @@ type PolicyConfig struct {
 //
 // A Policy is not safe for concurrent use, except SetEnabled and Enabled,
 // which may be called from any goroutine. Its only callback-free inputs are
-// Decide, MarkDrained and Sweep; it starts no goroutines and reads no clock.
+// Decide, MarkDrained, Sweep, SetRules and SetClusterKeys; it starts no
+// goroutines and reads no clock.
 type Policy struct {
 	det     *Detector
 	rules   *Rules
@@ -165,6 +169,10 @@ type Policy struct {
 	counts                       [numOutcomes][numReasons]uint64
 	entered, released, untracked uint64
 	scratch                      []byte
+
+	// The cluster overflow set (SetClusterKeys), after the fields every
+	// Decide reads, so that an empty set costs Decide one length test.
+	cluster clusterSet
 }
 
 type stickyEntry struct {
@@ -173,7 +181,7 @@ type stickyEntry struct {
 	since        int64 // when the key entered overflow
 	lastOverflow int64 // the latest decision that sent it to overflow
 	drained      int64 // MarkDrained: processed through this time
-	lastHigh     int64 // the latest time its rate was seen ≥ LowThreshold
+	lastHigh     int64 // the latest time its rate was seen ≥ LowThreshold (MinInt64: never)
 	lastHighRate float64
 	spread       bool
 	live         bool
@@ -243,6 +251,84 @@ func (p *Policy) SetRules(rs *Rules) { p.rules = rs }
 // Rules returns the current operator rules.
 func (p *Policy) Rules() *Rules { return p.rules }
 
+// SetClusterKeys replaces the cluster-wide overflow set: the keys that the
+// control plane found hot summed over every producer (see Aggregate), of
+// which this policy may see only a small share. nil or empty clears it;
+// empty keys are ignored, and keys is not retained. Like Decide, it must
+// not run concurrently with the policy's other methods: the owner
+// serialises it with Decide.
+//
+// A key of the set goes to overflow (Reason ClusterHot), keyed unless
+// PolicyConfig.SpreadDetected, after the rules (drop, dead-letter,
+// skip-stateful, overflow, junk) and before the detector. It is held in
+// overflow like a detected key: when it leaves the set it stays (Reason
+// Sticky) until it has been below LowThreshold for Cooldown and has
+// drained (MarkDrained). The cooldown runs from the last decision that saw
+// the key's local rate at or above LowThreshold; a key that was never
+// locally that high owes none, since the control plane already applied
+// its own cooldown before dropping it from the set, and leaves as soon as
+// it has drained. Sweep never releases a key of the set. Beyond
+// MaxOverflowKeys a key of the set stays on main (Reason OverflowFull),
+// as a detected one does, so that it never reaches overflow without its
+// drain barriers.
+//
+// SetClusterKeys takes time and allocates in proportion to len(keys); a
+// policy whose set is empty pays one comparison per Decide for it.
+func (p *Policy) SetClusterKeys(keys []string) { p.cluster = newClusterSet(keys) }
+
+// clusterSet is the cluster-wide overflow set: its keys, indexed by an
+// open-addressing table of index+1 on the keys' xxhash (the hash Decide
+// computes anyway).
+type clusterSet struct {
+	keys   []string
+	hashes []uint64
+	table  []int32
+	mask   uint64
+}
+
+func newClusterSet(keys []string) clusterSet {
+	var c clusterSet
+	if len(keys) == 0 {
+		return c
+	}
+	size := 2
+	for size < 2*len(keys) {
+		size <<= 1
+	}
+	c.table = make([]int32, size)
+	c.mask = uint64(size - 1)
+	for _, k := range keys {
+		h := xxhash.Sum64String(k)
+		if k == "" || c.has(h, []byte(k)) {
+			continue
+		}
+		c.keys = append(c.keys, k)
+		c.hashes = append(c.hashes, h)
+		i := h & c.mask
+		for c.table[i] != 0 {
+			i = (i + 1) & c.mask
+		}
+		c.table[i] = int32(len(c.keys))
+	}
+	return c
+}
+
+// has reports whether key, whose xxhash is h, is in the set.
+func (c *clusterSet) has(h uint64, key []byte) bool {
+	if len(c.table) == 0 {
+		return false
+	}
+	for i := h & c.mask; ; i = (i + 1) & c.mask {
+		e := c.table[i]
+		if e == 0 {
+			return false
+		}
+		if c.hashes[e-1] == h && c.keys[e-1] == string(key) {
+			return true
+		}
+	}
+}
+
 // SetEnabled sets the kill switch: SetEnabled(false) disables overflow
 // wholesale, so that every message that would go to overflow (forced, junk,
 // detected or sticky) goes to main with Reason KillSwitch. Drop,
@@ -259,9 +345,10 @@ func (p *Policy) Enabled() bool { return p.enabled.Load() }
 
 // Decide counts one message of key at now and returns where it goes. Rules
 // apply in priority order: drop > dead-letter > skip-stateful > overflow >
-// junk > the detector (and the keys already in overflow). A nil or empty key
-// gets Outcome Rejected, Reason MissingKey. Decide does not allocate except
-// when a key enters overflow (its key is copied once).
+// junk > the cluster set (SetClusterKeys) > the detector (and the keys
+// already in overflow). A nil or empty key gets Outcome Rejected, Reason
+// MissingKey. Decide does not allocate except when a key enters overflow
+// (its key is copied once).
 func (p *Policy) Decide(key []byte, now time.Time) Decision {
 	if len(key) == 0 {
 		return p.record(Rejected, MissingKey, false)
@@ -291,7 +378,7 @@ func (p *Policy) Decide(key []byte, now time.Time) Decision {
 		}
 		if e := p.find(h, key); e >= 0 {
 			p.entries[e].touch(t, est.Rate, p.low, sp)
-		} else if !p.insert(key, h, t, est.Rate, sp) {
+		} else if p.insert(key, h, t, est.Rate, sp) < 0 {
 			p.untracked++
 		}
 		return p.record(Overflow, reason, sp)
@@ -299,6 +386,9 @@ func (p *Policy) Decide(key []byte, now time.Time) Decision {
 	e := int32(-1)
 	if p.live > 0 {
 		e = p.find(h, key)
+	}
+	if len(p.cluster.keys) > 0 && p.cluster.has(h, key) {
+		return p.decideCluster(key, h, e, est.Rate, t, enabled)
 	}
 	if !enabled {
 		if e >= 0 || est.Hot {
@@ -321,12 +411,35 @@ func (p *Policy) Decide(key []byte, now time.Time) Decision {
 		return p.record(Overflow, Sticky, en.spread)
 	}
 	if est.Hot {
-		if !p.insert(key, h, t, est.Rate, p.spreadDetected) {
+		if p.insert(key, h, t, est.Rate, p.spreadDetected) < 0 {
 			return p.record(Main, OverflowFull, false)
 		}
 		return p.record(Overflow, Detected, p.spreadDetected)
 	}
 	return p.record(Main, NotHot, false)
+}
+
+// decideCluster decides for a key of the cluster set; e is its entry in
+// overflow, or -1, and rate its local rate's upper bound.
+func (p *Policy) decideCluster(key []byte, h uint64, e int32, rate float64, t int64, enabled bool) Decision {
+	if !enabled {
+		return p.record(Main, KillSwitch, false)
+	}
+	sp := p.spreadDetected
+	if e >= 0 {
+		p.entries[e].touch(t, rate, p.low, sp)
+		return p.record(Overflow, ClusterHot, sp)
+	}
+	e = p.insert(key, h, t, rate, sp)
+	if e < 0 {
+		return p.record(Main, OverflowFull, false)
+	}
+	if rate < p.low {
+		// Not locally high: once the key leaves the set, it owes no
+		// cooldown from here (see SetClusterKeys).
+		p.entries[e].lastHigh, p.entries[e].lastHighRate = math.MinInt64, 0
+	}
+	return p.record(Overflow, ClusterHot, sp)
 }
 
 func (p *Policy) record(o Outcome, r Reason, spread bool) Decision {
@@ -366,8 +479,9 @@ func unixNanoSat(t time.Time) int64 {
 
 // Sweep releases every key in overflow that has cooled down and drained,
 // without waiting for its next message, to make room under MaxOverflowKeys.
-// It returns how many keys it released. Call it periodically (for example
-// every second); it takes time proportional to MaxOverflowKeys.
+// It never releases a key of the cluster set (SetClusterKeys). It returns
+// how many keys it released. Call it periodically (for example every
+// second); it takes time proportional to MaxOverflowKeys.
 func (p *Policy) Sweep(now time.Time) int {
 	t := max(unixNanoSat(now), p.det.last)
 	n := 0
@@ -377,6 +491,9 @@ func (p *Policy) Sweep(now time.Time) int {
 			continue
 		}
 		p.scratch = append(p.scratch[:0], en.key...)
+		if p.cluster.has(en.hash, p.scratch) {
+			continue // still hot cluster-wide
+		}
 		est := p.det.estimateHash(p.scratch, en.hash, t)
 		if p.releasable(en, est.Rate, t) {
 			p.remove(int32(i))
@@ -436,10 +553,11 @@ func (p *Policy) find(h uint64, key []byte) int32 {
 	}
 }
 
-// insert puts key in overflow, or reports false at MaxOverflowKeys.
-func (p *Policy) insert(key []byte, h uint64, t int64, rate float64, spread bool) bool {
+// insert puts key in overflow and returns its entry, or -1 at
+// MaxOverflowKeys.
+func (p *Policy) insert(key []byte, h uint64, t int64, rate float64, spread bool) int32 {
 	if len(p.free) == 0 {
-		return false
+		return -1
 	}
 	e := p.free[len(p.free)-1]
 	p.free = p.free[:len(p.free)-1]
@@ -454,7 +572,7 @@ func (p *Policy) insert(key []byte, h uint64, t int64, rate float64, spread bool
 	p.table[i] = e + 1
 	p.live++
 	p.entered++
-	return true
+	return e
 }
 
 // remove takes entry e out of overflow (backward-shift deletion).
@@ -523,6 +641,9 @@ type Counters struct {
 	Untracked uint64
 	// OverflowKeys is the number of keys in overflow now.
 	OverflowKeys int
+	// ClusterKeys is the number of keys in the cluster set
+	// (SetClusterKeys).
+	ClusterKeys int
 	// Enabled is the kill switch's state (false: overflow disabled).
 	Enabled bool
 }
@@ -570,6 +691,7 @@ func (p *Policy) Counters() Counters {
 		Released:     p.released,
 		Untracked:    p.untracked,
 		OverflowKeys: p.live,
+		ClusterKeys:  len(p.cluster.keys),
 		Enabled:      p.enabled.Load(),
 	}
 }

@@ -372,7 +372,9 @@ func TestPolicyDecideAllocs(t *testing.T) {
 // TestPolicyNeverMainWhileOverflowPending is the central property: with the
 // kill switch on, a key never goes to main while any message of it that
 // went to overflow is unprocessed, whatever the sequence of messages,
-// drains, sweeps, rule changes and kill-switch flips.
+// drains, sweeps, rule changes, cluster-set changes and kill-switch flips.
+// Also, with the kill switch on, a key of the cluster set always goes to
+// overflow, and Sweep never releases one.
 func TestPolicyNeverMainWhileOverflowPending(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		keys := []string{"a", "b", "c", "d", "junk"}
@@ -382,6 +384,7 @@ func TestPolicyNeverMainWhileOverflowPending(t *testing.T) {
 		cfg.MaxOverflowKeys = len(keys) // sticky for every key: see OverflowFull for the cap
 		p := newTestPolicy(rt, cfg)
 		pending := map[string][]time.Time{} // overflow messages not yet processed
+		cluster := map[string]bool{}        // the cluster set
 		now := t0
 		decisions := uint64(0)
 		decide := func(key string) {
@@ -399,6 +402,12 @@ func TestPolicyNeverMainWhileOverflowPending(t *testing.T) {
 			}
 			if d.Outcome == Main && d.Reason == KillSwitch && enabled {
 				rt.Fatalf("KillSwitch reason while enabled")
+			}
+			if enabled && cluster[key] && d.Outcome != Overflow {
+				rt.Fatalf("%s is in the cluster set but went to %v", key, d)
+			}
+			if d.Reason == ClusterHot && !cluster[key] {
+				rt.Fatalf("%s: %v, but it is not in the cluster set", key, d)
 			}
 		}
 		rt.Repeat(map[string]func(*rapid.T){
@@ -423,8 +432,34 @@ func TestPolicyNeverMainWhileOverflowPending(t *testing.T) {
 				p.MarkDrained([]byte(key), q[j-1])
 				pending[key] = q[j:]
 			},
-			"sweep": func(rt *rapid.T) { p.Sweep(now) },
-			"kill":  func(rt *rapid.T) { p.SetEnabled(rapid.Bool().Draw(rt, "enabled")) },
+			"sweep": func(rt *rapid.T) {
+				before := map[string]bool{}
+				for _, k := range p.AppendOverflowKeys(nil) {
+					before[k.Key] = true
+				}
+				p.Sweep(now)
+				after := map[string]bool{}
+				for _, k := range p.AppendOverflowKeys(nil) {
+					after[k.Key] = true
+				}
+				for k := range before {
+					if cluster[k] && !after[k] {
+						rt.Fatalf("Sweep released %s, which is in the cluster set", k)
+					}
+				}
+			},
+			"cluster": func(rt *rapid.T) {
+				clear(cluster)
+				var set []string
+				for _, k := range keys {
+					if rapid.Bool().Draw(rt, "cluster "+k) {
+						set = append(set, k)
+						cluster[k] = true
+					}
+				}
+				p.SetClusterKeys(set)
+			},
+			"kill": func(rt *rapid.T) { p.SetEnabled(rapid.Bool().Draw(rt, "enabled")) },
 			"rules": func(rt *rapid.T) {
 				var text []string
 				for _, k := range keys {
@@ -501,7 +536,11 @@ func FuzzDecide(f *testing.F) {
 				now = now.Add(time.Duration(op) * time.Second)
 				p.Sweep(now)
 			case 6:
-				p.SetEnabled(!p.Enabled())
+				if len(key) > 0 {
+					p.SetClusterKeys([]string{string(key)})
+				} else {
+					p.SetEnabled(!p.Enabled())
+				}
 			case 7:
 				now = now.Add(-time.Second) // time going backwards is tolerated
 			}
