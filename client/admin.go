@@ -10,8 +10,8 @@ import (
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 )
 
-// Admin is the admin API of a Client: keyspaces, members, drains and
-// status. It needs a token with the admin role. Errors wrap the package's
+// Admin is the admin API of a Client: keyspaces, members, drains,
+// status and hot-key pools. It needs a token with the admin role. Errors wrap the package's
 // sentinels (ErrInvalid, ErrNotFound, ErrExists, ErrImmutable,
 // ErrUnavailable, ErrUnauthenticated, ErrPermissionDenied, ErrClosed).
 type Admin struct{ c *Client }
@@ -160,4 +160,33 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return Status{}, fmt.Errorf("status: %w", err)
 	}
 	return statusFromProto(resp), nil
+}
+
+// PutHotKeyPool creates a hot-key pool or replaces its settings, and
+// returns it as stored, with the server's defaults filled in. A new
+// threshold applies from the leader's next aggregation. It returns an
+// error wrapping ErrInvalid for a bad pool.
+func (a *Admin) PutHotKeyPool(ctx context.Context, pool HotKeyPool) (HotKeyPool, error) {
+	p, err := hotKeyPoolToProto(pool)
+	if err != nil {
+		return HotKeyPool{}, err
+	}
+	resp, err := call(ctx, a.c, a.c.admin.PutHotKeyPool, &keyshardv1.PutHotKeyPoolRequest{Pool: p})
+	if err != nil {
+		return HotKeyPool{}, fmt.Errorf("put hot-key pool %q: %w", pool.Name, err)
+	}
+	return hotKeyPoolFromProto(resp.GetPool()), nil
+}
+
+// ListHotKeyPools returns every hot-key pool.
+func (a *Admin) ListHotKeyPools(ctx context.Context) ([]HotKeyPool, error) {
+	resp, err := call(ctx, a.c, a.c.admin.ListHotKeyPools, &keyshardv1.ListHotKeyPoolsRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list hot-key pools: %w", err)
+	}
+	out := make([]HotKeyPool, 0, len(resp.GetPools()))
+	for _, p := range resp.GetPools() {
+		out = append(out, hotKeyPoolFromProto(p))
+	}
+	return out, nil
 }

@@ -26,13 +26,17 @@ type WorkerOption interface{ applyWorker(*workerOptions) }
 // RouterOption configures NewRouter.
 type RouterOption interface{ applyRouter(*routerOptions) }
 
-// SharedOption is an option that Dial, NewWorker and NewRouter all take.
-// Given to Dial it sets the default for the Routers and Workers of the
-// Client.
+// HotKeysOption configures NewHotKeys.
+type HotKeysOption interface{ applyHotKeys(*hotKeysOptions) }
+
+// SharedOption is an option that Dial, NewWorker, NewRouter and
+// NewHotKeys all take. Given to Dial it sets the default for the Routers,
+// Workers and HotKeys of the Client.
 type SharedOption interface {
 	Option
 	WorkerOption
 	RouterOption
+	HotKeysOption
 }
 
 type clientOptions struct {
@@ -112,8 +116,17 @@ func (s sharedOpt) applyRouter(o *routerOptions) {
 	}
 }
 
-// Clock sets the clock used for keep-alives, self-fencing, backoff and
-// polling (default: the system clock). Tests pass a
+func (s sharedOpt) applyHotKeys(o *hotKeysOptions) {
+	if s.clock != nil {
+		o.clock = s.clock
+	}
+	if s.log != nil {
+		o.log = s.log
+	}
+}
+
+// Clock sets the clock used for keep-alives, self-fencing, backoff,
+// polling and hot-key reports (default: the system clock). Tests pass a
 // *keyshardtest.FakeClock.
 func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 
@@ -121,10 +134,10 @@ func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 // failures are logged at Warn, session loss at Error.
 func Logger(l *slog.Logger) SharedOption { return sharedOpt{log: l} }
 
-// Client is a connection to a Keyshard server: the three services of
-// keyshard.v1 behind one URL. It is safe for concurrent use. Routers and
-// Workers built on it take their defaults from it; close them before the
-// Client.
+// Client is a connection to a Keyshard server: the four services of
+// keyshard.v1 behind one URL. It is safe for concurrent use. Routers,
+// Workers and HotKeys built on it take their defaults from it; close them
+// before the Client.
 type Client struct {
 	url    string
 	opts   clientOptions
@@ -132,6 +145,7 @@ type Client struct {
 	admin  keyshardv1connect.AdminServiceClient
 	member keyshardv1connect.MemberServiceClient
 	maps   keyshardv1connect.MapServiceClient
+	hot    keyshardv1connect.HotKeyServiceClient
 
 	ctx       context.Context // cancelled by Close; every call is bound to it
 	cancel    context.CancelFunc
@@ -195,6 +209,7 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 	c.admin = keyshardv1connect.NewAdminServiceClient(hc, c.url, copts...)
 	c.member = keyshardv1connect.NewMemberServiceClient(hc, c.url, copts...)
 	c.maps = keyshardv1connect.NewMapServiceClient(hc, c.url, copts...)
+	c.hot = keyshardv1connect.NewHotKeyServiceClient(hc, c.url, copts...)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
 }

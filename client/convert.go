@@ -2,11 +2,14 @@ package client
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -299,4 +302,88 @@ func grantsToProto(gs []Grant) []*keyshardv1.BucketGrant {
 		out[i] = &keyshardv1.BucketGrant{Bucket: uint32(g.Bucket), Token: g.Token}
 	}
 	return out
+}
+
+// HotKeyPool is a group of producers whose heavy hitters the control
+// plane sums into one cluster-wide overflow set (see HotKeys). Rates are
+// messages per second. Zero fields take the server's defaults.
+type HotKeyPool struct {
+	// Name is 1-128 characters of [A-Za-z0-9._:@-].
+	Name string
+	// Threshold is the summed rate over all producers at which a key
+	// enters the overflow set. Required, > 0.
+	Threshold float64
+	// LowThreshold is the summed rate below which a key in the set starts
+	// cooling down. Default Threshold/2; at most Threshold.
+	LowThreshold float64
+	// Cooldown is how long a key's summed rate must stay below
+	// LowThreshold before it leaves the set. Default 30 s.
+	Cooldown time.Duration
+	// ReportThreshold is the local rate at or above which a producer
+	// reports a key. Default Threshold/64.
+	ReportThreshold float64
+	// ReportMaxAge is how long a producer's report counts. Default 30 s,
+	// at least 2 s.
+	ReportMaxAge time.Duration
+	// MaxKeys caps the set. Default 1024, at most 2048.
+	MaxKeys int
+}
+
+func hotKeyPoolToProto(p HotKeyPool) (*keyshardv1.HotKeyPool, error) {
+	if err := validName("hot-key pool name", p.Name); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Threshold", p.Threshold}, {"LowThreshold", p.LowThreshold}, {"ReportThreshold", p.ReportThreshold}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return nil, fmt.Errorf("%w: hot-key pool %q: %s is %v; want a finite rate >= 0", ErrInvalid, p.Name, f.name, f.v)
+		}
+	}
+	if p.Cooldown < 0 || p.ReportMaxAge < 0 || p.MaxKeys < 0 || p.MaxKeys > math.MaxUint32 {
+		return nil, fmt.Errorf("%w: hot-key pool %q: negative Cooldown (%v), ReportMaxAge (%v) or MaxKeys (%d)", ErrInvalid, p.Name, p.Cooldown, p.ReportMaxAge, p.MaxKeys)
+	}
+	return &keyshardv1.HotKeyPool{
+		Name:            p.Name,
+		Threshold:       p.Threshold,
+		LowThreshold:    p.LowThreshold,
+		Cooldown:        durationToProto(p.Cooldown),
+		ReportThreshold: p.ReportThreshold,
+		ReportMaxAge:    durationToProto(p.ReportMaxAge),
+		MaxKeys:         uint32(p.MaxKeys),
+	}, nil
+}
+
+func hotKeyPoolFromProto(p *keyshardv1.HotKeyPool) HotKeyPool {
+	return HotKeyPool{
+		Name:            p.GetName(),
+		Threshold:       p.GetThreshold(),
+		LowThreshold:    p.GetLowThreshold(),
+		Cooldown:        p.GetCooldown().AsDuration(),
+		ReportThreshold: p.GetReportThreshold(),
+		ReportMaxAge:    p.GetReportMaxAge().AsDuration(),
+		MaxKeys:         int(p.GetMaxKeys()),
+	}
+}
+
+// overflowSetFromProto converts a set; unset timestamps become zero times.
+func overflowSetFromProto(m *keyshardv1.OverflowSet) hotkey.OverflowSet {
+	s := hotkey.OverflowSet{Version: m.GetVersion(), Entries: make([]hotkey.OverflowEntry, 0, len(m.GetKeys()))}
+	for _, k := range m.GetKeys() {
+		s.Entries = append(s.Entries, hotkey.OverflowEntry{
+			Key:        k.GetKey(),
+			Rate:       k.GetRate(),
+			Since:      timeFromProto(k.GetSince()),
+			BelowSince: timeFromProto(k.GetCoolingSince()),
+		})
+	}
+	return s
+}
+
+func timeFromProto(t *timestamppb.Timestamp) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.AsTime()
 }

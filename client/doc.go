@@ -1,9 +1,10 @@
 // Package client is Keyshard's Go SDK: workers that own buckets of keys,
-// routers that find a key's owner in nanoseconds, and the admin API.
+// routers that find a key's owner in nanoseconds, producers' part in
+// cluster-wide hot-key detection, and the admin API.
 //
 // # Connecting
 //
-// Dial returns a Client for one server URL. It does no IO; the three
+// Dial returns a Client for one server URL. It does no IO; the four
 // services of keyshard.v1 are called over the Connect protocol (HTTP/1.1
 // or HTTP/2), or gRPC with the GRPC option.
 //
@@ -87,11 +88,37 @@
 // On a *WrongOwnerError from a worker (AsWrongOwner), wait for the map
 // named in it with WaitEpoch and retry.
 //
+// # Hot keys
+//
+// A producer that detects hot keys locally (hotkey.Policy) takes part in
+// cluster-wide detection with a HotKeys: every Interval it reports its
+// keys at or above the pool's report threshold, and it follows the pool's
+// cluster-wide overflow set, which the control plane's leader computes
+// from every producer's reports (hotkey.Aggregate):
+//
+//	hk, err := client.NewHotKeys(c, client.HotKeysConfig{
+//		Pool: "events", Producer: hostname + "/ingest",
+//		Report: func(now time.Time, minRate float64) []hotkey.KeyRate {
+//			mu.Lock(); defer mu.Unlock() // the lock the policy decides under
+//			... policy.Detector().AppendAbove(nil, minRate, now) ...
+//		},
+//		OnSet: func(s hotkey.OverflowSet) {
+//			mu.Lock(); defer mu.Unlock()
+//			policy.SetClusterKeys(s.Keys())
+//		},
+//	})
+//	go hk.Run(ctx) // until ctx ends
+//
+// It fails open: an unreachable control plane or an unknown pool never
+// clears the set in force; HotKeys logs what to do, retries with backoff
+// and counts failures (Stats). Package kafka's Router does all of this
+// itself when given kafka.Config.ClusterHotKeys.
+//
 // # Admin
 //
-// Client.Admin creates and inspects keyspaces, drains members and reports
-// status; its methods are thin wrappers over AdminService taking and
-// returning Go types.
+// Client.Admin creates and inspects keyspaces, drains members, manages
+// hot-key pools and reports status; its methods are thin wrappers over
+// AdminService taking and returning Go types.
 //
 // # Errors
 //

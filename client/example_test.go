@@ -8,11 +8,13 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/hotkey"
 )
 
 func ExampleDial() {
@@ -161,4 +163,48 @@ func ExampleAdmin_CreateKeyspace() {
 	default:
 		log.Printf("created %+v", ks)
 	}
+}
+
+// A producer's part in cluster-wide hot-key detection, around a
+// hotkey.Policy it decides under mu. (Package kafka's Router does this
+// itself; see kafka.Config.ClusterHotKeys.)
+func ExampleNewHotKeys() {
+	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	policy, err := hotkey.NewPolicy(hotkey.PolicyConfig{Detector: hotkey.DetectorConfig{Threshold: 1000, MaxTotalRate: 200_000}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var mu sync.Mutex // held around policy.Decide too
+	hk, err := client.NewHotKeys(c, client.HotKeysConfig{
+		Pool:     "events",
+		Producer: "ingest-7",
+		Report: func(now time.Time, minRate float64) []hotkey.KeyRate {
+			mu.Lock()
+			hot := policy.Detector().AppendAbove(nil, minRate, now)
+			mu.Unlock()
+			keys := make([]hotkey.KeyRate, 0, len(hot))
+			for _, h := range hot {
+				if !h.Truncated { // a truncated key cannot be named
+					keys = append(keys, hotkey.KeyRate{Key: h.Key, Rate: h.Rate})
+				}
+			}
+			return keys
+		},
+		OnSet: func(s hotkey.OverflowSet) {
+			mu.Lock()
+			defer mu.Unlock()
+			policy.SetClusterKeys(s.Keys())
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	_ = hk.Run(ctx) // until SIGINT; control-plane errors never end it
+	log.Printf("hot keys: %+v", hk.Stats())
 }

@@ -14,16 +14,17 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/keyshardtest"
 )
 
-// fakeServer is a small stateful stand-in for `keyshard serve`: the three
+// fakeServer is a small stateful stand-in for `keyshard serve`: the four
 // services of keyshard.v1 over a real httptest.Server (HTTP/1.1 and h2c),
-// driven by the test. Time-based waits (GetMap and GetGrants long polls)
-// use the fake clock.
+// driven by the test. Time-based waits (GetMap, GetGrants and
+// GetOverflowSet long polls) use the fake clock.
 type fakeServer struct {
 	t     *testing.T
 	clock *keyshardtest.FakeClock
@@ -39,6 +40,8 @@ type fakeServer struct {
 	sessions  map[string]*fakeSession
 	nextID    int
 	lastToken uint64
+	pools     map[string]*keyshardv1.HotKeyPool
+	sets      map[string]*keyshardv1.OverflowSet
 
 	// Behaviour switches.
 	kaMode            string        // "", "fail", "hang", "gate", "notfound"
@@ -50,6 +53,9 @@ type fakeServer struct {
 	leaveIgnored      bool           // Leave succeeds but changes nothing
 	releaseGate       chan struct{}  // if set, each Release waits for a value
 	failNext          *connect.Error // returned by the next admin call
+	hotDown           bool           // every HotKeyService call fails with Unavailable; open watches end
+	watchSetUnimpl    bool
+	reportErr         *connect.Error // returned by every ReportHotKeys while set
 
 	// Observations, buffered so the server never blocks on the test.
 	joins      chan *keyshardv1.JoinRequest
@@ -59,6 +65,9 @@ type fakeServer struct {
 	getMaps    chan *keyshardv1.GetMapRequest
 	getGrants  chan *keyshardv1.GetGrantsRequest
 	watchMaps  chan *keyshardv1.WatchMapRequest
+	reports    chan *keyshardv1.ReportHotKeysRequest
+	watchSets  chan *keyshardv1.WatchOverflowSetRequest
+	getSets    chan *keyshardv1.GetOverflowSetRequest
 	calls      map[string]int
 }
 
@@ -90,6 +99,11 @@ func newFake(t *testing.T) *fakeServer {
 		getMaps:    make(chan *keyshardv1.GetMapRequest, 1024),
 		getGrants:  make(chan *keyshardv1.GetGrantsRequest, 1024),
 		watchMaps:  make(chan *keyshardv1.WatchMapRequest, 1024),
+		reports:    make(chan *keyshardv1.ReportHotKeysRequest, 1024),
+		watchSets:  make(chan *keyshardv1.WatchOverflowSetRequest, 1024),
+		getSets:    make(chan *keyshardv1.GetOverflowSetRequest, 1024),
+		pools:      map[string]*keyshardv1.HotKeyPool{},
+		sets:       map[string]*keyshardv1.OverflowSet{},
 		calls:      map[string]int{},
 	}
 	mux := http.NewServeMux()
@@ -97,6 +111,7 @@ func newFake(t *testing.T) *fakeServer {
 	mux.Handle(keyshardv1connect.NewAdminServiceHandler(fakeAdmin{f}, opt))
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(fakeMember{f}, opt))
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(fakeMap{f}, opt))
+	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(fakeHot{f}, opt))
 	f.srv = httptest.NewUnstartedServer(mux)
 	f.srv.Config.Protocols = new(http.Protocols)
 	f.srv.Config.Protocols.SetHTTP1(true)
@@ -412,6 +427,50 @@ func (a fakeAdmin) Status(context.Context, *connect.Request[keyshardv1.StatusReq
 	return connect.NewResponse(resp), nil
 }
 
+func (a fakeAdmin) PutHotKeyPool(_ context.Context, r *connect.Request[keyshardv1.PutHotKeyPoolRequest]) (*connect.Response[keyshardv1.PutHotKeyPoolResponse], error) {
+	if err := a.takeFailure(); err != nil {
+		return nil, err
+	}
+	p := proto.Clone(r.Msg.GetPool()).(*keyshardv1.HotKeyPool)
+	if p.GetName() == "" || !(p.GetThreshold() > 0) {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pool.name is empty or pool.threshold is not > 0"))
+	}
+	if p.LowThreshold == 0 {
+		p.LowThreshold = p.Threshold / 2
+	}
+	if p.ReportThreshold == 0 {
+		p.ReportThreshold = p.Threshold / 64
+	}
+	if p.Cooldown == nil {
+		p.Cooldown = durationpb.New(30 * time.Second)
+	}
+	if p.ReportMaxAge == nil {
+		p.ReportMaxAge = durationpb.New(30 * time.Second)
+	}
+	if p.MaxKeys == 0 {
+		p.MaxKeys = 1024
+	}
+	a.f.mu.Lock()
+	defer a.f.mu.Unlock()
+	a.f.pools[p.Name] = p
+	a.f.notifyLocked()
+	return connect.NewResponse(&keyshardv1.PutHotKeyPoolResponse{Pool: p}), nil
+}
+
+func (a fakeAdmin) ListHotKeyPools(context.Context, *connect.Request[keyshardv1.ListHotKeyPoolsRequest]) (*connect.Response[keyshardv1.ListHotKeyPoolsResponse], error) {
+	if err := a.takeFailure(); err != nil {
+		return nil, err
+	}
+	a.f.mu.Lock()
+	defer a.f.mu.Unlock()
+	resp := &keyshardv1.ListHotKeyPoolsResponse{}
+	for _, p := range a.f.pools {
+		resp.Pools = append(resp.Pools, p)
+	}
+	sort.Slice(resp.Pools, func(i, j int) bool { return resp.Pools[i].Name < resp.Pools[j].Name })
+	return connect.NewResponse(resp), nil
+}
+
 // --- MemberService ---
 
 type fakeMember struct{ f *fakeServer }
@@ -662,6 +721,139 @@ func (m fakeMap) WatchMap(ctx context.Context, r *connect.Request[keyshardv1.Wat
 
 func (m fakeMap) Lookup(context.Context, *connect.Request[keyshardv1.LookupRequest]) (*connect.Response[keyshardv1.LookupResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("not in the fake"))
+}
+
+// --- HotKeyService ---
+
+// addPool creates hot-key pool name with threshold and report threshold
+// (the rest are the server's defaults).
+func (f *fakeServer) addPool(name string, threshold, reportThreshold float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pools[name] = &keyshardv1.HotKeyPool{Name: name, Threshold: threshold, LowThreshold: threshold / 2, ReportThreshold: reportThreshold,
+		Cooldown: durationpb.New(30 * time.Second), ReportMaxAge: durationpb.New(30 * time.Second), MaxKeys: 1024}
+	f.notifyLocked()
+}
+
+// setOverflow publishes pool's overflow set with keys at version (0: the
+// next version) and returns the version.
+func (f *fakeServer) setOverflow(pool string, version uint64, keys ...string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if version == 0 {
+		version = f.sets[pool].GetVersion() + 1
+	}
+	set := &keyshardv1.OverflowSet{Pool: pool, Version: version}
+	for i, k := range keys {
+		ok := &keyshardv1.OverflowKey{Key: k, Rate: float64(1000 + i), Since: timestamppb.New(f.clock.Now())}
+		if i%2 == 1 {
+			ok.CoolingSince = timestamppb.New(f.clock.Now())
+		}
+		set.Keys = append(set.Keys, ok)
+	}
+	f.sets[pool] = set
+	f.notifyLocked()
+	return version
+}
+
+// setHotDown makes every HotKeyService call fail with Unavailable (and
+// ends the open watches), or serve again.
+func (f *fakeServer) setHotDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hotDown = down
+	f.notifyLocked()
+}
+
+var errHotDown = connect.NewError(connect.CodeUnavailable, errors.New("etcd is unreachable"))
+
+type fakeHot struct{ f *fakeServer }
+
+func (h fakeHot) poolLocked(name string) error {
+	if h.f.hotDown {
+		return errHotDown
+	}
+	if _, ok := h.f.pools[name]; !ok {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("hot-key pool %q does not exist", name))
+	}
+	return nil
+}
+
+func (h fakeHot) ReportHotKeys(_ context.Context, r *connect.Request[keyshardv1.ReportHotKeysRequest]) (*connect.Response[keyshardv1.ReportHotKeysResponse], error) {
+	f := h.f
+	f.reports <- r.Msg
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := h.poolLocked(r.Msg.GetPool()); err != nil {
+		return nil, err
+	}
+	if f.reportErr != nil {
+		return nil, f.reportErr
+	}
+	p := f.pools[r.Msg.GetPool()]
+	return connect.NewResponse(&keyshardv1.ReportHotKeysResponse{Pool: p, Version: f.sets[p.Name].GetVersion()}), nil
+}
+
+func (h fakeHot) GetOverflowSet(ctx context.Context, r *connect.Request[keyshardv1.GetOverflowSetRequest]) (*connect.Response[keyshardv1.GetOverflowSetResponse], error) {
+	f := h.f
+	f.getSets <- r.Msg
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	wait := r.Msg.GetWait().AsDuration()
+	var timer <-chan time.Time
+	for {
+		if err := h.poolLocked(r.Msg.GetPool()); err != nil {
+			return nil, err
+		}
+		cur := f.sets[r.Msg.GetPool()]
+		if cur != nil && cur.Version > r.Msg.GetSinceVersion() {
+			return connect.NewResponse(&keyshardv1.GetOverflowSetResponse{Set: cur, Changed: true}), nil
+		}
+		if wait <= 0 {
+			return connect.NewResponse(&keyshardv1.GetOverflowSetResponse{Set: cur}), nil
+		}
+		if timer == nil {
+			t := f.clock.NewTimer(wait)
+			defer t.Stop()
+			timer = t.C()
+		}
+		switch f.waitChangeLocked(ctx, timer) {
+		case waitCancelled:
+			return nil, connect.NewError(connect.CodeCanceled, errors.New("cancelled"))
+		case waitTimedOut:
+			return connect.NewResponse(&keyshardv1.GetOverflowSetResponse{Set: f.sets[r.Msg.GetPool()]}), nil
+		}
+	}
+}
+
+func (h fakeHot) WatchOverflowSet(ctx context.Context, r *connect.Request[keyshardv1.WatchOverflowSetRequest], st *connect.ServerStream[keyshardv1.OverflowSet]) error {
+	f := h.f
+	f.watchSets <- r.Msg
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.watchSetUnimpl {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("no streams here"))
+	}
+	since := r.Msg.GetSinceVersion()
+	for {
+		if err := h.poolLocked(r.Msg.GetPool()); err != nil {
+			return err
+		}
+		cur := f.sets[r.Msg.GetPool()]
+		if cur != nil && cur.Version > since {
+			since = cur.Version
+			f.mu.Unlock()
+			err := st.Send(cur)
+			f.mu.Lock()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if f.waitChangeLocked(ctx, nil) == waitCancelled {
+			return nil
+		}
+	}
 }
 
 // waitUntil blocks until cond, checked under f.mu each time the fake's

@@ -3,6 +3,7 @@
 //	keyshard demo [--mode hotkeys]                      see it work, with its own checks
 //	keyshard serve                                      run the control plane (embedded etcd)
 //	keyshard status | keyspace | members | map | drain   operate it
+//	keyshard hotkeys pool put|list, hotkeys set [--watch] cluster-wide hot keys
 //	keyshard bench placement|control|hotkeys [--json]   measure it
 //
 // Run `keyshard help` for every command and flag.
@@ -35,7 +36,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDemo(), newBench())
+	root.AddCommand(newServe(), newDemo(), newBench(), newHotKeys())
 	addAdminCommands(root)
 	return root
 }

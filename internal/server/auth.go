@@ -23,7 +23,8 @@ const (
 )
 
 // authenticator checks bearer tokens against the roles each service needs:
-// admin for AdminService, member for MemberService, either for MapService.
+// admin for AdminService, member for MemberService, either for MapService
+// and HotKeyService (routers and producers may run with either token).
 // It implements connect.Interceptor for unary and streaming handlers.
 type authenticator struct {
 	open    bool // no tokens configured on loopback, or auth disabled
@@ -68,7 +69,9 @@ func (a *authenticator) roleOf(token string) role {
 	return roleNone
 }
 
-// check returns nil if header carries a token allowed to call procedure.
+// check returns nil if header carries a token allowed to call procedure:
+// any known token, except that AdminService needs an admin token and
+// MemberService a member token.
 func (a *authenticator) check(procedure string, header http.Header) error {
 	if a.open {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -32,6 +34,10 @@ type Config struct {
 	Auth AuthConfig `yaml:"auth"`
 	// Keyspaces are created at start if they do not exist yet.
 	Keyspaces []KeyspaceConfig `yaml:"keyspaces"`
+	// HotKeyPools are created at start if they do not exist yet; an
+	// existing pool keeps its stored settings (change them with
+	// `keyshard hotkeys pool put`).
+	HotKeyPools []HotKeyPoolConfig `yaml:"hotkey_pools"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 }
@@ -59,7 +65,7 @@ type EtcdConfig struct {
 
 // AuthConfig holds bearer tokens. A request must carry one of the tokens
 // of a role the method needs: admin for AdminService, member for
-// MemberService, either for MapService.
+// MemberService, either for MapService and HotKeyService.
 type AuthConfig struct {
 	AdminTokens  []string `yaml:"admin_tokens"`
 	MemberTokens []string `yaml:"member_tokens"`
@@ -79,12 +85,46 @@ type KeyspaceConfig struct {
 	DrainTimeout time.Duration      `yaml:"drain_timeout"`
 }
 
-// Defaults for keyspaces and the server.
+// HotKeyPoolConfig is a hot-key pool: a group of producers whose heavy
+// hitters the leader sums into one cluster-wide overflow set. Rates are
+// messages per second; zero values mean the defaults.
+type HotKeyPoolConfig struct {
+	Name string `yaml:"name"`
+	// Threshold is the summed rate at which a key enters the set.
+	// Required, > 0.
+	Threshold float64 `yaml:"threshold"`
+	// LowThreshold is the summed rate below which a key in the set starts
+	// cooling down. Default Threshold/2; at most Threshold.
+	LowThreshold float64 `yaml:"low_threshold"`
+	// Cooldown is how long a key must stay below LowThreshold before it
+	// leaves. Default DefaultHotKeyCooldown.
+	Cooldown time.Duration `yaml:"cooldown"`
+	// ReportThreshold is the local rate from which producers should report
+	// a key. Default Threshold/64; at most Threshold.
+	ReportThreshold float64 `yaml:"report_threshold"`
+	// ReportMaxAge is how long a report counts. Default
+	// DefaultHotKeyReportMaxAge, at least store.MinReportMaxAge.
+	ReportMaxAge time.Duration `yaml:"report_max_age"`
+	// MaxKeys caps the set. Default DefaultHotKeyMaxKeys, at most
+	// store.MaxOverflowKeys.
+	MaxKeys int `yaml:"max_keys"`
+}
+
+// Defaults for keyspaces, hot-key pools and the server.
 const (
 	DefaultListen       = "127.0.0.1:7400"
 	DefaultLeaseTTL     = 10 * time.Second
 	DefaultDrainTimeout = 30 * time.Second
 	MinLeaseTTL         = 2 * time.Second
+
+	DefaultHotKeyCooldown     = 30 * time.Second
+	DefaultHotKeyReportMaxAge = 30 * time.Second
+	DefaultHotKeyMaxKeys      = 1024
+	// DefaultReportShare: the default report threshold is
+	// Threshold/DefaultReportShare, so a key spread evenly over up to that
+	// many producers is still reported by each and caught at the
+	// threshold.
+	DefaultReportShare = 64
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -222,6 +262,18 @@ func (c *Config) Validate() error {
 		}
 		seen[k.Name] = true
 	}
+	pools := map[string]bool{}
+	for i := range c.HotKeyPools {
+		p := &c.HotKeyPools[i]
+		field := fmt.Sprintf("hotkey_pools[%d]", i)
+		if err := p.Normalize(); err != nil {
+			return fmt.Errorf("%w: %s.%v", ErrConfig, field, err)
+		}
+		if pools[p.Name] {
+			return configErr(field+".name", "%q is declared twice", p.Name)
+		}
+		pools[p.Name] = true
+	}
 	return nil
 }
 
@@ -269,6 +321,75 @@ func (k *KeyspaceConfig) Normalize() error {
 	}
 	if k.DrainTimeout < 0 {
 		return fmt.Errorf("drain_timeout: %v; want a positive duration", k.DrainTimeout)
+	}
+	return nil
+}
+
+// Normalize fills defaults into p and validates it. The error starts with
+// the field's name ("threshold: 0; want a number > 0"), so that callers
+// can prefix where the pool came from.
+func (p *HotKeyPoolConfig) Normalize() error {
+	if err := validName(p.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
+	switch {
+	case math.IsNaN(p.Threshold) || math.IsInf(p.Threshold, 0):
+		return fmt.Errorf("threshold: %v; want a finite number > 0", p.Threshold)
+	case p.Threshold <= 0:
+		return fmt.Errorf("threshold: %v; want a number > 0", p.Threshold)
+	}
+	if p.LowThreshold == 0 {
+		p.LowThreshold = p.Threshold / 2
+	}
+	switch {
+	case math.IsNaN(p.LowThreshold) || math.IsInf(p.LowThreshold, 0) || p.LowThreshold < 0:
+		return fmt.Errorf("low_threshold: %v; want a number in (0, threshold] (0 means threshold/2)", p.LowThreshold)
+	case p.LowThreshold > p.Threshold:
+		return fmt.Errorf("low_threshold: %v is above the threshold %v; want at most the threshold (0 means threshold/2)", p.LowThreshold, p.Threshold)
+	}
+	if p.ReportThreshold == 0 {
+		p.ReportThreshold = p.Threshold / DefaultReportShare
+	}
+	switch {
+	case math.IsNaN(p.ReportThreshold) || math.IsInf(p.ReportThreshold, 0) || p.ReportThreshold < 0:
+		return fmt.Errorf("report_threshold: %v; want a number in (0, threshold] (0 means threshold/%d)", p.ReportThreshold, DefaultReportShare)
+	case p.ReportThreshold > p.Threshold:
+		return fmt.Errorf("report_threshold: %v is above the threshold %v; want at most the threshold (0 means threshold/%d)", p.ReportThreshold, p.Threshold, DefaultReportShare)
+	}
+	if p.Cooldown == 0 {
+		p.Cooldown = DefaultHotKeyCooldown
+	}
+	if err := checkPoolDuration("cooldown", p.Cooldown, time.Millisecond, DefaultHotKeyCooldown); err != nil {
+		return err
+	}
+	if p.ReportMaxAge == 0 {
+		p.ReportMaxAge = DefaultHotKeyReportMaxAge
+	}
+	if p.ReportMaxAge > 0 && p.ReportMaxAge < store.MinReportMaxAge {
+		return fmt.Errorf("report_max_age: %v; want at least %v (producers report about every second, so a shorter age drops reports that are merely late)", p.ReportMaxAge, store.MinReportMaxAge)
+	}
+	if err := checkPoolDuration("report_max_age", p.ReportMaxAge, store.MinReportMaxAge, DefaultHotKeyReportMaxAge); err != nil {
+		return err
+	}
+	if p.MaxKeys == 0 {
+		p.MaxKeys = DefaultHotKeyMaxKeys
+	}
+	if p.MaxKeys < 0 || p.MaxKeys > store.MaxOverflowKeys {
+		return fmt.Errorf("max_keys: %d; want 1 to %d (0 means %d)", p.MaxKeys, store.MaxOverflowKeys, DefaultHotKeyMaxKeys)
+	}
+	return nil
+}
+
+// checkPoolDuration checks a hot-key pool's duration: whole milliseconds,
+// in [least, store.MaxHotPoolDuration].
+func checkPoolDuration(field string, d, least, def time.Duration) error {
+	switch {
+	case d < least:
+		return fmt.Errorf("%s: %v; want a positive duration (0 means %v)", field, d, def)
+	case d > store.MaxHotPoolDuration:
+		return fmt.Errorf("%s: %v; want at most %v", field, d, store.MaxHotPoolDuration)
+	case d%time.Millisecond != 0:
+		return fmt.Errorf("%s: %v; want whole milliseconds", field, d)
 	}
 	return nil
 }

@@ -41,6 +41,41 @@ keyspaces:
 	}
 }
 
+func TestConfigHotKeyPools(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keyshard.yaml")
+	os.WriteFile(path, []byte(`
+hotkey_pools:
+  - name: ingest
+    threshold: 6400
+  - name: api
+    threshold: 100
+    low_threshold: 80
+    cooldown: 1m
+    report_threshold: 5
+    report_max_age: 10s
+    max_keys: 2048
+`), 0o644)
+	c := DefaultConfig()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := []HotKeyPoolConfig{
+		{Name: "ingest", Threshold: 6400, LowThreshold: 3200, Cooldown: 30 * time.Second, ReportThreshold: 100, ReportMaxAge: 30 * time.Second, MaxKeys: 1024},
+		{Name: "api", Threshold: 100, LowThreshold: 80, Cooldown: time.Minute, ReportThreshold: 5, ReportMaxAge: 10 * time.Second, MaxKeys: 2048},
+	}
+	if len(c.HotKeyPools) != 2 || c.HotKeyPools[0] != want[0] || c.HotKeyPools[1] != want[1] {
+		t.Fatalf("pools %+v\nwant  %+v", c.HotKeyPools, want)
+	}
+	for _, p := range c.HotKeyPools {
+		if err := p.store().Validate(); err != nil {
+			t.Errorf("normalized pool %q does not store: %v", p.Name, err)
+		}
+	}
+}
+
 func TestConfigEnvOverridesFile(t *testing.T) {
 	c := DefaultConfig()
 	env := map[string]string{"KEYSHARD_LISTEN": "0.0.0.0:9000", "KEYSHARD_ADMIN_TOKENS": "aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb", "KEYSHARD_ETCD_ENDPOINTS": "http://e1:2379,http://e2:2379"}
@@ -78,6 +113,15 @@ func TestConfigErrors(t *testing.T) {
 		{"keyspace mode", "keyspaces:\n  - name: a\n    mode: shared\n", nil, `keyspaces[0]: mode: "shared" is unknown`},
 		{"duplicate keyspace", "keyspaces:\n  - name: a\n  - name: a\n", nil, `keyspaces[1].name: "a" is declared twice`},
 		{"bad duration", "keyspaces:\n  - name: a\n    lease_ttl: soon\n", nil, "soon"},
+		{"pool name", "hotkey_pools:\n  - name: 'a b'\n    threshold: 1\n", nil, `hotkey_pools[0].name: "a b" has ' '`},
+		{"pool threshold", "hotkey_pools:\n  - name: a\n    threshold: 1\n  - name: b\n", nil, "hotkey_pools[1].threshold: 0; want a number > 0"},
+		{"pool low threshold", "hotkey_pools:\n  - name: a\n    threshold: 10\n    low_threshold: 20\n", nil, "hotkey_pools[0].low_threshold: 20 is above the threshold 10"},
+		{"pool report threshold", "hotkey_pools:\n  - name: a\n    threshold: 10\n    report_threshold: -1\n", nil, "hotkey_pools[0].report_threshold: -1"},
+		{"pool cooldown", "hotkey_pools:\n  - name: a\n    threshold: 10\n    cooldown: -5s\n", nil, "hotkey_pools[0].cooldown: -5s; want a positive duration"},
+		{"pool report max age", "hotkey_pools:\n  - name: a\n    threshold: 10\n    report_max_age: 1s\n", nil, "hotkey_pools[0].report_max_age: 1s; want at least 2s"},
+		{"pool max keys", "hotkey_pools:\n  - name: a\n    threshold: 10\n    max_keys: 5000\n", nil, "hotkey_pools[0].max_keys: 5000; want 1 to 2048"},
+		{"pool unknown field", "hotkey_pools:\n  - name: a\n    treshold: 10\n", nil, "field treshold not found"},
+		{"duplicate pool", "hotkey_pools:\n  - {name: a, threshold: 1}\n  - {name: a, threshold: 2}\n", nil, `hotkey_pools[1].name: "a" is declared twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

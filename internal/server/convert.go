@@ -4,8 +4,10 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
 )
@@ -180,4 +182,87 @@ func changeEvent(c store.Change) coordinator.Event {
 		return coordinator.QuarantinePut{Keyspace: c.Keyspace, ID: c.ID, Buckets: c.Value.(store.Quarantine).Buckets}
 	}
 	return nil
+}
+
+// hotPoolConfig reads an API hot-key pool into a config, with defaults
+// filled in, or an INVALID_ARGUMENT error naming the field ("pool.threshold").
+func hotPoolConfig(p *v1.HotKeyPool) (HotKeyPoolConfig, error) {
+	if p == nil {
+		return HotKeyPoolConfig{}, invalid("pool: missing; send {\"pool\": {\"name\": ..., \"threshold\": ...}}")
+	}
+	c := HotKeyPoolConfig{Name: p.GetName(), Threshold: p.GetThreshold(), LowThreshold: p.GetLowThreshold(), ReportThreshold: p.GetReportThreshold(), MaxKeys: int(p.GetMaxKeys())}
+	for _, d := range []struct {
+		field string
+		in    *durationpb.Duration
+		out   *time.Duration
+	}{{"pool.cooldown", p.GetCooldown(), &c.Cooldown}, {"pool.report_max_age", p.GetReportMaxAge(), &c.ReportMaxAge}} {
+		if d.in == nil {
+			continue
+		}
+		if err := d.in.CheckValid(); err != nil {
+			return c, invalid("%s: %v", d.field, err)
+		}
+		*d.out = d.in.AsDuration()
+	}
+	if err := c.Normalize(); err != nil {
+		return c, invalid("pool.%v", err)
+	}
+	return c, nil
+}
+
+func (c HotKeyPoolConfig) store() store.HotPool {
+	return store.HotPool{Name: c.Name, Threshold: c.Threshold, LowThreshold: c.LowThreshold, Cooldown: c.Cooldown, ReportThreshold: c.ReportThreshold, ReportMaxAge: c.ReportMaxAge, MaxKeys: c.MaxKeys}
+}
+
+func hotPoolProto(p store.HotPool) *v1.HotKeyPool {
+	return &v1.HotKeyPool{
+		Name:            p.Name,
+		Threshold:       p.Threshold,
+		LowThreshold:    p.LowThreshold,
+		Cooldown:        durationpb.New(p.Cooldown),
+		ReportThreshold: p.ReportThreshold,
+		ReportMaxAge:    durationpb.New(p.ReportMaxAge),
+		MaxKeys:         uint32(p.MaxKeys),
+	}
+}
+
+// aggregateConfig is a pool's settings as hotkey.Aggregate takes them.
+func aggregateConfig(p store.HotPool) hotkey.AggregateConfig {
+	return hotkey.AggregateConfig{Threshold: p.Threshold, LowThreshold: p.LowThreshold, Cooldown: p.Cooldown, MaxAge: p.ReportMaxAge, MaxKeys: p.MaxKeys}
+}
+
+func hotReport(r store.HotReport) hotkey.Report {
+	out := hotkey.Report{Producer: r.Producer, At: r.At, Keys: make([]hotkey.KeyRate, len(r.Keys))}
+	for i, kr := range r.Keys {
+		out.Keys[i] = hotkey.KeyRate{Key: kr.Key, Rate: kr.Rate}
+	}
+	return out
+}
+
+func overflowFromStore(s store.OverflowSet) hotkey.OverflowSet {
+	out := hotkey.OverflowSet{Version: s.Version, Entries: make([]hotkey.OverflowEntry, len(s.Entries))}
+	for i, e := range s.Entries {
+		out.Entries[i] = hotkey.OverflowEntry{Key: e.Key, Rate: e.Rate, Since: e.Since, BelowSince: e.BelowSince}
+	}
+	return out
+}
+
+func overflowToStore(s hotkey.OverflowSet) store.OverflowSet {
+	out := store.OverflowSet{Version: s.Version, Entries: make([]store.OverflowEntry, len(s.Entries))}
+	for i, e := range s.Entries {
+		out.Entries[i] = store.OverflowEntry{Key: e.Key, Rate: e.Rate, Since: e.Since, BelowSince: e.BelowSince}
+	}
+	return out
+}
+
+func overflowProto(pool string, s store.OverflowSet) *v1.OverflowSet {
+	out := &v1.OverflowSet{Pool: pool, Version: s.Version, Keys: make([]*v1.OverflowKey, len(s.Entries))}
+	for i, e := range s.Entries {
+		k := &v1.OverflowKey{Key: e.Key, Rate: e.Rate, Since: timestamppb.New(e.Since)}
+		if !e.BelowSince.IsZero() {
+			k.CoolingSince = timestamppb.New(e.BelowSince)
+		}
+		out.Keys[i] = k
+	}
+	return out
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
@@ -43,7 +45,10 @@ func (s *Server) campaign(ctx context.Context) error {
 }
 
 // term campaigns once and, if elected, leads until it loses the session,
-// a write is fenced, or ctx ends.
+// a write is fenced, or ctx ends. While it leads it runs two goroutines,
+// both fenced by the term's election key and both exited before term
+// returns: the coordinator (lead) and the hot-key aggregation
+// (aggregateHotKeys). Either one's fenced write ends the term.
 func (s *Server) term(ctx context.Context) error {
 	sess, err := s.store.NewSession(ctx, leaderTTL)
 	if err != nil {
@@ -73,7 +78,10 @@ func (s *Server) term(ctx context.Context) error {
 		case <-lctx.Done():
 		}
 	}()
-	return s.lead(lctx, fence)
+	g, gctx := errgroup.WithContext(lctx)
+	g.Go(func() error { return s.lead(gctx, fence) })             // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) }) // exits when gctx ends or a write is fenced
+	return g.Wait()
 }
 
 // lead runs the coordinator while this replica is leader.

@@ -11,6 +11,14 @@ type metrics struct {
 	granted       *prometheus.CounterVec
 	reports       *prometheus.CounterVec
 	writeFailures prometheus.Counter
+
+	// Hot keys.
+	hotReports       *prometheus.CounterVec // reports received by this replica, per pool
+	overflowKeys     *prometheus.GaugeVec   // keys in each pool's overflow set, as this replica serves it
+	overflowVersion  *prometheus.GaugeVec   // version of each pool's overflow set, as this replica serves it
+	hotKeyFailures   *prometheus.CounterVec // failed aggregations and writes of the leader, per pool
+	hotKeyLastRound  prometheus.Gauge       // when this replica, as leader, last aggregated
+	hotReportsPruned *prometheus.CounterVec // stale reports the leader deleted, per pool
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -33,7 +41,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		writeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed (conflict, unavailable store); each is replanned.",
 		}),
+		hotReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_hotkey_reports_total", Help: "Hot-key reports (ReportHotKeys) stored through this replica.",
+		}, []string{"pool"}),
+		overflowKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyshard_hotkey_overflow_keys", Help: "Keys in the pool's cluster-wide overflow set, as this replica serves it.",
+		}, []string{"pool"}),
+		overflowVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyshard_hotkey_overflow_version", Help: "Version of the pool's overflow set, as this replica serves it.",
+		}, []string{"pool"}),
+		hotKeyFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_hotkey_aggregation_failures_total", Help: "Hot-key aggregations of this replica as leader that failed (unavailable store, conflict, corrupt set); each is retried at the next round.",
+		}, []string{"pool"}),
+		hotKeyLastRound: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keyshard_hotkey_last_aggregation_timestamp_seconds", Help: "When this replica, as leader, last aggregated hot-key reports (Unix time); it stops rising when the replica stops leading.",
+		}),
+		hotReportsPruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_hotkey_reports_pruned_total", Help: "Stale hot-key reports (older than twice report_max_age) deleted by this replica as leader.",
+		}, []string{"pool"}),
 	}
-	reg.MustRegister(m.leader, m.epochs, m.moves, m.granted, m.reports, m.writeFailures)
+	reg.MustRegister(m.leader, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
+		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned)
 	return m
 }

@@ -37,6 +37,7 @@ type Server struct {
 	metrics *metrics
 	auth    *authenticator
 	view    *view
+	rounds  *roundLog // the leader's hot-key aggregation rounds, for tests
 
 	// Set by Run.
 	store    *store.Store
@@ -66,15 +67,17 @@ func New(cfg Config, opts Options) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := newMetrics(reg)
 	s := &Server{
 		cfg:     cfg,
 		log:     log,
 		clock:   clock.Or(opts.Clock),
 		reg:     reg,
-		metrics: newMetrics(reg),
+		metrics: m,
 		auth:    newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
-		view:    newView(log),
+		view:    newView(log, m),
 		ready:   make(chan struct{}),
+		rounds:  newRoundLog(),
 	}
 	if cfg.AuthOpen() {
 		log.Warn("the API accepts requests without a token; set auth.admin_tokens and auth.member_tokens before exposing it", "listen", cfg.Listen)
@@ -134,6 +137,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	if err := s.createKeyspaces(ctx); err != nil {
+		return err
+	}
+	if err := s.createHotKeyPools(ctx); err != nil {
 		return err
 	}
 
@@ -218,6 +224,7 @@ func (s *Server) httpServer() (*http.Server, error) {
 	mux.Handle(keyshardv1connect.NewAdminServiceHandler(&adminService{s}, opts...))
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(&mapService{s}, opts...))
+	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(&hotKeyService{s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.view.ready() {

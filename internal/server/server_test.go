@@ -28,6 +28,7 @@ type testServer struct {
 	admin  keyshardv1connect.AdminServiceClient
 	member keyshardv1connect.MemberServiceClient
 	maps   keyshardv1connect.MapServiceClient
+	hot    keyshardv1connect.HotKeyServiceClient // with the member token
 }
 
 const (
@@ -36,6 +37,13 @@ const (
 )
 
 func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
+	t.Helper()
+	return startServerWith(t, mutate, server.Options{})
+}
+
+// startServerWith is startServer with options (a fake clock, say); a nil
+// Logger logs as startServer does.
+func startServerWith(t *testing.T, mutate func(*server.Config), opts server.Options) *testServer {
 	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -50,7 +58,10 @@ func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
 	if os.Getenv("KEYSHARD_TEST_LOG") != "" { // to debug a failing test
 		logOut = os.Stderr
 	}
-	srv, err := server.New(cfg, server.Options{Logger: slog.New(slog.NewTextHandler(logOut, nil)).With("replica", cfg.Replica)})
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(logOut, nil)).With("replica", cfg.Replica)
+	}
+	srv, err := server.New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +93,7 @@ func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
 		admin:  keyshardv1connect.NewAdminServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(adminToken))),
 		member: keyshardv1connect.NewMemberServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(memberToken))),
 		maps:   keyshardv1connect.NewMapServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(memberToken))),
+		hot:    keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearerToken(memberToken))),
 	}
 }
 

@@ -12,16 +12,24 @@ import (
 )
 
 // view is every replica's in-memory copy of the store, kept current by one
-// watch. API reads (maps, grants, members, lookups) are answered from it,
-// and long polls wait on it, so reads never touch etcd.
+// watch. API reads (maps, grants, members, lookups, overflow sets) are
+// answered from it, and long polls wait on it, so reads never touch etcd.
 type view struct {
-	log *slog.Logger
+	log     *slog.Logger
+	metrics *metrics
 
 	mu      sync.RWMutex
 	snap    *store.Snapshot
 	maps    map[string]*mapView // keyspace → derived map, rebuilt when its map or members change
+	sets    map[string]*setView // pool → served overflow set, rebuilt when the stored set changes
 	synced  chan struct{}       // closed once the first full snapshot is loaded
 	changed chan struct{}       // closed and replaced after every applied update
+}
+
+// setView is a pool's overflow set in the form the API serves.
+type setView struct {
+	version uint64
+	proto   *v1.OverflowSet
 }
 
 // mapView is a keyspace's map in the forms the API serves.
@@ -32,8 +40,8 @@ type mapView struct {
 	addr  map[string]string
 }
 
-func newView(log *slog.Logger) *view {
-	return &view{log: log, maps: map[string]*mapView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
+func newView(log *slog.Logger, m *metrics) *view {
+	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
 }
 
 // run follows the store until ctx ends. It owns no goroutine of its own:
@@ -48,6 +56,7 @@ func (v *view) run(ctx context.Context, st *store.Store) error {
 func (v *view) apply(u store.Update) {
 	v.mu.Lock()
 	touched := map[string]bool{}
+	pools := map[string]bool{}
 	if u.Resync != nil {
 		v.snap = u.Resync.Snapshot
 		for name := range v.snap.Keyspaces {
@@ -55,6 +64,12 @@ func (v *view) apply(u store.Update) {
 		}
 		for name := range v.maps {
 			touched[name] = true
+		}
+		for name := range v.snap.Pools {
+			pools[name] = true
+		}
+		for name := range v.sets {
+			pools[name] = true
 		}
 		for key, err := range v.snap.Corrupt {
 			v.log.Error("corrupt value in the store; ignoring it", "key", key, "err", err)
@@ -73,12 +88,18 @@ func (v *view) apply(u store.Update) {
 			v.log.Error("corrupt value in the store; ignoring it", "key", c.Key, "err", c.Err)
 		}
 		v.snap.Apply(c)
-		if c.Kind == store.KindMap || c.Kind == store.KindMember || c.Kind == store.KindKeyspace {
+		switch c.Kind {
+		case store.KindMap, store.KindMember, store.KindKeyspace:
 			touched[c.Keyspace] = true
+		case store.KindOverflow:
+			pools[c.Keyspace] = true
 		}
 	}
 	for name := range touched {
 		v.rebuild(name)
+	}
+	for name := range pools {
+		v.rebuildSet(name)
 	}
 	close(v.changed)
 	v.changed = make(chan struct{})
@@ -114,6 +135,35 @@ func (v *view) rebuild(name string) {
 	}
 	mv.table = table
 	v.maps[name] = mv
+}
+
+// rebuildSet derives the served overflow set of one pool and exports its
+// size and version. v.mu is held.
+func (v *view) rebuildSet(name string) {
+	ps := v.snap.Pools[name]
+	if ps == nil || !ps.Overflow.Exists() {
+		delete(v.sets, name)
+		v.metrics.overflowKeys.DeleteLabelValues(name)
+		v.metrics.overflowVersion.DeleteLabelValues(name)
+		return
+	}
+	set := ps.Overflow.Value
+	v.sets[name] = &setView{version: set.Version, proto: overflowProto(name, set)}
+	v.metrics.overflowKeys.WithLabelValues(name).Set(float64(len(set.Entries)))
+	v.metrics.overflowVersion.WithLabelValues(name).Set(float64(set.Version))
+}
+
+// overflowSet returns the served overflow set of a pool (version 0 and no
+// keys if the leader has written none yet) and the channel that closes at
+// the next change, for long polls.
+func (v *view) overflowSet(pool string) (*setView, <-chan struct{}) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	sv := v.sets[pool]
+	if sv == nil {
+		sv = &setView{proto: &v1.OverflowSet{Pool: pool}}
+	}
+	return sv, v.changed
 }
 
 // read calls f with the snapshot under the read lock and returns the

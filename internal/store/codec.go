@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -949,8 +950,9 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 
 // Decode decodes the value stored at key according to the key's kind and
 // returns the typed value: Keyspace, Member, DrainRequest, Map, Grants,
-// Releases, Quarantine or uint64 (tokens). Leader keys decode to their value as a
-// string (the leader's id). Errors wrap ErrCorrupt.
+// Releases, Quarantine, uint64 (tokens), HotPool, HotReport or
+// OverflowSet. Leader keys decode to their value as a string (the
+// leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {
 	kind, _, _, err := ParseKey(key)
 	if err != nil {
@@ -974,6 +976,12 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		v, err = DecodeTokens(key, data)
 	case KindQuarantine:
 		v, err = DecodeQuarantine(key, data)
+	case KindHotPool:
+		v, err = DecodeHotPool(key, data)
+	case KindHotReport:
+		v, err = DecodeHotReport(key, data)
+	case KindOverflow:
+		v, err = DecodeOverflow(key, data)
 	case KindLeader:
 		v = string(data)
 	}
@@ -981,4 +989,419 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		return kind, nil, err
 	}
 	return kind, v, nil
+}
+
+// Limits on the hot-key values: a key, a report and an overflow set.
+const (
+	MaxHotKeyLen    = 512  // bytes of one key
+	MaxReportKeys   = 1024 // keys in one producer's report
+	MaxOverflowKeys = 2048 // keys in one overflow set; HotPool.MaxKeys is at most this
+	// MinReportMaxAge and MaxHotPoolDuration bound HotPool.ReportMaxAge
+	// (producers report about every second, so a shorter age would drop
+	// reports that are merely late) and HotPool.Cooldown.
+	MinReportMaxAge    = 2 * time.Second
+	MaxHotPoolDuration = 24 * time.Hour
+)
+
+// HotPool is the configuration stored at hotpools/<pool>: a group of
+// producers whose heavy hitters the leader sums into one overflow set.
+// Rates are messages per second. Every field is explicit here: the API
+// fills in the defaults before storing.
+//
+// JSON: {"name","threshold","low_threshold","cooldown_ms","report_threshold","report_max_age_ms","max_keys"}.
+type HotPool struct {
+	Name string
+	// Threshold is the summed rate at which a key enters the set: finite,
+	// > 0.
+	Threshold float64
+	// LowThreshold is the summed rate below which a key in the set starts
+	// cooling down: finite, in (0, Threshold].
+	LowThreshold float64
+	// Cooldown is how long a key must stay below LowThreshold before it
+	// leaves: whole milliseconds, in (0, MaxHotPoolDuration].
+	Cooldown time.Duration
+	// ReportThreshold is the local rate from which a producer reports a
+	// key: finite, in (0, Threshold].
+	ReportThreshold float64
+	// ReportMaxAge is how long a report counts: whole milliseconds, in
+	// [MinReportMaxAge, MaxHotPoolDuration].
+	ReportMaxAge time.Duration
+	// MaxKeys caps the set: 1 to MaxOverflowKeys.
+	MaxKeys int
+}
+
+// KeyRate is one key's rate (per second) as one producer measured it.
+type KeyRate struct {
+	Key  string  // 1 to MaxHotKeyLen bytes of UTF-8
+	Rate float64 // finite, >= 0
+}
+
+// HotReport is one producer's latest heavy hitters, stored at
+// hotreports/<pool>/<producer> without a lease; each report replaces the
+// producer's previous one, and the leader deletes reports older than twice
+// the pool's ReportMaxAge.
+//
+// JSON: {"producer","at","keys":[{"key","rate"},...]}.
+type HotReport struct {
+	Producer string    // must match the key
+	At       time.Time // when the replica that received it stored it; must be set
+	// Keys is sorted by key, without duplicates, at most MaxReportKeys.
+	Keys []KeyRate
+}
+
+// OverflowEntry is one key of an OverflowSet.
+type OverflowEntry struct {
+	Key  string  // 1 to MaxHotKeyLen bytes of UTF-8
+	Rate float64 // summed over producers when the set was written; finite, >= 0
+	// Since is when the key entered the set (must be set); BelowSince when
+	// its summed rate fell below the pool's LowThreshold (zero while it is
+	// above).
+	Since, BelowSince time.Time
+}
+
+// OverflowSet is a pool's cluster-wide overflow set, stored at
+// overflow/<pool> by the leader only (a fenced Commit). Version rises by
+// one whenever the keys change; a set that has ever had keys has a
+// version >= 1.
+//
+// JSON: {"version":N,"entries":[{"key","rate","since","below_since"},...]};
+// below_since is omitted while the key is above the low threshold.
+type OverflowSet struct {
+	Version uint64
+	// Entries is sorted by key, without duplicates, at most MaxOverflowKeys.
+	Entries []OverflowEntry
+}
+
+// Validate checks p as PutHotPool and EncodeHotPool do. The error wraps
+// ErrInvalid and names the field.
+func (p HotPool) Validate() error {
+	if e := p.validate(); e != nil {
+		return e.invalid("hot-key pool")
+	}
+	return nil
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+func (p HotPool) validate() *fieldError {
+	if e := checkName("name", KindHotPool, p.Name); e != nil {
+		return e
+	}
+	if !finite(p.Threshold) || p.Threshold <= 0 {
+		return ferr("threshold", "%v is not a finite number > 0", p.Threshold)
+	}
+	if !finite(p.LowThreshold) || p.LowThreshold <= 0 || p.LowThreshold > p.Threshold {
+		return ferr("low_threshold", "%v is outside (0, threshold %v]", p.LowThreshold, p.Threshold)
+	}
+	if p.Cooldown <= 0 || p.Cooldown > MaxHotPoolDuration || p.Cooldown%time.Millisecond != 0 {
+		return ferr("cooldown_ms", "%v is not a whole number of milliseconds in (0, %v]", p.Cooldown, MaxHotPoolDuration)
+	}
+	if !finite(p.ReportThreshold) || p.ReportThreshold <= 0 || p.ReportThreshold > p.Threshold {
+		return ferr("report_threshold", "%v is outside (0, threshold %v]", p.ReportThreshold, p.Threshold)
+	}
+	if p.ReportMaxAge < MinReportMaxAge || p.ReportMaxAge > MaxHotPoolDuration || p.ReportMaxAge%time.Millisecond != 0 {
+		return ferr("report_max_age_ms", "%v is not a whole number of milliseconds in [%v, %v]", p.ReportMaxAge, MinReportMaxAge, MaxHotPoolDuration)
+	}
+	if p.MaxKeys < 1 || p.MaxKeys > MaxOverflowKeys {
+		return ferr("max_keys", "%d is outside [1, %d]", p.MaxKeys, MaxOverflowKeys)
+	}
+	return nil
+}
+
+// checkHotKey checks entry i's key and rate, and that it sorts after the
+// previous entry's key prev.
+func checkHotKey(field string, i int, key string, rate float64, prev string) *fieldError {
+	if len(key) < 1 || len(key) > MaxHotKeyLen {
+		return ferr(field, "entry %d: key is %d bytes long; want 1 to %d", i, len(key), MaxHotKeyLen)
+	}
+	if !utf8.ValidString(key) {
+		return ferr(field, "entry %d: key is not valid UTF-8", i)
+	}
+	if !finite(rate) || rate < 0 {
+		return ferr(field, "entry %d: key %.40q has rate %v; want a finite number >= 0", i, key, rate)
+	}
+	if i > 0 && prev >= key {
+		if prev == key {
+			return ferr(field, "entry %d: key %.40q appears twice", i, key)
+		}
+		return ferr(field, "entry %d: key %.40q follows %.40q; want ascending order", i, key, prev)
+	}
+	return nil
+}
+
+// Validate checks r as PutHotReport and EncodeHotReport do.
+func (r HotReport) Validate() error {
+	if e := r.validate(); e != nil {
+		return e.invalid("hot-key report")
+	}
+	return nil
+}
+
+func (r HotReport) validate() *fieldError {
+	if e := checkName("producer", KindHotReport, r.Producer); e != nil {
+		return e
+	}
+	if e := checkTime("at", r.At); e != nil {
+		return e
+	}
+	if len(r.Keys) > MaxReportKeys {
+		return ferr("keys", "%d keys; the limit is %d", len(r.Keys), MaxReportKeys)
+	}
+	for i, kr := range r.Keys {
+		prev := ""
+		if i > 0 {
+			prev = r.Keys[i-1].Key
+		}
+		if e := checkHotKey("keys", i, kr.Key, kr.Rate, prev); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// SortKeyRates sorts keys by key in place, as HotReport requires.
+func SortKeyRates(keys []KeyRate) {
+	slices.SortFunc(keys, func(a, b KeyRate) int { return strings.Compare(a.Key, b.Key) })
+}
+
+// Validate checks s as EncodeOverflow does.
+func (s OverflowSet) Validate() error {
+	if e := s.validate(); e != nil {
+		return e.invalid("overflow set")
+	}
+	return nil
+}
+
+func (s OverflowSet) validate() *fieldError {
+	if len(s.Entries) > MaxOverflowKeys {
+		return ferr("entries", "%d entries; the limit is %d", len(s.Entries), MaxOverflowKeys)
+	}
+	if s.Version == 0 && len(s.Entries) > 0 {
+		return ferr("version", "0 with %d entries; a set with keys has a version >= 1", len(s.Entries))
+	}
+	for i, e := range s.Entries {
+		prev := ""
+		if i > 0 {
+			prev = s.Entries[i-1].Key
+		}
+		if fe := checkHotKey("entries", i, e.Key, e.Rate, prev); fe != nil {
+			return fe
+		}
+		if fe := checkTime("since", e.Since); fe != nil {
+			return ferr("entries", "entry %d: since: %s", i, fe.reason)
+		}
+		if !e.BelowSince.IsZero() {
+			if fe := checkTime("below_since", e.BelowSince); fe != nil {
+				return ferr("entries", "entry %d: below_since: %s", i, fe.reason)
+			}
+		}
+	}
+	return nil
+}
+
+type hotPoolJSON struct {
+	Name            string  `json:"name"`
+	Threshold       float64 `json:"threshold"`
+	LowThreshold    float64 `json:"low_threshold"`
+	CooldownMs      int64   `json:"cooldown_ms"`
+	ReportThreshold float64 `json:"report_threshold"`
+	ReportMaxAgeMs  int64   `json:"report_max_age_ms"`
+	MaxKeys         int     `json:"max_keys"`
+}
+
+var hotPoolFields = []string{"name", "threshold", "low_threshold", "cooldown_ms", "report_threshold", "report_max_age_ms", "max_keys"}
+
+type keyRateJSON struct {
+	Key  string  `json:"key"`
+	Rate float64 `json:"rate"`
+}
+
+var keyRateFields = []string{"key", "rate"}
+
+type hotReportOut struct {
+	Producer string        `json:"producer"`
+	At       string        `json:"at"` // RFC 3339 with nanoseconds
+	Keys     []keyRateJSON `json:"keys"`
+}
+
+type hotReportIn struct {
+	Producer string            `json:"producer"`
+	At       string            `json:"at"`
+	Keys     []json.RawMessage `json:"keys"`
+}
+
+var hotReportFields = []string{"producer", "at", "keys"}
+
+type overflowEntryJSON struct {
+	Key        string  `json:"key"`
+	Rate       float64 `json:"rate"`
+	Since      string  `json:"since"`
+	BelowSince string  `json:"below_since,omitempty"`
+}
+
+var overflowEntryFields = []string{"key", "rate", "since", "below_since"}
+
+type overflowOut struct {
+	Version uint64              `json:"version"`
+	Entries []overflowEntryJSON `json:"entries"`
+}
+
+type overflowIn struct {
+	Version uint64            `json:"version"`
+	Entries []json.RawMessage `json:"entries"`
+}
+
+var overflowFields = []string{"version", "entries"}
+
+// decodeEntry decodes element i of the array in field as decodeStrict
+// does; a failure names field, the element and its own field.
+func decodeEntry(key, field string, i int, raw json.RawMessage, fields []string, v any) error {
+	err := decodeStrict(key, raw, fields, v)
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		if ce.Field != "" {
+			return corruptf(key, field, "entry %d: %s: %s", i, ce.Field, ce.Reason)
+		}
+		return corruptf(key, field, "entry %d: %s", i, ce.Reason)
+	}
+	return err
+}
+
+// EncodeHotPool returns the stored form of p. It returns an error wrapping
+// ErrInvalid if p does not validate.
+func EncodeHotPool(p HotPool) ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return marshal(hotPoolJSON{
+		Name:            p.Name,
+		Threshold:       p.Threshold,
+		LowThreshold:    p.LowThreshold,
+		CooldownMs:      p.Cooldown.Milliseconds(),
+		ReportThreshold: p.ReportThreshold,
+		ReportMaxAgeMs:  p.ReportMaxAge.Milliseconds(),
+		MaxKeys:         p.MaxKeys,
+	})
+}
+
+// DecodeHotPool decodes the value stored at key; the name must match the
+// key's when key is a pool key. Errors wrap ErrCorrupt and name key and
+// field.
+func DecodeHotPool(key string, data []byte) (HotPool, error) {
+	var w hotPoolJSON
+	if err := decodeStrict(key, data, hotPoolFields, &w); err != nil {
+		return HotPool{}, err
+	}
+	const maxMs = math.MaxInt64 / int64(time.Millisecond)
+	if w.CooldownMs < 0 || w.CooldownMs > maxMs {
+		return HotPool{}, corruptf(key, "cooldown_ms", "%d is out of range", w.CooldownMs)
+	}
+	if w.ReportMaxAgeMs < 0 || w.ReportMaxAgeMs > maxMs {
+		return HotPool{}, corruptf(key, "report_max_age_ms", "%d is out of range", w.ReportMaxAgeMs)
+	}
+	p := HotPool{
+		Name:            w.Name,
+		Threshold:       w.Threshold,
+		LowThreshold:    w.LowThreshold,
+		Cooldown:        time.Duration(w.CooldownMs) * time.Millisecond,
+		ReportThreshold: w.ReportThreshold,
+		ReportMaxAge:    time.Duration(w.ReportMaxAgeMs) * time.Millisecond,
+		MaxKeys:         w.MaxKeys,
+	}
+	if e := p.validate(); e != nil {
+		return HotPool{}, e.corrupt(key)
+	}
+	if kind, pool, _, err := ParseKey(key); err == nil && kind == KindHotPool && pool != p.Name {
+		return HotPool{}, corruptf(key, "name", "%q does not match the key", p.Name)
+	}
+	return p, nil
+}
+
+// EncodeHotReport returns the stored form of r.
+func EncodeHotReport(r HotReport) ([]byte, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	keys := make([]keyRateJSON, len(r.Keys))
+	for i, kr := range r.Keys {
+		keys[i] = keyRateJSON(kr)
+	}
+	return marshal(hotReportOut{Producer: r.Producer, At: formatTime(r.At), Keys: keys})
+}
+
+// DecodeHotReport decodes the value stored at key; the producer must match
+// the key's when key is a report key. Errors wrap ErrCorrupt.
+func DecodeHotReport(key string, data []byte) (HotReport, error) {
+	var w hotReportIn
+	if err := decodeStrict(key, data, hotReportFields, &w); err != nil {
+		return HotReport{}, err
+	}
+	at, err := parseTime(key, "at", w.At)
+	if err != nil {
+		return HotReport{}, err
+	}
+	if len(w.Keys) > MaxReportKeys {
+		return HotReport{}, corruptf(key, "keys", "%d keys; the limit is %d", len(w.Keys), MaxReportKeys)
+	}
+	r := HotReport{Producer: w.Producer, At: at}
+	for i, raw := range w.Keys {
+		var kr keyRateJSON
+		if err := decodeEntry(key, "keys", i, raw, keyRateFields, &kr); err != nil {
+			return HotReport{}, err
+		}
+		r.Keys = append(r.Keys, KeyRate(kr))
+	}
+	if e := r.validate(); e != nil {
+		return HotReport{}, e.corrupt(key)
+	}
+	if kind, _, id, err := ParseKey(key); err == nil && kind == KindHotReport && id != r.Producer {
+		return HotReport{}, corruptf(key, "producer", "%q does not match the key", r.Producer)
+	}
+	return r, nil
+}
+
+// EncodeOverflow returns the stored form of s.
+func EncodeOverflow(s OverflowSet) ([]byte, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	entries := make([]overflowEntryJSON, len(s.Entries))
+	for i, e := range s.Entries {
+		entries[i] = overflowEntryJSON{Key: e.Key, Rate: e.Rate, Since: formatTime(e.Since)}
+		if !e.BelowSince.IsZero() {
+			entries[i].BelowSince = formatTime(e.BelowSince)
+		}
+	}
+	return marshal(overflowOut{Version: s.Version, Entries: entries})
+}
+
+// DecodeOverflow decodes the value stored at key. Errors wrap ErrCorrupt.
+func DecodeOverflow(key string, data []byte) (OverflowSet, error) {
+	var w overflowIn
+	if err := decodeStrict(key, data, overflowFields, &w); err != nil {
+		return OverflowSet{}, err
+	}
+	if len(w.Entries) > MaxOverflowKeys {
+		return OverflowSet{}, corruptf(key, "entries", "%d entries; the limit is %d", len(w.Entries), MaxOverflowKeys)
+	}
+	s := OverflowSet{Version: w.Version}
+	for i, raw := range w.Entries {
+		var ej overflowEntryJSON
+		if err := decodeEntry(key, "entries", i, raw, overflowEntryFields, &ej); err != nil {
+			return OverflowSet{}, err
+		}
+		e := OverflowEntry{Key: ej.Key, Rate: ej.Rate}
+		var err error
+		if e.Since, err = parseTime(key, "entries", ej.Since); err != nil {
+			return OverflowSet{}, corruptf(key, "entries", "entry %d: since: %.40q is not an RFC 3339 time", i, ej.Since)
+		}
+		if e.BelowSince, err = parseTime(key, "entries", ej.BelowSince); err != nil {
+			return OverflowSet{}, corruptf(key, "entries", "entry %d: below_since: %.40q is not an RFC 3339 time", i, ej.BelowSince)
+		}
+		s.Entries = append(s.Entries, e)
+	}
+	if e := s.validate(); e != nil {
+		return OverflowSet{}, e.corrupt(key)
+	}
+	return s, nil
 }

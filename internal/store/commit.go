@@ -11,8 +11,8 @@ import (
 )
 
 // Write is one put or delete in a leader Commit. Build it with PutMap,
-// PutGrants, PutTokens, PutQuarantine or Delete; a Write that failed to encode carries the
-// error to Commit.
+// PutGrants, PutTokens, PutQuarantine, PutOverflow or Delete; a Write that
+// failed to encode carries the error to Commit.
 type Write struct {
 	key   string
 	val   []byte
@@ -55,9 +55,22 @@ func PutTokens(ks string, last uint64) Write {
 	return Write{key: TokensKey(ks), val: EncodeTokens(last), err: nameErr(nil, ks, "")}
 }
 
+// PutOverflow writes hot-key pool's overflow set. Only the leader writes
+// it, with an expectation on the set it read (ExpectEntry(OverflowKey(pool),
+// ...)), so that a deposed leader, or one whose view is behind, cannot
+// overwrite a newer set.
+func PutOverflow(pool string, set OverflowSet) Write {
+	b, err := EncodeOverflow(set)
+	if err == nil {
+		err = ValidateName(KindHotPool, pool)
+	}
+	return Write{key: OverflowKey(pool), val: b, err: err}
+}
+
 // Delete deletes key, which must be a key of the layout other than an
-// election key (for example GrantsKey(ks, id) after a member left, or
-// DrainKey). Deleting a key that does not exist is not an error.
+// election key (for example GrantsKey(ks, id) after a member left,
+// DrainKey, or HotReportKey(pool, producer) for a report that aged out).
+// Deleting a key that does not exist is not an error.
 func Delete(key string) Write {
 	kind, _, _, err := ParseKey(key)
 	if err == nil && kind == KindLeader {
@@ -132,7 +145,7 @@ func (s *Store) Commit(ctx context.Context, f Fence, writes []Write, expects []E
 			return 0, fmt.Errorf("store: commit: %w", w.err)
 		}
 		if w.key == "" {
-			return 0, invalidf("commit: zero Write; build writes with PutMap, PutGrants, PutTokens or Delete")
+			return 0, invalidf("commit: zero Write; build writes with PutMap, PutGrants, PutTokens, PutQuarantine, PutOverflow or Delete")
 		}
 		if keys[w.key] {
 			return 0, invalidf("commit: key %q is written twice", w.key)

@@ -13,9 +13,10 @@
 //
 // # Key layout
 //
-// Every key is under Prefix, "/keyshard/v1/". Keyspace names and member ids
-// are 1-128 characters of [A-Za-z0-9._:@-] (ValidateName), so a key splits
-// unambiguously (ParseKey).
+// Every key is under Prefix, "/keyshard/v1/". Keyspace names, member ids,
+// hot-key pool names and producer ids are 1-128 characters of
+// [A-Za-z0-9._:@-] (ValidateName), so a key splits unambiguously
+// (ParseKey).
 //
 //	key                   value (codec)                         written by            lease
 //	keyspaces/<ks>        Keyspace, JSON                        admin (API)           none
@@ -26,7 +27,22 @@
 //	releases/<ks>/<id>    Releases {"buckets":[[b,t]]}          the member            member's session
 //	tokens/<ks>           last fencing token, decimal           leader Commit         none
 //	quarantine/<ks>/<id>  Quarantine {"session","buckets":[b]}  leader Commit         its own, one TTL
+//	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
+//	hotreports/<pool>/<p> HotReport {"producer","at","keys"}    the producer (API)    none; leader deletes stale ones
+//	overflow/<pool>       OverflowSet {"version","entries"}     leader Commit         none
 //	leader/<lease hex>    the campaigner's id                   Election              replica's session
+//
+// The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace: a
+// Snapshot keeps them in Pools, and Change.Keyspace holds the pool's name.
+// Their JSON forms:
+//
+//	hotpools/<pool>        {"name","threshold","low_threshold","cooldown_ms","report_threshold","report_max_age_ms","max_keys"}
+//	hotreports/<pool>/<p>  {"producer":"p","at":"<RFC 3339 nano>","keys":[{"key":"k","rate":12.5},...]}
+//	overflow/<pool>        {"version":3,"entries":[{"key":"k","rate":1200,"since":"<RFC 3339>","below_since":"<RFC 3339>"},...]}
+//
+// Keys are 1-512 bytes, rates finite and >= 0, keys sorted and distinct; a
+// report has at most MaxReportKeys keys and a set at most MaxOverflowKeys;
+// "below_since" is omitted while the key is above the low threshold.
 //
 // Decoders are strict: unknown, repeated or wrongly-cased fields, trailing
 // data, out-of-range or unsorted buckets, and values that disagree with
@@ -38,12 +54,16 @@
 // Members write through Join (ErrExists if the id is held by another live
 // session, unless replace is asked: then the old lease is returned for the
 // caller to revoke), Release (checked against the grants in etcd, merged without lost updates) and
-// DeleteMember; the API writes keyspaces and drain requests. The leader
-// writes only through Commit: one etcd transaction guarded by
-// CreateRevision(Fence.LeaderKey) == Fence.LeaderRev (else ErrFenced) and
-// by ModRevision compares on what it read (else ErrConflict). A grants put
+// DeleteMember; the API writes keyspaces and drain requests, hot-key pools
+// (PutHotPool, CreateHotPool) and producers' reports (PutHotReport, only
+// into an existing pool). The leader writes only through Commit: one etcd
+// transaction guarded by CreateRevision(Fence.LeaderKey) == Fence.LeaderRev
+// (else ErrFenced) and by ModRevision compares on what it read (else
+// ErrConflict). A grants put
 // carries the member's lease, so a grant to a dead session fails
-// (ErrLeaseNotFound) and writes nothing.
+// (ErrLeaseNotFound) and writes nothing. The leader writes a pool's
+// overflow set (PutOverflow) and deletes stale reports (Delete) through
+// Commit too, each with an expectation on what it read.
 //
 // # Usage
 //

@@ -31,6 +31,11 @@ const (
 	// KindQuarantine: quarantine/<ks>/<id>: Quarantine, on a lease of its
 	// own that lasts one member lease TTL.
 	KindQuarantine
+	// The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace;
+	// they live in Snapshot.Pools.
+	KindHotPool   // hotpools/<pool>: HotPool
+	KindHotReport // hotreports/<pool>/<producer>: HotReport
+	KindOverflow  // overflow/<pool>: OverflowSet
 )
 
 var kindSegs = [...]string{
@@ -43,6 +48,9 @@ var kindSegs = [...]string{
 	KindTokens:     "tokens",
 	KindLeader:     "leader",
 	KindQuarantine: "quarantine",
+	KindHotPool:    "hotpools",
+	KindHotReport:  "hotreports",
+	KindOverflow:   "overflow",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -62,8 +70,33 @@ func (k Kind) perMember() bool {
 	return false
 }
 
-// Name limits: keyspace names and member ids are 1 to MaxNameLen bytes of
-// [A-Za-z0-9._:@-]. The set excludes '/', so keys parse unambiguously, and
+// HotKey reports whether k is a hot-key kind (a pool's settings, a
+// producer's report, a pool's overflow set). Such keys name a pool where
+// the others name a keyspace (Change.Keyspace holds the pool's name), and
+// keyspace code ignores them.
+func (k Kind) HotKey() bool {
+	switch k {
+	case KindHotPool, KindHotReport, KindOverflow:
+		return true
+	}
+	return false
+}
+
+// hasID reports whether keys of kind k carry a second name after the
+// first: a member id, or a producer id for reports.
+func (k Kind) hasID() bool { return k.perMember() || k == KindHotReport }
+
+// nameKinds returns the kinds ValidateName checks the first and second
+// name of a key of kind k as.
+func (k Kind) nameKinds() (first, second Kind) {
+	if k.HotKey() {
+		return KindHotPool, KindHotReport
+	}
+	return KindKeyspace, KindMember
+}
+
+// Name limits: keyspace names, member ids, hot-key pool names and producer
+// ids are 1 to MaxNameLen bytes of [A-Za-z0-9._:@-]. The set excludes '/', so keys parse unambiguously, and
 // is safe in URLs, metrics labels and file names.
 const MaxNameLen = 128
 
@@ -73,6 +106,10 @@ func nameField(k Kind) string {
 		return "keyspace name"
 	case KindMember:
 		return "member id"
+	case KindHotPool:
+		return "pool name"
+	case KindHotReport:
+		return "producer id"
 	}
 	return "name"
 }
@@ -88,9 +125,10 @@ func nameChar(c byte) bool {
 }
 
 // ValidateName returns nil if s is a valid keyspace name (kind
-// KindKeyspace) or member id (KindMember): 1 to 128 characters of
-// [A-Za-z0-9._:@-]. Otherwise it returns an error wrapping ErrInvalidName
-// that names the field and the offending character.
+// KindKeyspace), member id (KindMember), hot-key pool name (KindHotPool)
+// or producer id (KindHotReport): 1 to 128 characters of [A-Za-z0-9._:@-].
+// Otherwise it returns an error wrapping ErrInvalidName that names the
+// field and the offending character.
 func ValidateName(kind Kind, s string) error {
 	field := nameField(kind)
 	if s == "" {
@@ -133,10 +171,22 @@ func QuarantineKey(ks, id string) string { return Prefix + "quarantine/" + ks + 
 // TokensKey returns the key of the last fencing token issued in ks.
 func TokensKey(ks string) string { return Prefix + "tokens/" + ks }
 
-// Key returns the key of the given kind. id is ignored for kinds that are
-// per keyspace. It does not validate the names.
+// HotPoolKey returns the key of hot-key pool's settings.
+func HotPoolKey(pool string) string { return Prefix + "hotpools/" + pool }
+
+// HotReportKey returns the key of producer's latest report to pool.
+func HotReportKey(pool, producer string) string {
+	return Prefix + "hotreports/" + pool + "/" + producer
+}
+
+// OverflowKey returns the key of pool's overflow set.
+func OverflowKey(pool string) string { return Prefix + "overflow/" + pool }
+
+// Key returns the key of the given kind; ks is the keyspace, or the pool
+// for the hot-key kinds. id is ignored for kinds that have no second name.
+// It does not validate the names.
 func Key(kind Kind, ks, id string) string {
-	if kind.perMember() {
+	if kind.hasID() {
 		return Prefix + kind.String() + "/" + ks + "/" + id
 	}
 	return Prefix + kind.String() + "/" + ks
@@ -146,7 +196,8 @@ func Key(kind Kind, ks, id string) string {
 func kindPrefix(kind Kind, ks string) string { return Prefix + kind.String() + "/" + ks + "/" }
 
 // ParseKey splits a key of the layout into its kind, keyspace and member id
-// (id is "" for per-keyspace kinds). For KindLeader, ks is "" and id is the
+// (id is "" for per-keyspace kinds). For the hot-key kinds ks is the pool
+// and id the producer (reports only). For KindLeader, ks is "" and id is the
 // rest of the key (the campaigner's lease id in hex). A key outside the
 // layout or with an invalid name returns an error wrapping ErrCorrupt (and
 // ErrInvalidName for a bad name).
@@ -173,21 +224,23 @@ func ParseKey(k string) (kind Kind, ks, id string, err error) {
 			return KindUnknown, "", "", corruptf(k, "", "leader key has no candidate")
 		}
 		return kind, "", rest, nil
-	case kind.perMember():
+	case kind.hasID():
+		first, second := kind.nameKinds()
 		ks, id, ok = strings.Cut(rest, "/")
 		if !ok {
-			return KindUnknown, "", "", corruptf(k, "", "%s key has no member id", seg)
+			return KindUnknown, "", "", corruptf(k, "", "%s key has no %s", seg, nameField(second))
 		}
-		if err := ValidateName(KindKeyspace, ks); err != nil {
-			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad keyspace name"), err)
+		if err := ValidateName(first, ks); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(first)), err)
 		}
-		if err := ValidateName(KindMember, id); err != nil {
-			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad member id"), err)
+		if err := ValidateName(second, id); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(second)), err)
 		}
 		return kind, ks, id, nil
 	default:
-		if err := ValidateName(KindKeyspace, rest); err != nil {
-			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad keyspace name"), err)
+		first, _ := kind.nameKinds()
+		if err := ValidateName(first, rest); err != nil {
+			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(first)), err)
 		}
 		return kind, rest, "", nil
 	}

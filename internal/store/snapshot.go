@@ -52,21 +52,41 @@ func (st *KeyspaceState) empty() bool {
 		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0
 }
 
-// Snapshot is the stored state of some or all keyspaces at revision Rev.
-// Keys whose value did not decode are absent from Keyspaces and listed in
-// Corrupt (key -> error wrapping ErrCorrupt): a reader decides whether to
-// stop or to report and go on. A keyspace whose configuration key is
-// missing but which still has other keys (left over by hand edits) appears
-// with Config.ModRevision == 0.
+// PoolState is every key of one hot-key pool, as of one revision.
+type PoolState struct {
+	Name     string
+	Config   Entry[HotPool]
+	Reports  map[string]Entry[HotReport] // by producer id
+	Overflow Entry[OverflowSet]
+}
+
+func newPoolState(pool string) *PoolState {
+	return &PoolState{Name: pool, Reports: map[string]Entry[HotReport]{}}
+}
+
+func (p *PoolState) empty() bool {
+	return !p.Config.Exists() && !p.Overflow.Exists() && len(p.Reports) == 0
+}
+
+// Snapshot is the stored state of some or all keyspaces and hot-key pools
+// at revision Rev. Keys whose value did not decode are absent from
+// Keyspaces and Pools and listed in Corrupt (key -> error wrapping
+// ErrCorrupt): a reader decides whether to stop or to report and go on. A
+// keyspace whose configuration key is missing but which still has other
+// keys (left over by hand edits) appears with Config.ModRevision == 0, and
+// so does such a pool.
 type Snapshot struct {
 	Rev       int64
 	Keyspaces map[string]*KeyspaceState
-	Corrupt   map[string]error
+	// Pools holds the hot-key kinds (Kind.HotKey), by pool name; they never
+	// appear in Keyspaces.
+	Pools   map[string]*PoolState
+	Corrupt map[string]error
 }
 
 // NewSnapshot returns an empty snapshot at rev, ready for Apply.
 func NewSnapshot(rev int64) *Snapshot {
-	return &Snapshot{Rev: rev, Keyspaces: map[string]*KeyspaceState{}, Corrupt: map[string]error{}}
+	return &Snapshot{Rev: rev, Keyspaces: map[string]*KeyspaceState{}, Pools: map[string]*PoolState{}, Corrupt: map[string]error{}}
 }
 
 // Apply updates s with one change from Watch and raises s.Rev to the
@@ -90,6 +110,10 @@ func (s *Snapshot) Apply(c Change) {
 }
 
 func (s *Snapshot) apply(c Change) {
+	if c.Kind.HotKey() {
+		s.applyPool(c)
+		return
+	}
 	st := s.Keyspaces[c.Keyspace]
 	if st == nil {
 		if c.Deleted {
@@ -119,6 +143,29 @@ func (s *Snapshot) apply(c Change) {
 	}
 	if c.Deleted && st.empty() {
 		delete(s.Keyspaces, c.Keyspace)
+	}
+}
+
+// applyPool applies a change of a hot-key kind; c.Keyspace is the pool.
+func (s *Snapshot) applyPool(c Change) {
+	p := s.Pools[c.Keyspace]
+	if p == nil {
+		if c.Deleted {
+			return
+		}
+		p = newPoolState(c.Keyspace)
+		s.Pools[c.Keyspace] = p
+	}
+	switch c.Kind {
+	case KindHotPool:
+		p.Config = entry[HotPool](c)
+	case KindHotReport:
+		setEntry(p.Reports, c, c.Lease)
+	case KindOverflow:
+		p.Overflow = entry[OverflowSet](c)
+	}
+	if c.Deleted && p.empty() {
+		delete(s.Pools, c.Keyspace)
 	}
 }
 
@@ -270,7 +317,7 @@ func (s *Store) LoadKeyspace(ctx context.Context, ks string) (*Snapshot, int64, 
 }
 
 // LoadAll reads every key under Prefix (except the election's) at one
-// revision.
+// revision: keyspaces and hot-key pools.
 func (s *Store) LoadAll(ctx context.Context) (*Snapshot, error) {
 	if s.closed() {
 		return nil, errClosed("load all")

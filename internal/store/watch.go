@@ -10,12 +10,15 @@ import (
 
 // Change is one key's change, decoded.
 type Change struct {
-	Kind     Kind
+	Kind Kind
+	// Keyspace is the keyspace the key belongs to, or the pool for the
+	// hot-key kinds (Kind.HotKey).
 	Keyspace string
-	ID       string // member id for per-member kinds, "" otherwise
+	ID       string // member id for per-member kinds, producer id for reports, "" otherwise
 	Key      string // the etcd key
 	// Value is the decoded value: Keyspace, Member, DrainRequest, Map,
-	// Grants, Releases or uint64 (tokens). Nil when Deleted or Err != nil.
+	// Grants, Releases, Quarantine, uint64 (tokens), HotPool, HotReport or
+	// OverflowSet. Nil when Deleted or Err != nil.
 	Value       any
 	Lease       LeaseID // the lease the key is attached to (0 if none or deleted)
 	ModRevision int64   // the revision of the change

@@ -213,8 +213,11 @@ func (s *Store) CreateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	key := KeyspaceKey(k.Name)
-	op := fmt.Sprintf("create keyspace %q", k.Name)
+	return s.create(ctx, fmt.Sprintf("create keyspace %q", k.Name), KeyspaceKey(k.Name), val)
+}
+
+// create puts val at key only if key does not exist (ErrExists).
+func (s *Store) create(ctx context.Context, op, key string, val []byte) (int64, error) {
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(val))).
@@ -355,6 +358,97 @@ func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
 	}
 	if !resp.Succeeded {
 		return 0, fmt.Errorf("store: %s: %w", op, ErrNotFound)
+	}
+	return resp.Header.Revision, nil
+}
+
+// PutHotPool creates hot-key pool p or replaces its settings, and returns
+// the revision of the write. The leader's next aggregation uses the new
+// settings. Errors: ErrInvalid, ErrInvalidName, ErrUnavailable.
+func (s *Store) PutHotPool(ctx context.Context, p HotPool) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("put hot-key pool")
+	}
+	if err := ValidateName(KindHotPool, p.Name); err != nil {
+		return 0, err
+	}
+	val, err := EncodeHotPool(p)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.client.Put(ctx, HotPoolKey(p.Name), string(val))
+	if err != nil {
+		return 0, s.err(fmt.Sprintf("put hot-key pool %q", p.Name), err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// CreateHotPool stores hot-key pool p only if no pool of that name
+// exists. Errors: ErrExists, ErrInvalid, ErrInvalidName, ErrUnavailable.
+func (s *Store) CreateHotPool(ctx context.Context, p HotPool) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("create hot-key pool")
+	}
+	if err := ValidateName(KindHotPool, p.Name); err != nil {
+		return 0, err
+	}
+	val, err := EncodeHotPool(p)
+	if err != nil {
+		return 0, err
+	}
+	return s.create(ctx, fmt.Sprintf("create hot-key pool %q", p.Name), HotPoolKey(p.Name), val)
+}
+
+// GetHotPool returns hot-key pool's settings and the ModRevision of its
+// key. Errors: ErrNotFound, ErrCorrupt, ErrInvalidName, ErrUnavailable.
+func (s *Store) GetHotPool(ctx context.Context, pool string) (HotPool, int64, error) {
+	if s.closed() {
+		return HotPool{}, 0, errClosed("get hot-key pool")
+	}
+	if err := ValidateName(KindHotPool, pool); err != nil {
+		return HotPool{}, 0, err
+	}
+	key := HotPoolKey(pool)
+	resp, err := s.client.Get(ctx, key)
+	if err != nil {
+		return HotPool{}, 0, s.err(fmt.Sprintf("get hot-key pool %q", pool), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return HotPool{}, 0, fmt.Errorf("store: get hot-key pool %q: %w", pool, ErrNotFound)
+	}
+	p, err := DecodeHotPool(key, resp.Kvs[0].Value)
+	if err != nil {
+		return HotPool{}, 0, err
+	}
+	return p, resp.Kvs[0].ModRevision, nil
+}
+
+// PutHotReport stores r as its producer's latest report to pool, replacing
+// the previous one, without a lease, and returns the revision of the
+// write. It writes only if the pool exists, in the same transaction.
+// Errors: ErrNotFound (no such pool), ErrInvalid, ErrInvalidName,
+// ErrUnavailable.
+func (s *Store) PutHotReport(ctx context.Context, pool string, r HotReport) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("put hot-key report")
+	}
+	if err := ValidateName(KindHotPool, pool); err != nil {
+		return 0, err
+	}
+	val, err := EncodeHotReport(r)
+	if err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("put hot-key report of %s/%s", pool, r.Producer)
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(HotPoolKey(pool)), ">", 0)).
+		Then(clientv3.OpPut(HotReportKey(pool, r.Producer), string(val))).
+		Commit()
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("store: %s: hot-key pool %q: %w", op, pool, ErrNotFound)
 	}
 	return resp.Header.Revision, nil
 }
