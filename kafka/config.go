@@ -47,8 +47,11 @@ const (
 	// process the record until the main group has committed past offset on
 	// that main partition, so that the key's earlier main records are done.
 	HeaderWaitMain = "keyshard-wait-main"
-	// HeaderWaitOverflow is set on the first record of a key back on main:
-	// "<overflow partition>:<offset>", the key's last overflow record.
+	// HeaderWaitOverflow is set on the first record of a key back on main,
+	// when that record's decision released it from overflow:
+	// "<overflow partition>:<offset>", the key's last overflow record. (A
+	// key released by Refresh gets none: the overflow group has committed
+	// past all its overflow records by then.)
 	HeaderWaitOverflow = "keyshard-wait-overflow"
 	// HeaderSkipStateful ("1") marks a main record that a skip-stateful rule
 	// matched: process it without per-key state.
@@ -127,6 +130,16 @@ type Config struct {
 	// Logger receives warnings (backlog near retention, refresh errors).
 	// Default: discard.
 	Logger *slog.Logger
+	// ClusterHotKeys, if set, joins the router to cluster-wide hot-key
+	// detection: a goroutine of the router reports the detector's keys at
+	// or above the pool's report threshold to the control plane every
+	// Interval (client.HotKeys), and installs every newer cluster overflow
+	// set it publishes (ApplyClusterSet), so that a key hot only summed
+	// over many producers goes to overflow in each of them, with the same
+	// guarantees as a locally hot key. It fails open: sends never wait for
+	// the control plane, and while it is unreachable the set in force
+	// stays. Nil: local detection only.
+	ClusterHotKeys *ClusterHotKeysConfig
 	// Registerer, if set, gets the router's metrics, labelled with the
 	// main and overflow topics; Close unregisters them. They are
 	// keyshard_router_sends_total{result}, keyshard_router_late_acks_total,
@@ -138,8 +151,14 @@ type Config struct {
 	// keyshard_overflow_retention_warnings_total,
 	// keyshard_router_refresh_errors_total,
 	// keyshard_router_untracked_overflow_total,
-	// keyshard_router_partition_mismatches_total and
-	// keyshard_router_overflow_entries_total.
+	// keyshard_router_partition_mismatches_total,
+	// keyshard_router_overflow_entries_total,
+	// keyshard_router_cluster_set_version, keyshard_router_cluster_set_keys,
+	// keyshard_router_cluster_reports_total,
+	// keyshard_router_cluster_report_failures_total,
+	// keyshard_router_cluster_watch_failures_total,
+	// keyshard_router_cluster_truncated_keys_total and
+	// keyshard_router_cluster_last_contact_timestamp_seconds.
 	Registerer prometheus.Registerer
 }
 
@@ -173,6 +192,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if !(c.RetentionWarnFraction > 0 && c.RetentionWarnFraction <= 1) {
 		return c, fmt.Errorf("%w: Config.RetentionWarnFraction must be in (0, 1], got %v", ErrBadConfig, c.RetentionWarnFraction)
+	}
+	if h := c.ClusterHotKeys; h != nil && h.Client == nil {
+		return c, fmt.Errorf("%w: Config.ClusterHotKeys.Client is nil; dial the control plane with client.Dial", ErrBadConfig)
 	}
 	if err := checkDeadLetter(c.Policy.Rules, c.DeadLetterTopic); err != nil {
 		return c, fmt.Errorf("%w: Config.Policy.Rules: %w", ErrBadConfig, err)

@@ -32,7 +32,9 @@
 //     for; a key leaves overflow only once the overflow consumer group
 //     (Config.OverflowGroup) has committed past its last overflow record,
 //     read with the Kafka admin API, and its first main record carries
-//     HeaderWaitOverflow. Consumers honour both headers with a Barrier,
+//     HeaderWaitOverflow when that record's decision releases it (a key
+//     that Refresh releases needs none: every overflow record of it is
+//     committed by then). Consumers honour both headers with a Barrier,
 //     and must commit an offset only after processing the records before
 //     it.
 //   - Every outcome is counted (Stats, and Prometheus metrics through
@@ -74,18 +76,50 @@
 //	}
 //	cl.CommitRecords(ctx, fetches.Records()...) // after processing
 //
+// # Cluster-wide hot keys
+//
+// A key spread evenly over many producers may be hot in total while no
+// producer sees it hot. With Config.ClusterHotKeys the router takes part
+// in cluster-wide detection through Keyshard's control plane: a goroutine
+// it owns reports, every Interval, the detector's keys whose local rate
+// (its upper bound: hotkey.Detector.AppendAbove) is at or above the
+// pool's report threshold, and follows the pool's cluster overflow set,
+// which the control plane's leader computes from every producer's
+// reports. Each newer set is installed with ApplyClusterSet (which tests,
+// and other sources of sets, may call directly): its keys go to overflow
+// with every guarantee above (key kept, one overflow partition, both drain
+// barriers, nothing lost), and a key that leaves the set returns to main
+// only once its overflow records are committed.
+//
+//	kc, err := client.Dial("http://keyshard:7400", client.Token(token))
+//	r, err := kafka.NewRouter(ctx, cl, adm, kafka.Config{
+//		...,
+//		ClusterHotKeys: &kafka.ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: hostname},
+//	})
+//
+// It fails open: sends never wait for the control plane, only for the
+// router's lock, which the sync holds to scan the detector and to install
+// a set; while the control plane is unreachable, or the pool is unknown,
+// the set in force stays, the sync logs what to do and retries with
+// backoff, and Stats().Cluster and the keyshard_router_cluster_* metrics
+// count the failures. Keys longer than the detector's MaxKeyLen cannot be
+// reported by name (Stats().Cluster.TruncatedKeys counts them). The kill
+// switch sends the set's keys to main like every other overflow key.
+//
 // # Lifecycle and threading
 //
 // NewRouter checks the configuration and the topics, then starts two
 // goroutines: the refresh loop (every Config.RefreshInterval it runs
 // Refresh: committed offsets, drain, sweep, backlog, partition count) and
-// the one that times out sends. Produce, ProduceSync, Flush, Refresh,
-// Stats, SetEnabled and SetRules are safe for concurrent use. A promise is
-// called from Produce's own goroutine (errors found before producing),
-// from the client's promise goroutine, or from the router's timeout
-// goroutine; it must not block, nor call ProduceSync, Flush or Close.
-// Close stops accepting sends, waits until every accepted send has
-// resolved (at most SendTimeout), stops the goroutines and unregisters
-// the metrics; it is idempotent. The router does not own the Kafka
-// clients: close them after the router.
+// the one that times out sends; with Config.ClusterHotKeys, a third runs
+// the cluster hot-key sync. Produce, ProduceSync, Flush, Refresh, Stats,
+// SetEnabled, SetRules, ApplyClusterSet and WaitClusterVersion are safe
+// for concurrent use. A promise is called from Produce's own goroutine
+// (errors found before producing), from the client's promise goroutine,
+// or from the router's timeout goroutine; it must not block, nor call
+// ProduceSync, Flush or Close. Close stops accepting sends, waits until
+// every accepted send has resolved (at most SendTimeout), stops the
+// goroutines and unregisters the metrics; it is idempotent. The router
+// does not own the Kafka clients, nor the Keyshard client: close them
+// after the router.
 package kafka

@@ -187,27 +187,26 @@ func consume(ctx context.Context, cl *kgo.Client, lane Lane, wait, other *Barrie
 	}
 }
 
-// TestEndToEnd: one key goes hot, moves to overflow, cools down and comes
-// back, with a consumer group per lane honouring the barriers. Nothing is
-// lost, the hot key uses one overflow partition, every key's order holds
-// across main → overflow → main, and the lanes never process one key at
-// once.
-func TestEndToEnd(t *testing.T) {
-	e := newEnv(t)
-	ctx := testCtx(t)
-	cfg := testConfig(e)
-	cfg.Policy.Rules = mustRules(t, "drop loud")
-	cfg.RefreshInterval = time.Hour // the test calls Refresh itself
-	r := e.router(t, cfg)
+// lanes is a consumer group per lane, each honouring its lane's barrier
+// and committing after processing (see consume), recording into pr.
+type lanes struct {
+	pr               *processing
+	mainHold, ovHold gate
+	barrierClock     *keyshardtest.FakeClock
+	stop             func() // stops the consumers and waits for them; idempotent
+}
 
-	// The barriers poll on a clock nobody advances: they progress by
-	// Notify, which each consumer calls after it commits.
-	barrierClock := keyshardtest.NewFakeClock(t0)
-	mainBar, err := NewBarrier(e.adm, BarrierConfig{Lane: Main, Topic: overflowTopic, Group: overflowGroup, Clock: barrierClock})
+// startLanes starts the two consumers and waits until both have their
+// partitions. The barriers poll on a clock nobody advances: they progress
+// by Notify, which each consumer calls after it commits.
+func startLanes(t *testing.T, e *testEnv, ctx context.Context) *lanes {
+	t.Helper()
+	l := &lanes{pr: newProcessing(), barrierClock: keyshardtest.NewFakeClock(t0)}
+	mainBar, err := NewBarrier(e.adm, BarrierConfig{Lane: Main, Topic: overflowTopic, Group: overflowGroup, Clock: l.barrierClock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ovBar, err := NewBarrier(e.adm, BarrierConfig{Lane: Overflow, Topic: mainTopic, Group: mainGroup, Clock: barrierClock})
+	ovBar, err := NewBarrier(e.adm, BarrierConfig{Lane: Overflow, Topic: mainTopic, Group: mainGroup, Clock: l.barrierClock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,13 +221,13 @@ func TestEndToEnd(t *testing.T) {
 	}
 	mainCl := consumer(Main, mainGroup, mainTopic)
 	ovCl := consumer(Overflow, overflowGroup, overflowTopic)
-	pr := newProcessing()
-	var mainHold, ovHold gate
-	cctx, stop := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { consume(cctx, mainCl, Main, mainBar, ovBar, &mainHold, pr) }) // exits on stop
-	wg.Go(func() { consume(cctx, ovCl, Overflow, ovBar, mainBar, &ovHold, pr) }) // exits on stop
-	t.Cleanup(func() { stop(); wg.Wait() })                                      // before the clients close
+	wg.Go(func() { consume(cctx, mainCl, Main, mainBar, ovBar, &l.mainHold, l.pr) }) // exits on stop
+	wg.Go(func() { consume(cctx, ovCl, Overflow, ovBar, mainBar, &l.ovHold, l.pr) }) // exits on stop
+	var once sync.Once
+	l.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(l.stop) // before the clients close
 	for range 2 {
 		select {
 		case <-assigned:
@@ -236,6 +235,24 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal("consumers were not assigned partitions")
 		}
 	}
+	return l
+}
+
+// TestEndToEnd: one key goes hot, moves to overflow, cools down and comes
+// back, with a consumer group per lane honouring the barriers. Nothing is
+// lost, the hot key uses one overflow partition, every key's order holds
+// across main → overflow → main, and the lanes never process one key at
+// once.
+func TestEndToEnd(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	cfg := testConfig(e)
+	cfg.Policy.Rules = mustRules(t, "drop loud")
+	cfg.RefreshInterval = time.Hour // the test calls Refresh itself
+	r := e.router(t, cfg)
+
+	l := startLanes(t, e, ctx)
+	pr, barrierClock := l.pr, l.barrierClock
 
 	res := newResults()
 	var sent []*kgo.Record
@@ -278,7 +295,7 @@ func TestEndToEnd(t *testing.T) {
 	// records are in flight. The main consumer is held before its next
 	// record, so the overflow consumer must stop at the entry barrier
 	// (asleep on the barrier clock) without processing anything.
-	mainHold.close()
+	l.mainHold.close()
 	for i := range 400 {
 		send("hot")
 		if i%10 == 0 {
@@ -302,7 +319,7 @@ func TestEndToEnd(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
 	}
-	mainHold.open()
+	l.mainHold.open()
 	settle()
 
 	// 3. Cooling down at 2 msg/s: "hot" comes back once it is below the
@@ -333,8 +350,7 @@ func TestEndToEnd(t *testing.T) {
 		e.clk.Advance(100 * time.Millisecond)
 	}
 	settle()
-	stop()
-	wg.Wait()
+	l.stop()
 
 	res.check(t, sent)
 	s := r.Stats()

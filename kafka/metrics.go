@@ -15,6 +15,9 @@ type collector struct {
 	sends, lateAcks, decisions, overflowKeys, held, pending *prometheus.Desc
 	backlog, backlogBytes, warnings, refreshErrs, untracked *prometheus.Desc
 	mismatches, barriers                                    *prometheus.Desc
+	clusterVersion, clusterKeys, clusterReports             *prometheus.Desc
+	clusterReportFailures, clusterWatchFailures             *prometheus.Desc
+	clusterTruncated, clusterContact                        *prometheus.Desc
 }
 
 func newCollector(r *Router) *collector {
@@ -36,12 +39,22 @@ func newCollector(r *Router) *collector {
 		untracked:    d("keyshard_router_untracked_overflow_total", "Overflow records of keys beyond MaxOverflowKeys (no barrier)."),
 		mismatches:   d("keyshard_router_partition_mismatches_total", "Main records placed on another partition than predicted (stale partition count)."),
 		barriers:     d("keyshard_router_overflow_entries_total", "Keys entering overflow through an entry barrier."),
+
+		clusterVersion:        d("keyshard_router_cluster_set_version", "Version of the cluster-wide overflow set in force (0: none)."),
+		clusterKeys:           d("keyshard_router_cluster_set_keys", "Keys in the cluster-wide overflow set in force."),
+		clusterReports:        d("keyshard_router_cluster_reports_total", "Hot-key reports the control plane accepted."),
+		clusterReportFailures: d("keyshard_router_cluster_report_failures_total", "Hot-key reports that failed (control plane unreachable, unknown pool, refused)."),
+		clusterWatchFailures:  d("keyshard_router_cluster_watch_failures_total", "Failed watches and long polls of the cluster-wide overflow set."),
+		clusterTruncated:      d("keyshard_router_cluster_truncated_keys_total", "Hot keys left out of reports because the detector holds them truncated (MaxKeyLen)."),
+		clusterContact:        d("keyshard_router_cluster_last_contact_timestamp_seconds", "When the control plane last answered the hot-key sync, in Unix seconds (0: never)."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.sends, c.lateAcks, c.decisions, c.overflowKeys, c.held, c.pending,
-		c.backlog, c.backlogBytes, c.warnings, c.refreshErrs, c.untracked, c.mismatches, c.barriers} {
+		c.backlog, c.backlogBytes, c.warnings, c.refreshErrs, c.untracked, c.mismatches, c.barriers,
+		c.clusterVersion, c.clusterKeys, c.clusterReports, c.clusterReportFailures, c.clusterWatchFailures,
+		c.clusterTruncated, c.clusterContact} {
 		ch <- d
 	}
 }
@@ -78,4 +91,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.untracked, s.Untracked)
 	counter(c.mismatches, s.PartitionMismatches)
 	counter(c.barriers, s.Barriers)
+	cl := s.Cluster
+	gauge(c.clusterVersion, float64(cl.Version))
+	gauge(c.clusterKeys, float64(cl.Keys))
+	counter(c.clusterReports, cl.Sync.Reports)
+	counter(c.clusterReportFailures, cl.Sync.ReportFailures)
+	counter(c.clusterWatchFailures, cl.Sync.WatchFailures)
+	counter(c.clusterTruncated, cl.TruncatedKeys)
+	contact := 0.0
+	if !cl.Sync.LastContact.IsZero() {
+		contact = float64(cl.Sync.LastContact.UnixNano()) / 1e9
+	}
+	gauge(c.clusterContact, contact)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/hotkey"
 )
@@ -63,7 +64,8 @@ const (
 // documentation for its guarantees.
 //
 // A Router is safe for concurrent use. NewRouter starts two goroutines (the
-// refresh loop and the one that times out sends); a key's entry barrier
+// refresh loop and the one that times out sends), and a third with
+// Config.ClusterHotKeys (the cluster hot-key sync); a key's entry barrier
 // starts one while it releases held records. Close stops them.
 type Router struct {
 	prod producer
@@ -91,6 +93,10 @@ type Router struct {
 	ovRecords uint64
 	backlog   []PartitionBacklog
 	warned    map[int32]bool
+	// The cluster overflow set in force (ApplyClusterSet).
+	clusterVersion uint64
+	clusterKeys    int
+	clusterChanged chan struct{} // closed and replaced when it changes, and by Close
 	// Sends not resolved by the client, oldest first. Their deadlines are
 	// in the same order (the decision time is monotone and SendTimeout
 	// fixed), so expireLoop only ever waits for the head.
@@ -106,6 +112,9 @@ type Router struct {
 	results                                         [numResults]atomic.Uint64
 	lateAcks, untracked, mismatches, refreshErrors  atomic.Uint64
 	retentionWarnings, barriersEntered, barriersNow atomic.Uint64
+	clusterTruncated                                atomic.Uint64
+
+	hot *client.HotKeys // the cluster hot-key sync; nil without Config.ClusterHotKeys
 
 	collector *collector
 	cancel    context.CancelFunc
@@ -182,8 +191,9 @@ type send struct {
 // metadata with adm. It checks the configuration, that cl's partitioner
 // places keys as Kafka's Java client does (murmur2; franz-go's default
 // partitioner and kgo.StickyKeyPartitioner(nil) do), and that the topics
-// exist, then starts the refresh loop. Errors wrap ErrBadConfig, or are
-// the metadata request's.
+// exist, then starts the refresh loop, and with Config.ClusterHotKeys the
+// cluster hot-key sync. Errors wrap ErrBadConfig, or are the metadata
+// request's.
 //
 // The router does not own cl or adm: close them after Close. Build cl
 // with kgo.RecordDeliveryTimeout at or below Config.SendTimeout so that the
@@ -228,8 +238,15 @@ func newRouter(ctx context.Context, prod producer, adm admin, cfg Config) (*Rout
 		retention: -1,
 		kick:      make(chan struct{}, 1),
 		lastNs:    math.MinInt64,
+
+		clusterChanged: make(chan struct{}),
 	}
 	_, r.realClock = cfg.Clock.(clock.Real)
+	if cfg.ClusterHotKeys != nil {
+		if r.hot, err = r.newHotKeys(cfg); err != nil {
+			return nil, fmt.Errorf("%w: Config.ClusterHotKeys: %w", ErrBadConfig, err)
+		}
+	}
 	if err := r.loadTopics(ctx); err != nil {
 		return nil, err
 	}
@@ -244,6 +261,10 @@ func newRouter(ctx context.Context, prod producer, adm admin, cfg Config) (*Rout
 	r.wg.Add(2)
 	go r.loop(loopCtx)       // exits when Close cancels loopCtx
 	go r.expireLoop(loopCtx) // exits when Close cancels loopCtx
+	if r.hot != nil {
+		r.wg.Add(1)
+		go r.syncHotKeys(loopCtx) // exits when Close cancels loopCtx
+	}
 	return r, nil
 }
 
@@ -819,13 +840,16 @@ func (r *Router) Flush(ctx context.Context) error {
 
 // Close stops accepting sends (Produce resolves with ErrClosed), waits
 // until every accepted send has resolved (at most SendTimeout), stops the
-// router's goroutines and unregisters its metrics. It is idempotent and
+// router's goroutines (the cluster hot-key sync included) and unregisters
+// its metrics. It is idempotent and
 // safe to call concurrently; every call returns once the router is closed.
 // It closes neither the Kafka client nor the admin client.
 func (r *Router) Close() {
 	r.closeOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
+		close(r.clusterChanged) // WaitClusterVersion returns ErrClosed
+		r.clusterChanged = make(chan struct{})
 		r.mu.Unlock()
 		_ = r.Flush(context.Background()) // bounded: every send expires by its deadline
 		r.mu.Lock()
@@ -941,6 +965,9 @@ type Stats struct {
 	RetentionWarnings   uint64
 	Policy              hotkey.Counters
 	Backlog             []PartitionBacklog
+	// Cluster is the cluster-wide hot-key state: the set in force, and
+	// the sync's counters with Config.ClusterHotKeys.
+	Cluster ClusterStats
 }
 
 // Resolved returns the number of sends that have resolved.
@@ -957,8 +984,13 @@ func (r *Router) Stats() Stats {
 		Policy:      r.policy.Counters(),
 		Backlog:     append([]PartitionBacklog(nil), r.backlog...),
 		Pending:     int(r.accepted - r.resolved.Load()),
+		Cluster:     ClusterStats{Version: r.clusterVersion, Keys: r.clusterKeys},
 	}
 	r.mu.Unlock()
+	st.Cluster.TruncatedKeys = r.clusterTruncated.Load()
+	if r.hot != nil {
+		st.Cluster.Sync = r.hot.Stats()
+	}
 	st.Main = r.results[resMain].Load()
 	st.Overflow = r.results[resOverflow].Load()
 	st.DeadLetter = r.results[resDeadLetter].Load()
