@@ -164,6 +164,11 @@ type DetectorStats struct {
 
 // slot is one tracked key. A slot is either queued (pos < 0; its count is
 // in count) or in the heap (its count is in heap[pos]).
+//
+// A slot is 64 bytes, one cache line (the slots are a large, page-aligned
+// allocation for any sizable detector), and holds the first headLen bytes
+// of its key: finding a key of up to headLen bytes reads its table entry
+// and this one line, and only longer keys read the rest from the arena.
 type slot struct {
 	hash uint64
 	// own is the decayed weight the key received since it took this slot: a
@@ -173,7 +178,14 @@ type slot struct {
 	pos        int32   // heap position, or -1 while queued
 	flen       uint32  // length of the full key (saturating)
 	prev, next int32   // queue links, -1 at the ends
+	// head holds the stored key's first min(flen, MaxKeyLen, headLen)
+	// bytes; the arena holds the rest of its first MaxKeyLen.
+	head [headLen]byte
 }
+
+// headLen is how many bytes of its key a slot holds itself: what fills the
+// slot to 64 bytes.
+const headLen = 24
 
 type heapEntry struct {
 	count float64
@@ -203,9 +215,11 @@ type Detector struct {
 	// of the heap, and a flood of fresh keys costs O(1) per message.
 	slots        []slot
 	heap         []heapEntry // 4-ary min-heap on count; heap[:hn] in use
-	table        []uint64    // open addressing: hash>>32 << 32 | slot+1; 0 is empty
+	table        []uint64    // open addressing: uint32(hash) << 32 | slot+1; 0 is empty
 	mask         uint64
-	arena        []byte // MaxKeyLen bytes per slot
+	arena        []byte // tailLen bytes per slot: stored key bytes past headLen
+	tailLen      int    // max(MaxKeyLen−headLen, 0)
+	keyBuf       []byte // MaxKeyLen bytes: storedKey joins long keys here
 	n, hn        int32  // slots in use; of which in the heap
 	qhead, qtail int32  // queue ends, -1 when empty
 
@@ -246,7 +260,9 @@ func NewDetector(cfg DetectorConfig) (*Detector, error) {
 	d.heap = make([]heapEntry, cfg.Capacity+3)[3:]
 	d.table = make([]uint64, tsize)
 	d.mask = uint64(tsize - 1)
-	d.arena = make([]byte, cfg.Capacity*cfg.MaxKeyLen)
+	d.tailLen = max(cfg.MaxKeyLen-headLen, 0)
+	d.arena = make([]byte, cfg.Capacity*d.tailLen)
+	d.keyBuf = make([]byte, cfg.MaxKeyLen)
 	d.Reset()
 	return d, nil
 }
@@ -270,7 +286,7 @@ func (d *Detector) MemoryBytes() int {
 	return int(unsafe.Sizeof(*d)) +
 		len(d.slots)*int(unsafe.Sizeof(slot{})) +
 		cap(d.heap)*int(unsafe.Sizeof(heapEntry{})) +
-		len(d.table)*8 + len(d.arena)
+		len(d.table)*8 + len(d.arena) + len(d.keyBuf)
 }
 
 // Reset forgets every key and counter, keeping the memory.
@@ -312,7 +328,7 @@ const polyMax = 1e-4
 // e^{λ(t−landmark)} is math.Exp at a base time, recomputed when the clock
 // has moved by polyMax/λ since, times a polynomial for the step from there;
 // so steps of a few microseconds cost a few multiplications and rounding
-// errors never accumulate.
+// errors never accumulate. observe tries step first.
 func (d *Detector) advance(t int64) {
 	if !d.started {
 		d.started = true
@@ -342,6 +358,22 @@ func (d *Detector) advance(t int64) {
 	d.scale, d.invScale = d.baseScale, d.baseInv
 }
 
+// step is advance's common case, the clock moving forward by less than
+// polyMax/λ from the base time, computed exactly as advance does; it
+// reports whether it applied, and changes nothing if not. Unlike advance,
+// it is small enough to inline into observe.
+func (d *Detector) step(t int64) bool {
+	dt := t - d.base
+	x := float64(dt) * d.lambdaNs
+	if !d.started || t <= d.last || dt <= 0 || x >= polyMax {
+		return false
+	}
+	d.last = t
+	d.scale = d.baseScale * (1 + x*(1+x*(0.5+x*(1.0/6))))
+	d.invScale = d.baseInv * (1 - x*(1-x*(0.5-x*(1.0/6))))
+	return true
+}
+
 // renormalize rescales every count to the time origin t. Counts decayed
 // below the smallest float64 become zero, which keeps the heap order.
 func (d *Detector) renormalize(t int64, x float64) {
@@ -359,9 +391,11 @@ func (d *Detector) renormalize(t int64, x float64) {
 }
 
 func (d *Detector) observe(key []byte, h uint64, n float64, t int64) Estimate {
-	d.advance(t)
+	if !d.step(t) {
+		d.advance(t)
+	}
 	d.observations++
-	if d.n == d.k && d.minCount() > d.errCount*d.scale {
+	if d.n == d.k && d.minAbove(d.errCount*d.scale) {
 		d.degraded++
 	}
 	w := n * d.scale
@@ -409,7 +443,10 @@ func (d *Detector) observe(key []byte, h uint64, n float64, t int64) Estimate {
 	sl.hash = h
 	sl.own = w
 	sl.flen = uint32(min(len(key), math.MaxUint32))
-	copy(d.arena[int(s)*d.cfg.MaxKeyLen:int(s+1)*d.cfg.MaxKeyLen], key)
+	stored := key[:min(len(key), d.cfg.MaxKeyLen)]
+	if n := copy(sl.head[:], stored); n < len(stored) {
+		copy(d.arena[int(s)*d.tailLen:], stored[n:])
+	}
 	d.tableInsert(h, s)
 	return d.estimate(c, w, d.scale, d.invScale)
 }
@@ -423,6 +460,13 @@ func (d *Detector) minCount() float64 {
 		return d.heap[0].count
 	}
 	return min(d.heap[0].count, d.slots[d.qhead].count)
+}
+
+// minAbove reports whether the smallest count exceeds x, as minCount() > x
+// does, but without min's care for NaN and signed zeros (either count
+// being NaN makes both false); d.n must be positive.
+func (d *Detector) minAbove(x float64) bool {
+	return (d.hn == 0 || d.heap[0].count > x) && (d.qhead < 0 || d.slots[d.qhead].count > x)
 }
 
 // countOf returns the count of slot s.
@@ -583,18 +627,29 @@ func (d *Detector) Stats(now time.Time) DetectorStats {
 	return st
 }
 
+// storedKey returns the stored bytes of slot s's key: the whole key, or its
+// first MaxKeyLen bytes when truncated. A key longer than headLen is joined
+// in d.keyBuf, so the result is valid until the next call.
 func (d *Detector) storedKey(s int32) (key []byte, truncated bool) {
-	l := int(d.slots[s].flen)
-	off := int(s) * d.cfg.MaxKeyLen
-	if l > d.cfg.MaxKeyLen {
-		return d.arena[off : off+d.cfg.MaxKeyLen], true
+	sl := &d.slots[s]
+	l := min(int(sl.flen), d.cfg.MaxKeyLen)
+	if l <= headLen {
+		return sl.head[:l], int(sl.flen) > l
 	}
-	return d.arena[off : off+l], false
+	n := copy(d.keyBuf, sl.head[:])
+	off := int(s) * d.tailLen
+	copy(d.keyBuf[n:l], d.arena[off:off+l-n])
+	return d.keyBuf[:l], int(sl.flen) > l
 }
 
 // find returns the slot of key, or -1.
 func (d *Detector) find(h uint64, key []byte) int32 {
-	tag := h >> 32
+	tag := h & math.MaxUint32
+	flen := min(len(key), math.MaxUint32)
+	// The stored bytes are key's first min(len(key), MaxKeyLen): the first
+	// n in the slot, the rest in the arena.
+	stored := key[:min(len(key), d.cfg.MaxKeyLen)]
+	n := min(len(stored), headLen)
 	for i := h & d.mask; ; i = (i + 1) & d.mask {
 		e := d.table[i]
 		if e == 0 {
@@ -605,22 +660,29 @@ func (d *Detector) find(h uint64, key []byte) int32 {
 		}
 		s := int32(uint32(e)) - 1
 		sl := &d.slots[s]
-		if sl.hash != h || int(sl.flen) != min(len(key), math.MaxUint32) {
+		if sl.hash != h || int(sl.flen) != flen || string(sl.head[:n]) != string(stored[:n]) {
 			continue
 		}
-		stored, _ := d.storedKey(s)
-		if bytes.Equal(stored, key[:len(stored)]) {
+		if n == len(stored) {
+			return s
+		}
+		off := int(s) * d.tailLen
+		if string(d.arena[off:off+len(stored)-n]) == string(stored[n:]) {
 			return s
 		}
 	}
 }
 
+// tableInsert adds slot s, whose key's hash is h, to the table. An entry
+// keeps the hash's low 32 bits, from which the entry's home index follows
+// (the table has at most 2^23 entries) and which tell most keys apart
+// without reading their slots.
 func (d *Detector) tableInsert(h uint64, s int32) {
 	i := h & d.mask
 	for d.table[i] != 0 {
 		i = (i + 1) & d.mask
 	}
-	d.table[i] = h>>32<<32 | uint64(s+1)
+	d.table[i] = h<<32 | uint64(s+1)
 }
 
 // tableRemove deletes slot s from the table by backward-shift deletion, so
@@ -638,7 +700,7 @@ func (d *Detector) tableRemove(s int32) {
 			d.table[i] = 0
 			return
 		}
-		home := d.slots[uint32(e)-1].hash & d.mask
+		home := e >> 32 & d.mask
 		// e may move back to i unless its home lies cyclically in (i, j].
 		if (j-home)&d.mask >= (j-i)&d.mask {
 			d.table[i] = e

@@ -76,8 +76,9 @@
 //     most λ, and NewDetector rejects configurations with (1−ε)·T ≤ λ. So an
 //     adversary sending a fresh key with every message is never reported, and
 //     cannot grow memory, which is fixed at NewDetector:
-//     K·(56+MaxKeyLen) bytes plus 8-byte table entries for a power of two
-//     ≥ 2K (about 1.5 MB for K = 10,000 and MaxKeyLen 64; see MemoryBytes).
+//     K·(56+max(MaxKeyLen, 24)) bytes plus 8-byte table entries for a power
+//     of two ≥ 2K (about 1.5 MB for K = 10,000 and MaxKeyLen 64; see
+//     MemoryBytes).
 //
 // Keys are hashed with xxhash; a slot stores the first MaxKeyLen bytes of its
 // key, the key's full length and its 64-bit hash, and two keys are the same

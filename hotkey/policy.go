@@ -350,38 +350,55 @@ func (p *Policy) Enabled() bool { return p.enabled.Load() }
 // MissingKey. Decide does not allocate except when a key enters overflow
 // (its key is copied once).
 func (p *Policy) Decide(key []byte, now time.Time) Decision {
+	d, _ := p.DecideEntry(key, now)
+	return d
+}
+
+// DecideEntry is Decide that also returns, for an Overflow decision, the
+// index of key's overflow entry: an int in [0, MaxOverflowKeys) that is
+// key's for as long as the policy holds it in overflow, and may be another
+// key's once it has left. It is −1 for an Overflow decision whose key the
+// policy could not hold (MaxOverflowKeys keys in overflow; see
+// Counters.Untracked), and for every other decision. A caller that keeps
+// state per key in overflow may index it by entry, checking the key,
+// instead of looking the key up again.
+func (p *Policy) DecideEntry(key []byte, now time.Time) (d Decision, entry int) {
 	if len(key) == 0 {
-		return p.record(Rejected, MissingKey, false)
+		return p.record(Rejected, MissingKey, false), -1
 	}
 	h := xxhash.Sum64(key)
 	est := p.det.observe(key, h, 1, now.UnixNano())
 	t := p.det.last // monotone
-	mask, spread := p.rules.match(key)
+	var mask, spread uint8
+	if p.rules != nil {
+		mask, spread = p.rules.match(key)
+	}
 	if mask != 0 {
 		switch {
 		case mask&bitDrop != 0:
-			return p.record(Drop, DropRule, false)
+			return p.record(Drop, DropRule, false), -1
 		case mask&bitDead != 0:
-			return p.record(DeadLetter, DeadLetterRule, false)
+			return p.record(DeadLetter, DeadLetterRule, false), -1
 		case mask&bitSkip != 0:
-			return p.record(SkipStateful, SkipStatefulRule, false)
+			return p.record(SkipStateful, SkipStatefulRule, false), -1
 		}
 	}
 	enabled := p.enabled.Load()
 	if mask&(bitOverflow|bitJunk) != 0 {
 		if !enabled {
-			return p.record(Main, KillSwitch, false)
+			return p.record(Main, KillSwitch, false), -1
 		}
 		reason, sp := ForcedOverflow, spread&bitOverflow != 0
 		if mask&bitOverflow == 0 {
 			reason, sp = JunkKey, spread&bitJunk != 0
 		}
-		if e := p.find(h, key); e >= 0 {
+		e := p.find(h, key)
+		if e >= 0 {
 			p.entries[e].touch(t, est.Rate, p.low, sp)
-		} else if p.insert(key, h, t, est.Rate, sp) < 0 {
+		} else if e = p.insert(key, h, t, est.Rate, sp); e < 0 {
 			p.untracked++
 		}
-		return p.record(Overflow, reason, sp)
+		return p.record(Overflow, reason, sp), int(e)
 	}
 	e := int32(-1)
 	if p.live > 0 {
@@ -392,54 +409,55 @@ func (p *Policy) Decide(key []byte, now time.Time) Decision {
 	}
 	if !enabled {
 		if e >= 0 || est.Hot {
-			return p.record(Main, KillSwitch, false)
+			return p.record(Main, KillSwitch, false), -1
 		}
-		return p.record(Main, NotHot, false)
+		return p.record(Main, NotHot, false), -1
 	}
 	if e >= 0 {
 		en := &p.entries[e]
 		if est.Hot {
 			en.touch(t, est.Rate, p.low, en.spread)
-			return p.record(Overflow, Detected, en.spread)
+			return p.record(Overflow, Detected, en.spread), int(e)
 		}
 		if p.releasable(en, est.Rate, t) {
 			p.remove(e)
 			p.released++
-			return p.record(Main, Released, false)
+			return p.record(Main, Released, false), -1
 		}
 		en.lastOverflow = t
-		return p.record(Overflow, Sticky, en.spread)
+		return p.record(Overflow, Sticky, en.spread), int(e)
 	}
 	if est.Hot {
-		if p.insert(key, h, t, est.Rate, p.spreadDetected) < 0 {
-			return p.record(Main, OverflowFull, false)
+		if e = p.insert(key, h, t, est.Rate, p.spreadDetected); e < 0 {
+			return p.record(Main, OverflowFull, false), -1
 		}
-		return p.record(Overflow, Detected, p.spreadDetected)
+		return p.record(Overflow, Detected, p.spreadDetected), int(e)
 	}
-	return p.record(Main, NotHot, false)
+	return p.record(Main, NotHot, false), -1
 }
 
 // decideCluster decides for a key of the cluster set; e is its entry in
-// overflow, or -1, and rate its local rate's upper bound.
-func (p *Policy) decideCluster(key []byte, h uint64, e int32, rate float64, t int64, enabled bool) Decision {
+// overflow, or -1, and rate its local rate's upper bound. It returns what
+// DecideEntry does.
+func (p *Policy) decideCluster(key []byte, h uint64, e int32, rate float64, t int64, enabled bool) (Decision, int) {
 	if !enabled {
-		return p.record(Main, KillSwitch, false)
+		return p.record(Main, KillSwitch, false), -1
 	}
 	sp := p.spreadDetected
 	if e >= 0 {
 		p.entries[e].touch(t, rate, p.low, sp)
-		return p.record(Overflow, ClusterHot, sp)
+		return p.record(Overflow, ClusterHot, sp), int(e)
 	}
 	e = p.insert(key, h, t, rate, sp)
 	if e < 0 {
-		return p.record(Main, OverflowFull, false)
+		return p.record(Main, OverflowFull, false), -1
 	}
 	if rate < p.low {
 		// Not locally high: once the key leaves the set, it owes no
 		// cooldown from here (see SetClusterKeys).
 		p.entries[e].lastHigh, p.entries[e].lastHighRate = math.MinInt64, 0
 	}
-	return p.record(Overflow, ClusterHot, sp)
+	return p.record(Overflow, ClusterHot, sp), int(e)
 }
 
 func (p *Policy) record(o Outcome, r Reason, spread bool) Decision {

@@ -85,6 +85,11 @@ type Router struct {
 	mainN     int32      // main topic partitions, to predict a key's partition
 	parts     []mainPart // per main partition
 	keys      map[string]*keyState
+	// byEntry indexes keys by the policy's overflow entry
+	// (hotkey.Policy.DecideEntry), which spares an overflow record the map
+	// lookup: byEntry[e], if not nil, is in keys and was the key of entry
+	// e when it was set, so a lookup checks its key (see cachedKey).
+	byEntry   []*keyState
 	held      int
 	closed    bool
 	stopped   bool
@@ -151,6 +156,7 @@ type partOffset struct {
 type keyState struct {
 	key      string
 	keyBytes []byte
+	byEntry  int    // index+1 in Router.byEntry that may refer to it, 0 if none
 	inPolicy bool   // the policy holds the key in overflow (as far as we know)
 	epoch    uint64 // Router.epoch at the latest entry
 	entry    uint64 // entries so far; tags the records carrying waitMain
@@ -497,7 +503,7 @@ func (r *Router) route(s *send, now time.Time) action {
 	if r.realClock && rec.Timestamp.IsZero() {
 		rec.Timestamp = now // what the client would read; it need not read it again
 	}
-	d := r.policy.Decide(rec.Key, now)
+	d, entry := r.policy.DecideEntry(rec.Key, now)
 	switch d.Outcome {
 	case hotkey.Main:
 		if d.Reason == hotkey.Released {
@@ -506,7 +512,7 @@ func (r *Router) route(s *send, now time.Time) action {
 		r.toMain(s)
 		return actProduce
 	case hotkey.Overflow:
-		return r.toOverflow(s, d.Spread, now)
+		return r.toOverflow(s, entry, d.Spread, now)
 	case hotkey.SkipStateful:
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderSkipStateful, Value: []byte("1")})
 		r.toMain(s)
@@ -531,7 +537,10 @@ func (r *Router) toMain(s *send) {
 	s.gen, s.pred = g, p
 }
 
-func (r *Router) toOverflow(s *send, spread bool, now time.Time) action {
+// toOverflow sends s to overflow; entry is the key's overflow entry in the
+// policy, or −1 if the policy does not hold the key (see
+// hotkey.Policy.DecideEntry).
+func (r *Router) toOverflow(s *send, entry int, spread bool, now time.Time) action {
 	rec := s.rec
 	rec.Topic = r.cfg.OverflowTopic
 	s.lane = Overflow
@@ -542,16 +551,19 @@ func (r *Router) toOverflow(s *send, spread bool, now time.Time) action {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderKey, Value: key})
 		rec.Key = nil
 	}
-	st := r.keys[string(key)]
-	if st == nil {
-		// A zero time changes nothing: this asks whether the policy holds
-		// the key (it does not beyond MaxOverflowKeys).
-		if !r.policy.MarkDrained(key, time.Time{}) {
-			r.untracked.Add(1)
-			return actProduce
+	var st *keyState
+	if entry >= 0 {
+		if st = r.cachedKey(entry, key); st == nil {
+			if st = r.keys[string(key)]; st == nil {
+				st = &keyState{key: string(key), keyBytes: append([]byte(nil), key...)}
+				r.keys[st.key] = st
+			}
+			r.cacheKey(entry, st)
 		}
-		st = &keyState{key: string(key), keyBytes: append([]byte(nil), key...)}
-		r.keys[st.key] = st
+	} else if st = r.keys[string(key)]; st == nil {
+		// The policy does not hold the key (MaxOverflowKeys).
+		r.untracked.Add(1)
+		return actProduce
 	}
 	if !st.inPolicy || st.epoch != r.epoch {
 		r.enter(st)
@@ -568,6 +580,37 @@ func (r *Router) toOverflow(s *send, spread bool, now time.Time) action {
 		s.carryWait(st)
 	}
 	return actProduce
+}
+
+// cachedKey returns the state of key, whose overflow entry in the policy is
+// entry, if byEntry has it. r.mu is held.
+func (r *Router) cachedKey(entry int, key []byte) *keyState {
+	if entry < len(r.byEntry) {
+		if st := r.byEntry[entry]; st != nil && st.key == string(key) {
+			return st
+		}
+	}
+	return nil
+}
+
+// cacheKey makes st, which is in keys, byEntry's state for the key of the
+// policy's overflow entry entry, and drops its former place, so that each
+// state has at most one. r.mu is held.
+func (r *Router) cacheKey(entry int, st *keyState) {
+	if entry >= len(r.byEntry) {
+		r.byEntry = append(r.byEntry, make([]*keyState, entry+1-len(r.byEntry))...)
+	}
+	r.uncacheKey(st)
+	r.byEntry[entry] = st
+	st.byEntry = entry + 1
+}
+
+// uncacheKey removes st from byEntry. r.mu is held.
+func (r *Router) uncacheKey(st *keyState) {
+	if i := st.byEntry - 1; i >= 0 && r.byEntry[i] == st {
+		r.byEntry[i] = nil
+	}
+	st.byEntry = 0
 }
 
 // enter starts st's stay in overflow: its first records must wait for the
@@ -642,6 +685,7 @@ func (r *Router) maybeForget(st *keyState) {
 	if r.keys[st.key] == st {
 		delete(r.keys, st.key)
 	}
+	r.uncacheKey(st)
 }
 
 // mainDone counts main send s as resolved in its generation, once, and
