@@ -407,7 +407,9 @@ func (d *Detector) observe(key []byte, h uint64, n float64, t int64) Estimate {
 		if p := sl.pos; p >= 0 {
 			d.heap[p].count += w
 			c = d.heap[p].count
-			d.down(p)
+			if 4*p+1 < d.hn { // a leaf, as most often, stays put
+				d.down(p)
+			}
 		} else {
 			c = sl.count + w
 			d.unqueue(s)
@@ -645,11 +647,6 @@ func (d *Detector) storedKey(s int32) (key []byte, truncated bool) {
 // find returns the slot of key, or -1.
 func (d *Detector) find(h uint64, key []byte) int32 {
 	tag := h & math.MaxUint32
-	flen := min(len(key), math.MaxUint32)
-	// The stored bytes are key's first min(len(key), MaxKeyLen): the first
-	// n in the slot, the rest in the arena.
-	stored := key[:min(len(key), d.cfg.MaxKeyLen)]
-	n := min(len(stored), headLen)
 	for i := h & d.mask; ; i = (i + 1) & d.mask {
 		e := d.table[i]
 		if e == 0 {
@@ -660,7 +657,14 @@ func (d *Detector) find(h uint64, key []byte) int32 {
 		}
 		s := int32(uint32(e)) - 1
 		sl := &d.slots[s]
-		if sl.hash != h || int(sl.flen) != flen || string(sl.head[:n]) != string(stored[:n]) {
+		if sl.hash != h || int(sl.flen) != min(len(key), math.MaxUint32) {
+			continue
+		}
+		// The stored bytes are key's first min(len(key), MaxKeyLen): its
+		// first headLen in the slot, the rest in the arena.
+		stored := key[:min(len(key), d.cfg.MaxKeyLen)]
+		n := min(len(stored), headLen)
+		if string(sl.head[:n]) != string(stored[:n]) {
 			continue
 		}
 		if n == len(stored) {
@@ -739,9 +743,13 @@ func (d *Detector) popMin() {
 		if c >= n {
 			break
 		}
-		for j := c + 1; j < min(c+4, n); j++ {
-			if h[j].count < h[c].count {
-				c = j
+		if c+3 < n {
+			c = minOf4(h, c)
+		} else {
+			for j := c + 1; j < n; j++ {
+				if h[j].count < h[c].count {
+					c = j
+				}
 			}
 		}
 		h[i] = h[c]
@@ -750,6 +758,30 @@ func (d *Detector) popMin() {
 	}
 	h[i] = x
 	d.up(i)
+}
+
+// minOf4 returns the first of the four entries from h[c] with the smallest
+// count, as a scan would, without branching on the data-dependent order (a
+// mispredicted branch costs more than the comparisons). Counts are never
+// negative or NaN, so their bit patterns order as they do; comparing those
+// as integers lets the compiler select with conditional moves, which it
+// does not do for float comparisons.
+func minOf4(h []heapEntry, c int32) int32 {
+	q := h[c : c+4]
+	k0, k1 := math.Float64bits(q[0].count), math.Float64bits(q[1].count)
+	k2, k3 := math.Float64bits(q[2].count), math.Float64bits(q[3].count)
+	a := c
+	if k1 < k0 {
+		a = c + 1
+	}
+	b := c + 2
+	if k3 < k2 {
+		b = c + 3
+	}
+	if min(k2, k3) < min(k0, k1) {
+		a = b
+	}
+	return a
 }
 
 func (d *Detector) up(i int32) {
@@ -778,19 +810,7 @@ func (d *Detector) down(i int32) {
 			break
 		}
 		if c+3 < n {
-			// All four children exist: pick the smallest without branches
-			// on the data-dependent order.
-			a, b := c, c+2
-			if h[c+1].count < h[c].count {
-				a = c + 1
-			}
-			if h[c+3].count < h[c+2].count {
-				b = c + 3
-			}
-			if h[b].count < h[a].count {
-				a = b
-			}
-			c = a
+			c = minOf4(h, c)
 		} else {
 			for j := c + 1; j < n; j++ {
 				if h[j].count < h[c].count {
