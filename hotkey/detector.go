@@ -743,21 +743,27 @@ func (d *Detector) popMin() {
 		if c >= n {
 			break
 		}
-		if c+3 < n {
-			c = minOf4(h, c)
-		} else {
-			for j := c + 1; j < n; j++ {
-				if h[j].count < h[c].count {
-					c = j
-				}
-			}
-		}
+		c = minChild(h, c, n)
 		h[i] = h[c]
 		d.slots[h[i].slot].pos = i
 		i = c
 	}
 	h[i] = x
 	d.up(i)
+}
+
+// minChild returns the first of the children h[c], h[c+1], ... (at most
+// four, fewer at the end of the heap of n entries) with the smallest count.
+func minChild(h []heapEntry, c, n int32) int32 {
+	if c+3 < n {
+		return minOf4(h, c)
+	}
+	for j := c + 1; j < n; j++ {
+		if h[j].count < h[c].count {
+			c = j
+		}
+	}
+	return c
 }
 
 // minOf4 returns the first of the four entries from h[c] with the smallest
@@ -809,15 +815,7 @@ func (d *Detector) down(i int32) {
 		if c >= n {
 			break
 		}
-		if c+3 < n {
-			c = minOf4(h, c)
-		} else {
-			for j := c + 1; j < n; j++ {
-				if h[j].count < h[c].count {
-					c = j
-				}
-			}
-		}
+		c = minChild(h, c, n)
 		if h[c].count >= x.count {
 			break
 		}
