@@ -28,7 +28,7 @@ func (a *Admin) CreateKeyspace(ctx context.Context, cfg KeyspaceConfig) (Keyspac
 	if err != nil {
 		return KeyspaceConfig{}, err
 	}
-	resp, err := call(ctx, a.c, a.c.admin.CreateKeyspace, &keyshardv1.CreateKeyspaceRequest{Keyspace: k})
+	resp, err := call(ctx, a.c, adminAPI.CreateKeyspace, &keyshardv1.CreateKeyspaceRequest{Keyspace: k})
 	if err != nil {
 		return KeyspaceConfig{}, fmt.Errorf("create keyspace %q: %w", cfg.Name, err)
 	}
@@ -40,7 +40,7 @@ func (a *Admin) GetKeyspace(ctx context.Context, name string) (KeyspaceConfig, e
 	if err := validName("keyspace name", name); err != nil {
 		return KeyspaceConfig{}, err
 	}
-	resp, err := call(ctx, a.c, a.c.admin.GetKeyspace, &keyshardv1.GetKeyspaceRequest{Name: name})
+	resp, err := call(ctx, a.c, adminAPI.GetKeyspace, &keyshardv1.GetKeyspaceRequest{Name: name})
 	if err != nil {
 		return KeyspaceConfig{}, fmt.Errorf("get keyspace %q: %w", name, err)
 	}
@@ -49,7 +49,7 @@ func (a *Admin) GetKeyspace(ctx context.Context, name string) (KeyspaceConfig, e
 
 // ListKeyspaces returns every keyspace.
 func (a *Admin) ListKeyspaces(ctx context.Context) ([]KeyspaceConfig, error) {
-	resp, err := call(ctx, a.c, a.c.admin.ListKeyspaces, &keyshardv1.ListKeyspacesRequest{})
+	resp, err := call(ctx, a.c, adminAPI.ListKeyspaces, &keyshardv1.ListKeyspacesRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("list keyspaces: %w", err)
 	}
@@ -69,7 +69,7 @@ func (a *Admin) UpdateKeyspace(ctx context.Context, cfg KeyspaceConfig) (Keyspac
 	if err != nil {
 		return KeyspaceConfig{}, err
 	}
-	resp, err := call(ctx, a.c, a.c.admin.UpdateKeyspace, &keyshardv1.UpdateKeyspaceRequest{Keyspace: k})
+	resp, err := call(ctx, a.c, adminAPI.UpdateKeyspace, &keyshardv1.UpdateKeyspaceRequest{Keyspace: k})
 	if err != nil {
 		return KeyspaceConfig{}, fmt.Errorf("update keyspace %q: %w", cfg.Name, err)
 	}
@@ -81,7 +81,7 @@ func (a *Admin) ListMembers(ctx context.Context, keyspace string) (Members, erro
 	if err := validName("keyspace name", keyspace); err != nil {
 		return Members{}, err
 	}
-	resp, err := call(ctx, a.c, a.c.admin.ListMembers, &keyshardv1.ListMembersRequest{Keyspace: keyspace})
+	resp, err := call(ctx, a.c, adminAPI.ListMembers, &keyshardv1.ListMembersRequest{Keyspace: keyspace})
 	if err != nil {
 		return Members{}, fmt.Errorf("list members of keyspace %q: %w", keyspace, err)
 	}
@@ -102,7 +102,7 @@ func (a *Admin) DrainMember(ctx context.Context, keyspace, member string) error 
 	if err := validName("member id", member); err != nil {
 		return err
 	}
-	if _, err := call(ctx, a.c, a.c.admin.DrainMember, &keyshardv1.DrainMemberRequest{Keyspace: keyspace, Member: member}); err != nil {
+	if _, err := call(ctx, a.c, adminAPI.DrainMember, &keyshardv1.DrainMemberRequest{Keyspace: keyspace, Member: member}); err != nil {
 		return fmt.Errorf("drain member %q of keyspace %q: %w", member, keyspace, err)
 	}
 	return nil
@@ -140,7 +140,7 @@ func (a *Admin) WaitDrained(ctx context.Context, keyspace, member string, progre
 		}
 		start := a.c.opts.clock.Now()
 		req := &keyshardv1.GetMapRequest{Keyspace: keyspace, SinceEpoch: list.Epoch, Wait: durationpb.New(drainPoll)}
-		resp, err := call(ctx, a.c, a.c.maps.GetMap, req)
+		resp, err := callWithin(ctx, a.c, mapAPI.GetMap, req, budget{wait: drainPoll})
 		if err != nil {
 			return fmt.Errorf("wait for member %q of keyspace %q to drain: %w", member, keyspace, err)
 		}
@@ -155,7 +155,7 @@ func (a *Admin) WaitDrained(ctx context.Context, keyspace, member string, progre
 
 // Status returns the state of the control plane and of every keyspace.
 func (a *Admin) Status(ctx context.Context) (Status, error) {
-	resp, err := call(ctx, a.c, a.c.admin.Status, &keyshardv1.StatusRequest{})
+	resp, err := call(ctx, a.c, adminAPI.Status, &keyshardv1.StatusRequest{})
 	if err != nil {
 		return Status{}, fmt.Errorf("status: %w", err)
 	}
@@ -171,7 +171,7 @@ func (a *Admin) PutHotKeyPool(ctx context.Context, pool HotKeyPool) (HotKeyPool,
 	if err != nil {
 		return HotKeyPool{}, err
 	}
-	resp, err := call(ctx, a.c, a.c.admin.PutHotKeyPool, &keyshardv1.PutHotKeyPoolRequest{Pool: p})
+	resp, err := call(ctx, a.c, adminAPI.PutHotKeyPool, &keyshardv1.PutHotKeyPoolRequest{Pool: p})
 	if err != nil {
 		return HotKeyPool{}, fmt.Errorf("put hot-key pool %q: %w", pool.Name, err)
 	}
@@ -180,7 +180,7 @@ func (a *Admin) PutHotKeyPool(ctx context.Context, pool HotKeyPool) (HotKeyPool,
 
 // ListHotKeyPools returns every hot-key pool.
 func (a *Admin) ListHotKeyPools(ctx context.Context) ([]HotKeyPool, error) {
-	resp, err := call(ctx, a.c, a.c.admin.ListHotKeyPools, &keyshardv1.ListHotKeyPoolsRequest{})
+	resp, err := call(ctx, a.c, adminAPI.ListHotKeyPools, &keyshardv1.ListHotKeyPoolsRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("list hot-key pools: %w", err)
 	}

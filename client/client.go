@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -40,15 +41,20 @@ type SharedOption interface {
 }
 
 type clientOptions struct {
-	token  string
-	hc     *http.Client
-	tls    *tls.Config
-	clock  clock.Clock
-	log    *slog.Logger
-	grpc   bool
-	hcSet  bool
-	tlsSet bool
+	token          string
+	hc             *http.Client
+	tls            *tls.Config
+	clock          clock.Clock
+	log            *slog.Logger
+	replicaTimeout time.Duration
+	grpc           bool
+	hcSet          bool
+	tlsSet         bool
 }
+
+// defaultReplicaTimeout is how long a call waits for one replica before
+// trying the next, when Dial was given several.
+const defaultReplicaTimeout = 5 * time.Second
 
 type clientOpt func(*clientOptions)
 
@@ -82,6 +88,17 @@ func TLSConfig(cfg *tls.Config) Option {
 // default, the Connect protocol, works over HTTP/1.1 and through any proxy.
 func GRPC() Option {
 	return clientOpt(func(o *clientOptions) { o.grpc = true })
+}
+
+// ReplicaTimeout sets how long a call waits for one replica before it
+// tries the next, when Dial was given several URLs (default 5s). Long
+// polls wait this long on top of the wait they ask the server for. A
+// Worker bounds its calls by its session's deadlines as well: a
+// keep-alive by the fence deadline, a Join by the lease TTL minus the
+// fence margin, shared among the replicas not yet tried. With one URL,
+// calls are bounded only by their context.
+func ReplicaTimeout(d time.Duration) Option {
+	return clientOpt(func(o *clientOptions) { o.replicaTimeout = d })
 }
 
 type sharedOpt struct {
@@ -134,18 +151,27 @@ func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 // failures are logged at Warn, session loss at Error.
 func Logger(l *slog.Logger) SharedOption { return sharedOpt{log: l} }
 
-// Client is a connection to a Keyshard server: the four services of
-// keyshard.v1 behind one URL. It is safe for concurrent use. Routers,
-// Workers and HotKeys built on it take their defaults from it; close them
-// before the Client.
+// Client is a connection to a Keyshard cluster: the four services of
+// keyshard.v1 behind one or more replica URLs. It is safe for concurrent
+// use. Routers, Workers and HotKeys built on it take their defaults from
+// it; close them before the Client.
+//
+// With several replicas, every call goes first to the replica that
+// answered last. A call that the replica answers with Unavailable, that
+// fails in transport, or that gets no answer within ReplicaTimeout (or
+// the call's own budget) moves on to the next replica, each tried at most
+// once per call. Streams (map, grant and overflow-set watches) are opened
+// on the preferred replica and reopened elsewhere as soon as any call of
+// the Client moves away from it.
 type Client struct {
-	url    string
-	opts   clientOptions
-	authz  string
-	admin  keyshardv1connect.AdminServiceClient
-	member keyshardv1connect.MemberServiceClient
-	maps   keyshardv1connect.MapServiceClient
-	hot    keyshardv1connect.HotKeyServiceClient
+	eps   []*endpoint
+	opts  clientOptions
+	authz string
+
+	mu     sync.Mutex
+	pref   int                // index in eps of the replica calls try first
+	moved  context.Context    // cancelled when pref changes; streams on the old replica end
+	onMove context.CancelFunc // cancels moved
 
 	ctx       context.Context // cancelled by Close; every call is bound to it
 	cancel    context.CancelFunc
@@ -153,11 +179,50 @@ type Client struct {
 	ownHTTP   *http.Transport // closed by Close when Dial made it
 }
 
-// Dial returns a Client for the server at url, such as
-// "http://127.0.0.1:7400" or "https://keyshard.internal". It does no IO:
-// an unreachable server shows up as ErrUnavailable on the first call. It
-// returns an error wrapping ErrInvalid if url is not an absolute http or
-// https URL or the options contradict each other.
+// endpoint is one replica: the four services at its URL.
+type endpoint struct {
+	url    string
+	admin  keyshardv1connect.AdminServiceClient
+	member keyshardv1connect.MemberServiceClient
+	maps   keyshardv1connect.MapServiceClient
+	hot    keyshardv1connect.HotKeyServiceClient
+}
+
+// The service interfaces, by short names for method expressions such as
+// memberAPI.KeepAlive.
+type (
+	adminAPI  = keyshardv1connect.AdminServiceClient
+	memberAPI = keyshardv1connect.MemberServiceClient
+	mapAPI    = keyshardv1connect.MapServiceClient
+	hotAPI    = keyshardv1connect.HotKeyServiceClient
+)
+
+// service returns e's client of service S (one of the four above).
+func service[S any](e *endpoint) S {
+	var s S
+	switch p := any(&s).(type) {
+	case *adminAPI:
+		*p = e.admin
+	case *memberAPI:
+		*p = e.member
+	case *mapAPI:
+		*p = e.maps
+	case *hotAPI:
+		*p = e.hot
+	}
+	return s
+}
+
+// Dial returns a Client for the Keyshard cluster at rawURL: one server
+// URL, such as "http://127.0.0.1:7400" or "https://keyshard.internal", or
+// several replicas' URLs separated by commas, such as
+// "http://a:7400,http://b:7400". Give a Worker every replica's URL (at
+// least two): a worker whose only replica is paused or cut off from etcd
+// cannot renew its lease and fences, although another replica is healthy.
+// Dial does no IO: an unreachable server shows up as ErrUnavailable on the
+// first call. It returns an error wrapping ErrInvalid if a URL is not an
+// absolute http or https URL, is given twice, or the options contradict
+// each other.
 func Dial(rawURL string, opts ...Option) (*Client, error) {
 	var o clientOptions
 	for _, opt := range opts {
@@ -165,38 +230,64 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 			opt.applyClient(&o)
 		}
 	}
-	base, err := parseServerURL(rawURL)
-	if err != nil {
-		return nil, err
+	var bases []*url.URL
+	seen := map[string]bool{}
+	for _, raw := range strings.Split(rawURL, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" && rawURL != "" {
+			return nil, fmt.Errorf("%w: server URL list %q has an empty entry; separate replicas' URLs with single commas", ErrInvalid, rawURL)
+		}
+		base, err := parseServerURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		u := strings.TrimSuffix(base.String(), "/")
+		if seen[u] {
+			return nil, fmt.Errorf("%w: server URL %q is given twice", ErrInvalid, u)
+		}
+		seen[u] = true
+		if o.tlsSet && base.Scheme != "https" {
+			return nil, fmt.Errorf("%w: TLSConfig given for %q; use an https:// URL", ErrInvalid, raw)
+		}
+		bases = append(bases, base)
 	}
 	if o.hcSet && o.tlsSet {
 		return nil, fmt.Errorf("%w: TLSConfig and HTTPClient both given; set TLS on the http.Client's transport", ErrInvalid)
 	}
-	if o.tlsSet && base.Scheme != "https" {
-		return nil, fmt.Errorf("%w: TLSConfig given for %q; use an https:// URL", ErrInvalid, rawURL)
-	}
 	if strings.ContainsAny(o.token, "\r\n") {
 		return nil, fmt.Errorf("%w: token contains a line break", ErrInvalid)
+	}
+	if o.replicaTimeout < 0 {
+		return nil, fmt.Errorf("%w: ReplicaTimeout %v is negative", ErrInvalid, o.replicaTimeout)
+	}
+	if o.replicaTimeout == 0 {
+		o.replicaTimeout = defaultReplicaTimeout
 	}
 	o.clock = clock.Or(o.clock)
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	c := &Client{url: strings.TrimSuffix(base.String(), "/"), opts: o}
+	c := &Client{opts: o}
 	if o.token != "" {
 		c.authz = "Bearer " + o.token
-		if base.Scheme == "http" && !isLoopback(base.Hostname()) {
-			o.log.Warn("keyshard: sending a bearer token over plain http", "url", c.url)
+	}
+	anyHTTPS := false
+	for _, base := range bases {
+		anyHTTPS = anyHTTPS || base.Scheme == "https"
+		if o.token != "" && base.Scheme == "http" && !isLoopback(base.Hostname()) {
+			o.log.Warn("keyshard: sending a bearer token over plain http", "url", base.String())
 		}
 	}
 	hc := o.hc
 	if hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		switch {
-		case base.Scheme == "https":
+		if anyHTTPS {
 			tr.TLSClientConfig = o.tls
-		case o.grpc: // gRPC needs HTTP/2; without TLS that is h2c with prior knowledge
+		}
+		if o.grpc { // gRPC needs HTTP/2; without TLS that is h2c with prior knowledge
 			tr.Protocols = new(http.Protocols)
+			tr.Protocols.SetHTTP1(anyHTTPS)
+			tr.Protocols.SetHTTP2(anyHTTPS)
 			tr.Protocols.SetUnencryptedHTTP2(true)
 		}
 		c.ownHTTP = tr
@@ -206,10 +297,17 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
-	c.admin = keyshardv1connect.NewAdminServiceClient(hc, c.url, copts...)
-	c.member = keyshardv1connect.NewMemberServiceClient(hc, c.url, copts...)
-	c.maps = keyshardv1connect.NewMapServiceClient(hc, c.url, copts...)
-	c.hot = keyshardv1connect.NewHotKeyServiceClient(hc, c.url, copts...)
+	for _, base := range bases {
+		u := strings.TrimSuffix(base.String(), "/")
+		c.eps = append(c.eps, &endpoint{
+			url:    u,
+			admin:  keyshardv1connect.NewAdminServiceClient(hc, u, copts...),
+			member: keyshardv1connect.NewMemberServiceClient(hc, u, copts...),
+			maps:   keyshardv1connect.NewMapServiceClient(hc, u, copts...),
+			hot:    keyshardv1connect.NewHotKeyServiceClient(hc, u, copts...),
+		})
+	}
+	c.moved, c.onMove = context.WithCancel(context.Background())
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -244,8 +342,44 @@ func isLoopback(host string) bool {
 	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
 }
 
-// URL returns the server URL the Client calls, without a trailing slash.
-func (c *Client) URL() string { return c.url }
+// URL returns the URL of the replica the Client calls first now (the one
+// that answered last), without a trailing slash.
+func (c *Client) URL() string {
+	i, _ := c.preferred()
+	return c.eps[i].url
+}
+
+// URLs returns the URLs of every replica given to Dial, in the order
+// given, without trailing slashes.
+func (c *Client) URLs() []string {
+	out := make([]string, len(c.eps))
+	for i, e := range c.eps {
+		out[i] = e.url
+	}
+	return out
+}
+
+// preferred returns the index of the replica to try first and a context
+// cancelled once that changes.
+func (c *Client) preferred() (int, context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pref, c.moved
+}
+
+// prefer makes eps[i] the replica to try first, if the preference is
+// still the one seen as moved. Streams open on the old one end.
+func (c *Client) prefer(i int, moved context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.moved != moved || c.pref == i {
+		return
+	}
+	c.opts.log.Warn("keyshard: moving to another replica", "from", c.eps[c.pref].url, "to", c.eps[i].url)
+	c.pref = i
+	c.onMove()
+	c.moved, c.onMove = context.WithCancel(context.Background())
+}
 
 // Admin returns the admin API of the Client.
 func (c *Client) Admin() *Admin { return &Admin{c: c} }
@@ -282,38 +416,133 @@ func newRequest[T any](c *Client, msg *T) *connect.Request[T] {
 	return r
 }
 
-// call makes one unary call and translates its error.
-func call[Req, Res any](ctx context.Context, c *Client, f func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req) (*Res, error) {
+// budget bounds a call beyond its context, on the Client's clock.
+type budget struct {
+	// within bounds the whole call, over every replica tried (0: only
+	// ctx bounds it).
+	within time.Duration
+	// wait is how long the server may hold the call before it answers
+	// (a long poll's wait); it adds to ReplicaTimeout.
+	wait time.Duration
+}
+
+// errAttemptTimeout is the cause of an attempt cancelled by its budget.
+var errAttemptTimeout = errors.New("no answer in time")
+
+// errMoved is the cause of a stream ended because the Client moved to
+// another replica.
+var errMoved = errors.New("moved to another replica")
+
+// call makes one unary call with no budget beyond ctx (and, with several
+// replicas, ReplicaTimeout per replica), and translates its error.
+func call[S, Req, Res any](ctx context.Context, c *Client, m func(S, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req) (*Res, error) {
+	return callWithin(ctx, c, m, req, budget{})
+}
+
+// callWithin makes one unary call within b, trying each replica at most
+// once, starting with the preferred one, while the answer is
+// ErrUnavailable (a refusal, a transport error or no answer in time). A
+// replica that answers becomes the preferred one.
+func callWithin[S, Req, Res any](ctx context.Context, c *Client, m func(S, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req, b budget) (*Res, error) {
 	if c.closed() {
 		return nil, ErrClosed
 	}
 	ctx, cancel := c.bind(ctx)
 	defer cancel()
-	resp, err := f(ctx, newRequest(c, req))
+	clk := c.opts.clock
+	start := clk.Now()
+	first, moved := c.preferred()
+	var err error
+	for i := range len(c.eps) {
+		limit := time.Duration(0) // no limit
+		if len(c.eps) > 1 {
+			limit = c.opts.replicaTimeout + b.wait
+		}
+		if b.within > 0 {
+			left := b.within - clk.Since(start)
+			if left <= 0 {
+				if err == nil {
+					err = fmt.Errorf("%w: no answer within %v", ErrUnavailable, b.within)
+				}
+				return nil, err
+			}
+			share := left / time.Duration(len(c.eps)-i)
+			if limit == 0 || share < limit {
+				limit = share
+			}
+		}
+		n := (first + i) % len(c.eps)
+		var resp *Res
+		resp, err = attempt(ctx, c, c.eps[n], m, req, limit)
+		if err == nil {
+			c.prefer(n, moved)
+			return resp, nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
+			return nil, err
+		}
+		if i+1 < len(c.eps) {
+			c.opts.log.Warn("keyshard: replica unavailable; trying the next", "url", c.eps[n].url, "err", err)
+		}
+	}
+	if len(c.eps) > 1 {
+		err = fmt.Errorf("all %d replicas failed; the last: %w", len(c.eps), err)
+	}
+	return nil, err
+}
+
+// attempt makes one call to e, cancelled after limit (0: no limit) on the
+// Client's clock.
+func attempt[S, Req, Res any](ctx context.Context, c *Client, e *endpoint, m func(S, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req, limit time.Duration) (*Res, error) {
+	actx, acancel := context.WithCancelCause(ctx)
+	defer acancel(nil)
+	if limit > 0 {
+		t := c.opts.clock.AfterFunc(limit, func() { acancel(errAttemptTimeout) })
+		defer t.Stop()
+	}
+	resp, err := m(service[S](e), actx, newRequest(c, req))
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimeout) {
+			return nil, fmt.Errorf("%w: %s did not answer within %v", ErrUnavailable, e.url, limit)
+		}
 		return nil, c.translate(err)
 	}
 	return resp.Msg, nil
 }
 
-// stream opens a server stream and calls yield for every message until
-// the stream ends or ctx is done. A stream the server ends cleanly returns
-// nil.
-func stream[Req, Res any](ctx context.Context, c *Client, f func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *Req, yield func(*Res)) error {
+// stream opens a server stream on the preferred replica and calls yield
+// for every message until the stream ends, ctx is done, or the Client
+// moves to another replica. A stream the server ends cleanly returns nil.
+// A stream that fails with ErrUnavailable makes the next replica the
+// preferred one, so that the next stream opens there.
+func stream[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *Req, yield func(*Res)) error {
 	if c.closed() {
 		return ErrClosed
 	}
 	ctx, cancel := c.bind(ctx)
 	defer cancel()
-	s, err := f(ctx, newRequest(c, req))
-	if err != nil {
-		return c.translate(err)
+	n, moved := c.preferred()
+	e := c.eps[n]
+	sctx, scancel := context.WithCancelCause(ctx)
+	defer scancel(nil)
+	stop := context.AfterFunc(moved, func() { scancel(errMoved) })
+	defer stop()
+	s, err := f(service[S](e), sctx, newRequest(c, req))
+	if err == nil {
+		for s.Receive() {
+			yield(s.Msg())
+		}
+		err = s.Err()
+		s.Close()
 	}
-	defer s.Close()
-	for s.Receive() {
-		yield(s.Msg())
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errMoved) {
+		return fmt.Errorf("%w: stream from %s ended: %w", ErrUnavailable, e.url, errMoved)
 	}
-	return c.translate(s.Err())
+	err = c.translate(err)
+	if len(c.eps) > 1 && ctx.Err() == nil && errors.Is(err, ErrUnavailable) {
+		c.prefer((n+1)%len(c.eps), moved)
+	}
+	return err
 }
 
 func (c *Client) translate(err error) error {

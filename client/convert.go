@@ -103,9 +103,54 @@ type KeyspaceStatus struct {
 // until the grant's context is cancelled). Token is the grant's fencing
 // token: it strictly increases per bucket, so storage that keeps the
 // highest token it has seen can refuse a stale owner's writes.
+//
+// A Grant handed out by a Worker also knows whether it is still valid
+// (Valid, Deadline). Two Grants are == only if they come from the same
+// session; compare Bucket and Token to compare grants made elsewhere.
 type Grant struct {
 	Bucket int
 	Token  uint64
+
+	life *grantLife // nil for a Grant not made by a Worker
+}
+
+// grantLife is what a Grant needs to say whether it is still valid.
+type grantLife struct {
+	done <-chan struct{} // the grant's context's Done
+	s    *session
+}
+
+// Valid reports whether the worker may still act on the bucket under g,
+// judged now by the Worker's clock: the grant has not ended (its context
+// is not cancelled) and its session's fence deadline (Deadline) has not
+// passed. Once false it stays false. A process that was paused (GC,
+// SIGSTOP, a VM migration) past the deadline sees false at once when it
+// resumes, even before the Worker's timers have run, so call Valid right
+// before acting on the bucket; storage must still check g.Token, since a
+// pause can also fall between Valid and the write. A Grant not made by a
+// Worker is never valid.
+func (g Grant) Valid() bool {
+	if g.life == nil {
+		return false
+	}
+	select {
+	case <-g.life.done:
+		return false
+	default:
+	}
+	return g.life.s.valid()
+}
+
+// Deadline returns the time, on the Worker's clock, at which g stops
+// being valid unless a keep-alive is acknowledged before: the send time of
+// the session's newest acknowledged keep-alive plus the lease TTL minus
+// the fence margin. It moves later as keep-alives succeed; a write begun
+// now must end before it. It returns the zero time if g is not valid.
+func (g Grant) Deadline() time.Time {
+	if !g.Valid() {
+		return time.Time{}
+	}
+	return g.life.s.fenceDeadline()
 }
 
 func validName(what, s string) error {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -32,15 +33,24 @@ const (
 )
 
 // backoff is capped exponential backoff with equal jitter: the n-th delay
-// is uniform in [d/2, d) with d = min(backoffCap, backoffBase·2ⁿ).
-type backoff struct{ n int }
+// is uniform in [d/2, d) with d = min(cap, base·2ⁿ), where base and cap
+// are backoffBase and backoffCap unless set.
+type backoff struct {
+	n     int
+	base  time.Duration // 0: backoffBase
+	limit time.Duration // the cap; 0: backoffCap
+}
 
 func (b *backoff) next() time.Duration {
-	d := backoffCap
-	if b.n < 10 {
-		d = min(backoffCap, backoffBase<<b.n)
+	base, limit := cmp.Or(b.base, backoffBase), cmp.Or(b.limit, backoffCap)
+	d := limit
+	if b.n < 20 && base<<b.n < limit {
+		d = base << b.n
 	}
 	b.n++
+	if d < 2 {
+		return d
+	}
 	return d/2 + rand.N(d/2)
 }
 

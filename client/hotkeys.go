@@ -270,11 +270,8 @@ func (h *HotKeys) report(ctx context.Context, now time.Time) error {
 	// answer brings the threshold.
 	pks, dropped := reportKeysToProto(keys, minRate)
 	req := &keyshardv1.ReportHotKeysRequest{Pool: h.cfg.Pool, Producer: h.cfg.Producer, Keys: pks}
-	cctx, ccancel := context.WithCancel(ctx)
-	timeout := h.clock.AfterFunc(max(h.cfg.Interval, reportTimeout), ccancel) // abandon a call that hangs
-	resp, err := call(cctx, h.c, h.c.hot.ReportHotKeys, req)
-	timeout.Stop()
-	ccancel()
+	// Abandon a call that hangs.
+	resp, err := callWithin(ctx, h.c, hotAPI.ReportHotKeys, req, budget{within: max(h.cfg.Interval, reportTimeout)})
 	answered := h.clock.Now()
 
 	h.mu.Lock()
@@ -348,7 +345,7 @@ func (h *HotKeys) explainLocked(err error) error {
 			h.set.Version, err)
 	case errors.Is(err, ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return fmt.Errorf("the control plane at %s is unreachable or not answering; overflow set version %d stays in force until it answers: %w",
-			h.c.url, h.set.Version, err)
+			h.c.URL(), h.set.Version, err)
 	case errors.Is(err, ErrInvalid):
 		return fmt.Errorf("the server refused the hot-key report of pool %q: %w", pool, err)
 	}
@@ -372,11 +369,11 @@ func (h *HotKeys) follow(ctx context.Context) {
 		what:  "overflow set",
 		watch: func(ctx context.Context, yield func(*keyshardv1.OverflowSet)) error {
 			req := &keyshardv1.WatchOverflowSetRequest{Pool: h.cfg.Pool, SinceVersion: h.version()}
-			return failed(ctx, stream(ctx, h.c, h.c.hot.WatchOverflowSet, req, yield))
+			return failed(ctx, stream(ctx, h.c, hotAPI.WatchOverflowSet, req, yield))
 		},
 		poll: func(ctx context.Context) (*keyshardv1.OverflowSet, bool, error) {
 			req := &keyshardv1.GetOverflowSetRequest{Pool: h.cfg.Pool, SinceVersion: h.version(), Wait: durationpb.New(pollWait)}
-			resp, err := call(ctx, h.c, h.c.hot.GetOverflowSet, req)
+			resp, err := callWithin(ctx, h.c, hotAPI.GetOverflowSet, req, budget{wait: pollWait})
 			if err != nil {
 				return nil, false, failed(ctx, err)
 			}

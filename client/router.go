@@ -56,7 +56,7 @@ func NewRouter(ctx context.Context, c *Client, keyspace string, opts ...RouterOp
 			opt.applyRouter(&o)
 		}
 	}
-	resp, err := call(ctx, c, c.maps.GetMap, &keyshardv1.GetMapRequest{Keyspace: keyspace, Wait: durationpb.New(0)})
+	resp, err := call(ctx, c, mapAPI.GetMap, &keyshardv1.GetMapRequest{Keyspace: keyspace, Wait: durationpb.New(0)})
 	if err != nil {
 		return nil, fmt.Errorf("router for keyspace %q: get map: %w", keyspace, err)
 	}
@@ -82,11 +82,11 @@ func (r *Router) follow(ctx context.Context) {
 		what:  "map",
 		watch: func(ctx context.Context, yield func(*keyshardv1.Map)) error {
 			req := &keyshardv1.WatchMapRequest{Keyspace: r.keyspace, SinceEpoch: r.cur.Load().epoch}
-			return stream(ctx, r.c, r.c.maps.WatchMap, req, yield)
+			return stream(ctx, r.c, mapAPI.WatchMap, req, yield)
 		},
 		poll: func(ctx context.Context) (*keyshardv1.Map, bool, error) {
 			req := &keyshardv1.GetMapRequest{Keyspace: r.keyspace, SinceEpoch: r.cur.Load().epoch, Wait: durationpb.New(pollWait)}
-			resp, err := call(ctx, r.c, r.c.maps.GetMap, req)
+			resp, err := callWithin(ctx, r.c, mapAPI.GetMap, req, budget{wait: pollWait})
 			if err != nil {
 				return nil, false, err
 			}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -183,6 +184,7 @@ type Worker struct {
 	stop    context.CancelFunc // cancels Run's context: Close's second phase
 	router  *Router
 	hasher  placement.Hasher      // the keyspace's, from Join; zero before
+	lastTTL time.Duration         // the lease TTL of the newest session; 0 before the first
 	grants  map[int]*grantState   // bucket → its current grant, until Release returned
 	last    map[int]chan struct{} // bucket → done channel of its latest grant goroutine
 	changed chan struct{}         // closed and replaced when Held changes
@@ -223,15 +225,98 @@ type session struct {
 	ttl      time.Duration
 	margin   time.Duration
 	joinSent time.Time // when the Join that created it was sent
-	buckets  int       // the keyspace's bucket count and hash, from Join
-	hash     placement.HashMode
+	hasher   placement.Hasher
 	fenced   bool // (mu) no grant of the session may start
 	released map[int]uint64
 	pending  []Grant       // (mu) released, to tell the server
 	kick     chan struct{} // cap 1: pending is not empty
 	rev      uint64        // (mu) newest grants revision seen
 	actors   sync.WaitGroup
+
+	clock    clock.Clock
+	leaseMu  sync.Mutex
+	deadline time.Time // (leaseMu) the fence deadline: newest acknowledged send + TTL − margin
+	void     bool      // (leaseMu) the deadline passed or the session was fenced; never cleared
+	acked    bool      // (leaseMu) a keep-alive was acknowledged
 }
+
+// valid reports whether the session is within its fence deadline now.
+// Once it has returned false it always does: a renewal acknowledged after
+// the deadline does not bring the session back.
+func (s *session) valid() bool {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return s.validLocked()
+}
+
+func (s *session) validLocked() bool {
+	if !s.void && !s.clock.Now().Before(s.deadline) {
+		s.void = true
+	}
+	return !s.void
+}
+
+// fenceDeadline returns the session's fence deadline.
+func (s *session) fenceDeadline() time.Time {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return s.deadline
+}
+
+// renewed moves the fence deadline to sent + ttl − margin for a
+// keep-alive sent at sent and acknowledged now (ttl: the lease time the
+// server says is left, at most the session's TTL). It reports false, and
+// moves nothing, if the session is no longer valid.
+func (s *session) renewed(sent time.Time, ttl time.Duration) (time.Time, bool) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	if !s.validLocked() {
+		return s.deadline, false
+	}
+	s.acked = true
+	if d := sent.Add(ttl - s.margin); d.After(s.deadline) {
+		s.deadline = d
+	}
+	return s.deadline, true
+}
+
+// end makes the session invalid for good.
+func (s *session) end() {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	s.void = true
+}
+
+func (s *session) wasAcked() bool {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return s.acked
+}
+
+// grantContext is a grant's context. Its Err also compares the clock with
+// the session's fence deadline, and cancels the context first if the
+// deadline passed: a process resumed after a pause past the deadline sees
+// the grant cancelled on its first check, before the Worker's timers have
+// run.
+type grantContext struct {
+	context.Context
+	cancel context.CancelCauseFunc
+	s      *session
+}
+
+func (c *grantContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !c.s.valid() {
+		c.cancel(fmt.Errorf("%w (lease TTL %v, margin %v): %w", errFenced, c.s.ttl, c.s.margin, ErrSessionLost))
+	}
+	return c.Context.Err()
+}
+
+// keepAliveRetry is the first delay before a failed keep-alive is
+// retried; it doubles up to TTL/9.
+const keepAliveRetry = 50 * time.Millisecond
 
 var (
 	errFenced      = errors.New("lease deadline passed")
@@ -342,6 +427,12 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 			return w.stopped(ctx)
 		}
 	}
+	// A session that got a keep-alive acknowledged is followed by a Join
+	// at once. Sessions lost before that (a replica that cannot serve, a
+	// lease that cannot be renewed) are followed by Joins that back off
+	// exponentially with jitter, up to the lease TTL (at least 1s, at
+	// most 10s), so that they do not turn into a tight loop of Joins.
+	var rejoin backoff
 	for first := true; ; first = false {
 		s, err := w.join(ctx, pm, first)
 		if err != nil {
@@ -350,11 +441,10 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 		if s == nil {
 			return w.stopped(ctx)
 		}
-		if h, err := placement.NewHasher(s.hash, s.buckets); err == nil {
-			w.mu.Lock()
-			w.hasher = h
-			w.mu.Unlock()
-		}
+		w.mu.Lock()
+		w.hasher = s.hasher
+		w.lastTTL = s.ttl
+		w.mu.Unlock()
 		if first {
 			w.emit(Event{Kind: EventJoined, Session: s.id})
 		} else {
@@ -373,6 +463,14 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 		w.emit(Event{Kind: EventSessionLost, Session: s.id, Err: lost})
 		if w.draining() {
 			return nil // nothing is held, so nothing is left to drain
+		}
+		if s.wasAcked() {
+			rejoin.reset()
+			continue
+		}
+		rejoin.limit = min(max(s.ttl, time.Second), backoffCap)
+		if !w.wait(ctx, rejoin.next()) {
+			return w.stopped(ctx)
 		}
 	}
 }
@@ -424,17 +522,42 @@ func permanent(err error, first bool) bool {
 
 // join joins the keyspace, retrying failures that may pass. It returns
 // nil and no error if ctx ended or Close was called meanwhile.
+//
+// A Join is bounded by the lease TTL minus the fence margin (before the
+// first session, when the TTL is not known yet, by ReplicaTimeout per
+// replica): an answer that comes later would start a session whose fence
+// deadline has already passed. A Join abandoned that way, or failed
+// without a clear refusal, may still have created a session at the
+// server, so the next Join asks to replace it.
 func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first bool) (*session, error) {
 	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace}
 	var b backoff
 	for !w.draining() {
+		w.mu.Lock()
+		within := w.lastTTL - w.marginFor(w.lastTTL)
+		w.mu.Unlock()
+		if within <= 0 {
+			within = w.c.opts.replicaTimeout * time.Duration(len(w.c.eps))
+		}
 		sent := w.clock.Now()
-		resp, err := call(ctx, w.c, w.c.member.Join, req)
+		resp, err := callWithin(ctx, w.c, memberAPI.Join, req, budget{within: within})
 		if err == nil {
-			return w.newSession(resp, sent)
+			s, err := w.newSession(resp, sent)
+			if err != nil {
+				w.abandon(ctx, resp.GetSession())
+				return nil, err
+			}
+			if s.valid() {
+				return s, nil
+			}
+			err = fmt.Errorf("%w: the Join's answer came %v after it was sent, past the session's fence deadline (lease TTL %v, margin %v)",
+				ErrUnavailable, w.clock.Since(sent), s.ttl, s.margin)
 		}
 		if ctx.Err() != nil {
 			return nil, nil
+		}
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrConflict) || connect.CodeOf(err) == connect.CodeUnknown {
+			req.Replace = true // our Join may have created a session that nobody keeps alive
 		}
 		if permanent(err, first) {
 			if errors.Is(err, ErrExists) {
@@ -458,20 +581,45 @@ func (w *Worker) newSession(resp *keyshardv1.JoinResponse, sent time.Time) (*ses
 	if resp.GetSession() == "" || ttl <= 0 {
 		return nil, fmt.Errorf("join keyspace %q: the server's answer lacks the session or its lease TTL", w.keyspace)
 	}
+	k := resp.GetKeyspace()
+	h, err := placement.NewHasher(placement.HashMode(k.GetHash()), int(k.GetBuckets()))
+	if err != nil {
+		return nil, fmt.Errorf("join keyspace %q: %w: the keyspace's hash %q with %d buckets cannot be used by this SDK (%v); upgrade the client",
+			w.keyspace, ErrInvalid, k.GetHash(), k.GetBuckets(), err)
+	}
+	margin := w.marginFor(ttl)
+	if w.opts.margin > margin {
+		w.log.Warn("keyshard: fence margin too large for the lease TTL; using TTL/2", "margin", w.opts.margin, "ttl", ttl)
+	}
+	return &session{
+		id: resp.GetSession(), ttl: ttl, margin: margin, joinSent: sent,
+		hasher:   h,
+		released: make(map[int]uint64),
+		kick:     make(chan struct{}, 1),
+		clock:    w.clock,
+		deadline: sent.Add(ttl - margin),
+	}, nil
+}
+
+// marginFor returns the fence margin for a lease TTL: FenceMargin, or
+// max(TTL/10, 500ms), at most TTL/2.
+func (w *Worker) marginFor(ttl time.Duration) time.Duration {
 	margin := w.opts.margin
 	if margin <= 0 {
 		margin = max(ttl/10, 500*time.Millisecond)
 	}
-	if margin > ttl/2 {
-		w.log.Warn("keyshard: fence margin too large for the lease TTL; using TTL/2", "margin", margin, "ttl", ttl)
-		margin = ttl / 2
+	return min(margin, ttl/2)
+}
+
+// abandon tries once to end a session the worker will not use, so that
+// it does not linger until its lease expires.
+func (w *Worker) abandon(ctx context.Context, session string) {
+	if session == "" {
+		return
 	}
-	return &session{
-		id: resp.GetSession(), ttl: ttl, margin: margin, joinSent: sent,
-		buckets: int(resp.GetKeyspace().GetBuckets()), hash: placement.HashMode(resp.GetKeyspace().GetHash()),
-		released: make(map[int]uint64),
-		kick:     make(chan struct{}, 1),
-	}, nil
+	if _, err := callWithin(ctx, w.c, memberAPI.Leave, &keyshardv1.LeaveRequest{Session: session}, budget{within: w.c.opts.replicaTimeout}); err != nil {
+		w.log.Warn("keyshard: could not leave an unusable session; it ends when its lease expires", "session", session, "err", err)
+	}
 }
 
 // runSession serves one session until it ends. It returns nil if the
@@ -524,13 +672,17 @@ func (w *Worker) runSession(ctx context.Context, s *session) error {
 	return cause
 }
 
-// keep renews the session every TTL/3 and self-fences when
-// lastAckedSend + TTL − margin passes without a newer acknowledged
-// renewal. It returns nil when ctx ends, or why the session ended.
+// keep renews the session and self-fences when its fence deadline
+// (newest acknowledged send + TTL − margin) passes. It sends the first
+// keep-alive at once and the next ones TTL/3 after the previous one was
+// sent, whenever the answer came; one call is in flight at a time, bounded
+// by the fence deadline (a slow answer is still useful until then). A
+// failed call is retried promptly, with a short backoff. It returns nil
+// when ctx ends, or why the session ended.
 func (w *Worker) keep(ctx context.Context, s *session) error {
 	interval := s.ttl / 3
-	retry := max(interval/3, 100*time.Millisecond)
-	deadline := s.joinSent.Add(s.ttl - s.margin)
+	retry := backoff{base: keepAliveRetry, limit: max(interval/3, keepAliveRetry)}
+	deadline := s.fenceDeadline()
 	fence := w.clock.NewTimer(deadline.Sub(w.clock.Now()))
 	defer fence.Stop()
 	next := w.clock.NewTimer(interval)
@@ -542,37 +694,55 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 		err  error
 	}
 	results := make(chan result, 1) // at most one call in flight
-	inflight := false
+	inflight, due := false, false
 	var calls sync.WaitGroup
 	callCtx, callCancel := context.WithCancel(ctx)
 	defer func() { callCancel(); calls.Wait() }()
+	fenced := func() error {
+		cause := fmt.Errorf("%w: no keep-alive acknowledged in time (lease TTL %v, margin %v)", errFenced, s.ttl, s.margin)
+		w.fence(s, cause, true)
+		return cause
+	}
+	// send starts a keep-alive call; it reports false if the deadline
+	// has passed already.
+	send := func() bool {
+		sent := w.clock.Now()
+		left := s.fenceDeadline().Sub(sent)
+		if left <= 0 {
+			return false
+		}
+		inflight = true
+		next.Reset(interval) // counted from this send, not from its answer
+		calls.Go(func() {    // exits when the call returns; bounded by the fence deadline and callCtx
+			resp, err := callWithin(callCtx, w.c, memberAPI.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s.id}, budget{within: left})
+			results <- result{sent, resp, err}
+		})
+		return true
+	}
 
+	// The first keep-alive goes at once: the Join may have been slow, and
+	// the server assigns buckets to a session only once it is renewed.
+	if !send() {
+		return fenced()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-fence.C():
-			if now := w.clock.Now(); now.Before(deadline) { // a stale tick from before a renewal
-				fence.Reset(deadline.Sub(now))
+			if s.valid() { // a stale tick from before a renewal
+				fence.Reset(s.fenceDeadline().Sub(w.clock.Now()))
 				continue
 			}
-			cause := fmt.Errorf("%w: no keep-alive acknowledged in time (lease TTL %v, margin %v)", errFenced, s.ttl, s.margin)
-			w.fence(s, cause, true)
-			return cause
+			return fenced()
 		case <-next.C():
 			if inflight {
-				continue // re-armed when the call returns
+				due = true // sent when the call returns
+				continue
 			}
-			inflight = true
-			cctx, ccancel := context.WithCancel(callCtx)
-			timeout := w.clock.AfterFunc(interval, ccancel) // abandon a call that hangs
-			sent := w.clock.Now()
-			calls.Go(func() { // exits when the call returns; bounded by timeout and callCtx
-				resp, err := call(cctx, w.c, w.c.member.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s.id})
-				timeout.Stop()
-				ccancel()
-				results <- result{sent, resp, err}
-			})
+			if !send() {
+				return fenced()
+			}
 		case r := <-results:
 			inflight = false
 			switch {
@@ -581,14 +751,15 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 				if left := r.resp.GetTtl().AsDuration(); left > 0 && left < ttl {
 					ttl = left // the server renewed after we sent, so sent+left is still early
 				}
-				if d := r.sent.Add(ttl - s.margin); d.After(deadline) {
-					deadline = d
-					fence.Reset(deadline.Sub(w.clock.Now()))
+				d, ok := s.renewed(r.sent, ttl)
+				if !ok {
+					return fenced() // acknowledged, but only after the deadline had passed
 				}
+				fence.Reset(d.Sub(w.clock.Now()))
+				retry.reset()
 				if w.testRenewed != nil {
-					w.testRenewed(deadline)
+					w.testRenewed(d)
 				}
-				next.Reset(interval)
 			case errors.Is(r.err, ErrNotFound):
 				return fmt.Errorf("keep-alive: %w: %w", errSessionGone, r.err)
 			default:
@@ -596,7 +767,14 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 					return nil
 				}
 				w.log.Warn("keyshard: keep-alive failed; retrying", "session", s.id, "err", r.err)
-				next.Reset(retry)
+				due = false
+				next.Reset(retry.next())
+			}
+			if due {
+				due = false
+				if !send() {
+					return fenced()
+				}
 			}
 		}
 	}
@@ -612,6 +790,7 @@ func (w *Worker) fence(s *session, cause error, report bool) {
 		return
 	}
 	s.fenced = true
+	s.end()
 	for _, gs := range w.grants {
 		if gs.s == s {
 			w.endGrantLocked(gs, endFence)
@@ -634,14 +813,14 @@ func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
 		log:   w.log,
 		what:  "grants",
 		watch: func(ctx context.Context, yield func(*keyshardv1.GetGrantsResponse)) error {
-			return stream(ctx, w.c, w.c.member.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id}, yield)
+			return stream(ctx, w.c, memberAPI.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id}, yield)
 		},
 		poll: func(ctx context.Context) (*keyshardv1.GetGrantsResponse, bool, error) {
 			w.mu.Lock()
 			since := s.rev
 			w.mu.Unlock()
 			req := &keyshardv1.GetGrantsRequest{Session: s.id, SinceRevision: since, Wait: durationpb.New(pollWait)}
-			resp, err := call(ctx, w.c, w.c.member.GetGrants, req)
+			resp, err := callWithin(ctx, w.c, memberAPI.GetGrants, req, budget{wait: pollWait})
 			if err != nil {
 				return nil, false, err
 			}
@@ -708,8 +887,10 @@ func (w *Worker) reconcile(sctx, runCtx context.Context, s *session, m *keyshard
 }
 
 func (w *Worker) startGrantLocked(runCtx context.Context, s *session, g Grant) {
-	gctx, cancel := context.WithCancel(runCtx)
-	gs := &grantState{g: g, s: s, cancel: cancel, end: make(chan struct{}), done: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(runCtx)
+	gctx := &grantContext{Context: ctx, cancel: cancel, s: s}
+	g.life = &grantLife{done: ctx.Done(), s: s}
+	gs := &grantState{g: g, s: s, cancel: func() { cancel(nil) }, end: make(chan struct{}), done: make(chan struct{})}
 	prev := w.last[g.Bucket]
 	w.last[g.Bucket] = gs.done
 	w.grants[g.Bucket] = gs
@@ -818,7 +999,7 @@ func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) boo
 	var b backoff
 	for {
 		req := &keyshardv1.ReleaseRequest{Session: s.id, Buckets: grantsToProto(batch)}
-		_, err := call(ctx, w.c, w.c.member.Release, req)
+		_, err := call(ctx, w.c, memberAPI.Release, req)
 		switch {
 		case err == nil:
 			return true
@@ -850,7 +1031,7 @@ func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) boo
 func (w *Worker) leave(ctx context.Context, s *session) error {
 	var b backoff
 	for {
-		_, err := call(ctx, w.c, w.c.member.Leave, &keyshardv1.LeaveRequest{Session: s.id})
+		_, err := call(ctx, w.c, memberAPI.Leave, &keyshardv1.LeaveRequest{Session: s.id})
 		switch {
 		case err == nil, ctx.Err() != nil:
 			return nil
@@ -899,13 +1080,13 @@ func (w *Worker) Close(ctx context.Context) error {
 }
 
 // Held returns the grants the worker acts on, sorted by bucket: granted,
-// Acquire returned, and not being released.
+// Acquire returned, not being released, and valid (see Grant.Valid).
 func (w *Worker) Held() []Grant {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []Grant
 	for _, gs := range w.grants {
-		if gs.acquired && !gs.ending {
+		if gs.acquired && !gs.ending && gs.g.Valid() {
 			out = append(out, gs.g)
 		}
 	}
@@ -914,13 +1095,16 @@ func (w *Worker) Held() []Grant {
 }
 
 // Owns returns the worker's grant for key's bucket if the worker holds it
-// (as Held counts it). Otherwise it returns a *WrongOwnerError naming the
-// bucket's owner under the worker's current map ("" if the bucket is
-// unassigned; turn the error into an answer to a misrouted request with
-// WrongOwner), or an error wrapping ErrNotGranted if the map names this
-// worker but the grant has not arrived or Acquire has not returned yet
-// (hold the request, or use WaitGrant), or if the worker has not joined
-// yet.
+// (as Held counts it: the grant must also be valid by the clock, so a
+// process resumed after a pause past its fence deadline is told no at
+// once). Otherwise it returns a *WrongOwnerError naming the bucket's owner
+// under the worker's current map ("" if the bucket is unassigned; turn
+// the error into an answer to a misrouted request with WrongOwner), or an
+// error wrapping ErrNotGranted if the map names this worker but the grant
+// has not arrived or Acquire has not returned yet (hold the request, or
+// use WaitGrant), if the worker has not joined yet, or if the session's
+// fence deadline passed (then it wraps ErrSessionLost as well; the worker
+// re-joins).
 func (w *Worker) Owns(key []byte) (Grant, error) {
 	w.mu.Lock()
 	h := w.hasher
@@ -949,6 +1133,10 @@ func (w *Worker) owns(b int) (Grant, error) {
 	if gs != nil && gs.acquired && !gs.ending {
 		g := gs.g
 		w.mu.Unlock()
+		if !g.Valid() {
+			return Grant{}, fmt.Errorf("bucket %d: the session's fence deadline passed (lease TTL %v, margin %v); the worker is fencing: %w: %w",
+				b, gs.s.ttl, gs.s.margin, ErrNotGranted, ErrSessionLost)
+		}
 		return g, nil
 	}
 	w.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/placement"
@@ -39,8 +40,23 @@ type recHandler struct {
 }
 
 type acqCall struct {
-	g   Grant
-	ctx context.Context
+	g    Grant // bucket and token only, to compare with ==
+	full Grant // as the worker passed it
+	ctx  context.Context
+}
+
+// plain returns g's bucket and token, without what ties it to a worker.
+func plain(g Grant) Grant { return Grant{Bucket: g.Bucket, Token: g.Token} }
+
+// grantCmp compares Grants with == (their unexported part included).
+var grantCmp = cmpopts.EquateComparable(Grant{})
+
+func plainAll(gs []Grant) []Grant {
+	out := make([]Grant, len(gs))
+	for i, g := range gs {
+		out[i] = plain(g)
+	}
+	return out
 }
 
 type relCall struct {
@@ -84,7 +100,7 @@ func (h *recHandler) Acquire(ctx context.Context, g Grant) error {
 	h.gctx[g.Bucket] = ctx
 	gate := h.gateAcquire[g.Bucket]
 	h.mu.Unlock()
-	h.acquires <- acqCall{g, ctx}
+	h.acquires <- acqCall{plain(g), g, ctx}
 	if h.yield {
 		runtime.Gosched()
 	}
@@ -124,15 +140,22 @@ func (h *recHandler) heldNone() {
 
 type testWorker struct {
 	*Worker
-	events chan Event
-	runErr chan error
+	events  chan Event
+	runErr  chan error
+	renewed chan time.Time // the fence deadline after each acknowledged keep-alive
 }
 
 func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
 	t.Helper()
-	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1)}
+	return newTestWorkerOn(t, f.dial(t), h, opts...)
+}
+
+func newTestWorkerOn(t *testing.T, c *Client, h Handler, opts ...WorkerOption) *testWorker {
+	t.Helper()
+	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1), renewed: make(chan time.Time, 4096)}
 	opts = append([]WorkerOption{OnEvent(func(e Event) { tw.events <- e })}, opts...)
-	tw.Worker = NewWorker(f.dial(t), "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
+	tw.Worker = NewWorker(c, "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
+	tw.testRenewed = func(d time.Time) { tw.renewed <- d }
 	return tw
 }
 
@@ -208,13 +231,13 @@ func TestWorkerHandoff(t *testing.T) {
 	if a.g != (Grant{Bucket: 3, Token: tok}) {
 		t.Errorf("Acquire(%+v), want bucket 3 token %d", a.g, tok)
 	}
-	if ev := w.waitEvent(t, EventAcquired); ev.Grant != a.g || ev.Err != nil {
+	if ev := w.waitEvent(t, EventAcquired); plain(ev.Grant) != a.g || ev.Err != nil {
 		t.Errorf("acquired event = %+v", ev)
 	}
-	if diff := cmp.Diff([]Grant{{3, tok}}, w.Held()); diff != "" {
+	if diff := cmp.Diff([]Grant{{Bucket: 3, Token: tok}}, plainAll(w.Held()), grantCmp); diff != "" {
 		t.Errorf("Held (-want +got):\n%s", diff)
 	}
-	if g, err := w.OwnsString(keyInBucket(t, 3, 16)); err != nil || g != a.g {
+	if g, err := w.OwnsString(keyInBucket(t, 3, 16)); err != nil || plain(g) != a.g {
 		t.Errorf("Owns(key of bucket 3) = %+v, %v", g, err)
 	}
 
@@ -228,7 +251,7 @@ func TestWorkerHandoff(t *testing.T) {
 		t.Errorf("grant ctx still live after Release returned")
 	}
 	rr := recv(t, f.releases, "the Release RPC")
-	if diff := cmp.Diff([]Grant{{3, tok}}, grantsFromProto(rr.GetBuckets())); diff != "" || rr.GetSession() != sid {
+	if diff := cmp.Diff([]Grant{{Bucket: 3, Token: tok}}, grantsFromProto(rr.GetBuckets()), grantCmp); diff != "" || rr.GetSession() != sid {
 		t.Errorf("Release RPC session %q (-want +got):\n%s", rr.GetSession(), diff)
 	}
 	if got := w.Held(); len(got) != 0 {
@@ -266,9 +289,10 @@ func TestWorkerSelfFence(t *testing.T) {
 			f := newFake(t)
 			f.addKeyspace("rooms", 16, testTTL)
 			h := newRecHandler(t)
-			t0 := f.clock.Now() // the Join is sent at t0: the session's first acknowledged send
+			t0 := f.clock.Now() // the Join and the first keep-alive are sent at t0
 			w := startWorker(t, f, h)
 			sid := w.waitEvent(t, EventJoined).Session
+			recv(t, w.renewed, "the first keep-alive, sent at once")
 			f.grant(sid, 5)
 			a := recv(t, h.acquires, "Acquire")
 			w.waitEvent(t, EventAcquired)
@@ -323,11 +347,11 @@ func TestWorkerFenceCountsFromSend(t *testing.T) {
 	f.addKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := newTestWorker(t, f, h)
-	renewed := make(chan time.Time, 16)
-	w.testRenewed = func(d time.Time) { renewed <- d }
 	t0 := f.clock.Now()
 	w.start(t)
 	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive, sent at once")
+	recv(t, f.keepAlives, "the first KeepAlive")
 	f.grant(sid, 5)
 	a := recv(t, h.acquires, "Acquire")
 
@@ -337,7 +361,7 @@ func TestWorkerFenceCountsFromSend(t *testing.T) {
 	recv(t, f.keepAlives, "KeepAlive")
 	f.clock.Advance(time.Second) // ... and answered at t0+4s
 	f.kaGate <- struct{}{}
-	deadline := recv(t, renewed, "renewal")
+	deadline := recv(t, w.renewed, "renewal")
 	margin := testTTL / 10
 	if want := t0.Add(testTTL/3 + testTTL - margin); !deadline.Equal(want) {
 		t.Fatalf("deadline after renewal = t0+%v, want t0+%v (send time + TTL − margin)", deadline.Sub(t0), want.Sub(t0))
@@ -362,6 +386,7 @@ func TestWorkerSessionEnded(t *testing.T) {
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive")
 	tok1 := f.grant(sid, 2)
 	recv(t, h.acquires, "Acquire")
 
@@ -390,6 +415,7 @@ func TestWorkerKeepAliveNotFound(t *testing.T) {
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive")
 	f.grant(sid, 2)
 	recv(t, h.acquires, "Acquire")
 	f.setKA("notfound")
@@ -423,7 +449,7 @@ func TestWorkerReleaseWaitsForAcquire(t *testing.T) {
 	close(gate)
 	recv(t, h.releases, "Release")
 	rr := recv(t, f.releases, "Release RPC")
-	if diff := cmp.Diff([]Grant{{4, tok}}, grantsFromProto(rr.GetBuckets())); diff != "" {
+	if diff := cmp.Diff([]Grant{{Bucket: 4, Token: tok}}, grantsFromProto(rr.GetBuckets()), grantCmp); diff != "" {
 		t.Errorf("Release RPC (-want +got):\n%s", diff)
 	}
 	if err := w.Close(context.Background()); err != nil {
@@ -621,7 +647,7 @@ func TestWorkerOwns(t *testing.T) {
 		waited <- result{g, err}
 	}()
 	tok := f.grant(sid, 3)
-	if r := recv(t, waited, "WaitGrant"); r.err != nil || r.g != (Grant{3, tok}) {
+	if r := recv(t, waited, "WaitGrant"); r.err != nil || plain(r.g) != (Grant{Bucket: 3, Token: tok}) {
 		t.Errorf("WaitGrant = %+v, %v", r.g, r.err)
 	}
 	// The map moves bucket 3 to w2: while the grant is held it is still
@@ -716,6 +742,7 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive")
 	f.clock.BlockUntil(3) // keep-alive, fence, and the backoff after Unimplemented
 	f.clock.Advance(backoffBase)
 	recv(t, f.getGrants, "GetGrants")
@@ -723,7 +750,7 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 		t.Errorf("long poll = %v", req)
 	}
 	tok := f.grant(sid, 7)
-	if a := recv(t, h.acquires, "Acquire"); a.g != (Grant{7, tok}) {
+	if a := recv(t, h.acquires, "Acquire"); a.g != (Grant{Bucket: 7, Token: tok}) {
 		t.Errorf("Acquire(%+v)", a.g)
 	}
 	f.askRelease(sid, 7)
@@ -751,20 +778,20 @@ func TestWorkerReleaseBatchSplit(t *testing.T) {
 		recv(t, h.acquires, "Acquire")
 	}
 	f.askRelease(sid, 1)
-	if got := grantsFromProto(recv(t, f.releases, "Release RPC 1").GetBuckets()); !cmp.Equal(got, []Grant{{1, tok[1]}}) {
+	if got := grantsFromProto(recv(t, f.releases, "Release RPC 1").GetBuckets()); !cmp.Equal(got, []Grant{{Bucket: 1, Token: tok[1]}}, grantCmp) {
 		t.Errorf("first Release RPC = %v", got)
 	}
 	f.askRelease(sid, 2)
 	f.askRelease(sid, 3)
 	w.waitFor(t, "releases of 2 and 3", func() bool { return w.grants[2] == nil && w.grants[3] == nil })
 	tok2 := f.grant(sid, 2) // taken back and granted again
-	if a := recv(t, h.acquires, "Acquire of the new grant"); a.g != (Grant{2, tok2}) {
+	if a := recv(t, h.acquires, "Acquire of the new grant"); a.g != (Grant{Bucket: 2, Token: tok2}) {
 		t.Errorf("Acquire(%+v), want bucket 2 at %d", a.g, tok2)
 	}
 	close(gate)
 	batch := grantsFromProto(recv(t, f.releases, "Release RPC 2").GetBuckets())
 	slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
-	if !cmp.Equal(batch, []Grant{{2, tok[2]}, {3, tok[3]}}) {
+	if !cmp.Equal(batch, []Grant{{Bucket: 2, Token: tok[2]}, {Bucket: 3, Token: tok[3]}}, grantCmp) {
 		t.Errorf("batched Release RPC = %v", batch)
 	}
 	var singles []Grant
@@ -772,7 +799,7 @@ func TestWorkerReleaseBatchSplit(t *testing.T) {
 		singles = append(singles, grantsFromProto(recv(t, f.releases, "single Release RPC").GetBuckets())...)
 	}
 	slices.SortFunc(singles, func(a, b Grant) int { return a.Bucket - b.Bucket })
-	if !cmp.Equal(singles, []Grant{{2, tok[2]}, {3, tok[3]}}) {
+	if !cmp.Equal(singles, []Grant{{Bucket: 2, Token: tok[2]}, {Bucket: 3, Token: tok[3]}}, grantCmp) {
 		t.Errorf("Release RPCs after the refusal = %v", singles)
 	}
 	f.waitUntil(t, "the server to drop bucket 3", func() bool { _, ok := f.sessions[sid].grants[3]; return !ok })
