@@ -46,6 +46,9 @@ type fakeServer struct {
 	// Behaviour switches.
 	kaMode            string        // "", "fail", "hang", "gate", "notfound"
 	kaGate            chan struct{} // "gate": each keep-alive waits for a value
+	kaDelay           time.Duration // "delay": each keep-alive answers after this much fake time
+	joinDelay         time.Duration // each Join answers after this much fake time
+	joinHangs         int           // this many Joins hang until the caller gives up
 	watchMapErr       int           // fail this many WatchMap calls with Unavailable
 	watchMapUnimpl    bool
 	watchGrantsUnimpl bool
@@ -69,6 +72,7 @@ type fakeServer struct {
 	watchSets  chan *keyshardv1.WatchOverflowSetRequest
 	getSets    chan *keyshardv1.GetOverflowSetRequest
 	calls      map[string]int
+	armed      chan string // "join" or "keep-alive": a delayed call armed its fake-clock timer
 }
 
 type fakeSession struct {
@@ -105,6 +109,7 @@ func newFake(t *testing.T) *fakeServer {
 		pools:      map[string]*keyshardv1.HotKeyPool{},
 		sets:       map[string]*keyshardv1.OverflowSet{},
 		calls:      map[string]int{},
+		armed:      make(chan string, 1024),
 	}
 	mux := http.NewServeMux()
 	opt := connect.WithInterceptors(authInterceptor{f})
@@ -112,16 +117,23 @@ func newFake(t *testing.T) *fakeServer {
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(fakeMember{f}, opt))
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(fakeMap{f}, opt))
 	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(fakeHot{f}, opt))
-	f.srv = httptest.NewUnstartedServer(mux)
-	f.srv.Config.Protocols = new(http.Protocols)
-	f.srv.Config.Protocols.SetHTTP1(true)
-	f.srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	f.srv.Start()
-	t.Cleanup(func() {
-		close(f.quit)
-		f.srv.Close()
-	})
+	f.srv = startServer(t, mux, f.quit)
 	return f
+}
+
+// startServer serves h over HTTP/1.1 and h2c until the test ends, when it
+// first closes quit (which must end h's waits) and then the server.
+func startServer(t *testing.T, h http.Handler, quit chan struct{}) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(func() {
+		close(quit)
+		srv.Close()
+	})
+	return srv
 }
 
 // authInterceptor checks the bearer token (if the test set one) and
@@ -475,9 +487,44 @@ func (a fakeAdmin) ListHotKeyPools(context.Context, *connect.Request[keyshardv1.
 
 type fakeMember struct{ f *fakeServer }
 
-func (m fakeMember) Join(_ context.Context, r *connect.Request[keyshardv1.JoinRequest]) (*connect.Response[keyshardv1.JoinResponse], error) {
+// delay waits d of fake time (if d > 0), first telling the test on
+// f.armed that its timer is set.
+func (f *fakeServer) delay(ctx context.Context, what string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := f.clock.NewTimer(d)
+	defer t.Stop()
+	f.armed <- what
+	select {
+	case <-t.C():
+		return nil
+	case <-ctx.Done():
+	case <-f.quit:
+	}
+	return connect.NewError(connect.CodeCanceled, errors.New("gave up"))
+}
+
+func (m fakeMember) Join(ctx context.Context, r *connect.Request[keyshardv1.JoinRequest]) (*connect.Response[keyshardv1.JoinResponse], error) {
 	f := m.f
+	f.mu.Lock()
+	hang := f.joinHangs > 0 // decided before the test hears of the Join
+	if hang {
+		f.joinHangs--
+	}
+	d := f.joinDelay
+	f.mu.Unlock()
 	f.joins <- r.Msg
+	if hang {
+		select {
+		case <-ctx.Done():
+		case <-f.quit:
+		}
+		return nil, connect.NewError(connect.CodeCanceled, errors.New("hung"))
+	}
+	if err := f.delay(ctx, "join", d); err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.joinErr; err != nil {
@@ -506,6 +553,13 @@ func (m fakeMember) KeepAlive(ctx context.Context, r *connect.Request[keyshardv1
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("session %q does not exist", r.Msg.GetSession()))
 	}
 	switch mode {
+	case "delay":
+		f.mu.Lock()
+		d := f.kaDelay
+		f.mu.Unlock()
+		if err := f.delay(ctx, "keep-alive", d); err != nil {
+			return nil, err
+		}
 	case "fail":
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("etcd is unreachable"))
 	case "hang":
@@ -854,6 +908,58 @@ func (h fakeHot) WatchOverflowSet(ctx context.Context, r *connect.Request[keysha
 			return nil
 		}
 	}
+}
+
+// front is a replica in front of the fake's state: it serves the fake's
+// API, or, once hung, holds every new call until the caller gives up (as
+// a paused replica does), or answers every new call Unavailable.
+type front struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	mode     string // "", "hang" or "unavailable"
+	calls    map[string]int
+	arrivals chan string   // procedures of calls held or refused
+	quit     chan struct{} // closed at cleanup: held calls end
+}
+
+func (f *fakeServer) newFront(t *testing.T) *front {
+	t.Helper()
+	fr := &front{calls: map[string]int{}, arrivals: make(chan string, 1024), quit: make(chan struct{})}
+	fr.srv = startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fr.mu.Lock()
+		mode := fr.mode
+		fr.calls[r.URL.Path]++
+		fr.mu.Unlock()
+		switch mode {
+		case "hang":
+			fr.arrivals <- r.URL.Path
+			select {
+			case <-r.Context().Done():
+			case <-fr.quit:
+			}
+			return
+		case "unavailable":
+			fr.arrivals <- r.URL.Path
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"code":"unavailable","message":"this replica cannot reach etcd"}`)
+			return
+		}
+		f.srv.Config.Handler.ServeHTTP(w, r)
+	}), fr.quit)
+	return fr
+}
+
+func (fr *front) set(mode string) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	fr.mode = mode
+}
+
+func (fr *front) count(procedure string) int {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return fr.calls[procedure]
 }
 
 // waitUntil blocks until cond, checked under f.mu each time the fake's

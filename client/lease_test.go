@@ -1,0 +1,283 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+// TestWorkerPausedPastDeadline: a process paused past its fence deadline
+// (here: its keep-alive loop is frozen, so no timer of the worker runs)
+// is told at once, by the clock, that its grant is no longer valid:
+// Owns, Held, Grant.Valid, Grant.Deadline and the grant context's Err all
+// say so before the keep-alive loop has fenced anything.
+func TestWorkerPausedPastDeadline(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	h := newRecHandler(t)
+	w := newTestWorker(t, f, h)
+	freeze := make(chan struct{})
+	w.testRenewed = func(d time.Time) { // the keep-alive loop stops here: the pause
+		w.renewed <- d
+		<-freeze
+	}
+	t0 := f.clock.Now()
+	w.start(t)
+	sid := w.waitEvent(t, EventJoined).Session
+	deadline := recv(t, w.renewed, "the first keep-alive")
+	margin := testTTL / 10
+	if want := t0.Add(testTTL - margin); !deadline.Equal(want) {
+		t.Fatalf("fence deadline = t0+%v, want t0+%v", deadline.Sub(t0), want.Sub(t0))
+	}
+	tok := f.grant(sid, 5)
+	a := recv(t, h.acquires, "Acquire")
+	w.waitEvent(t, EventAcquired)
+	key := keyInBucket(t, 5, 16)
+	if g, err := w.OwnsString(key); err != nil || plain(g) != (Grant{Bucket: 5, Token: tok}) || !g.Valid() || !g.Deadline().Equal(deadline) {
+		t.Fatalf("Owns before the deadline = %+v (valid %v, deadline %v), %v", g, g.Valid(), g.Deadline(), err)
+	}
+	if !a.full.Valid() || a.ctx.Err() != nil {
+		t.Fatalf("the grant is not valid before its deadline")
+	}
+
+	f.clock.Advance(deadline.Sub(f.clock.Now())) // the deadline is reached while the loop is frozen
+
+	if g, err := w.OwnsString(key); !errors.Is(err, ErrNotGranted) || !errors.Is(err, ErrSessionLost) || !strings.Contains(err.Error(), "fence deadline passed") {
+		t.Errorf("Owns past the deadline = %+v, %v; want ErrNotGranted and ErrSessionLost", g, err)
+	}
+	if got := w.Held(); len(got) != 0 {
+		t.Errorf("Held past the deadline = %v", got)
+	}
+	if a.full.Valid() || !a.full.Deadline().IsZero() {
+		t.Errorf("Grant.Valid past the deadline = %v, Deadline = %v", a.full.Valid(), a.full.Deadline())
+	}
+	if err := a.ctx.Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("grant ctx Err past the deadline = %v, want context.Canceled", err)
+	}
+	select {
+	case <-a.ctx.Done():
+	default:
+		t.Errorf("grant ctx Err returned an error but Done is not closed")
+	}
+	if cause := context.Cause(a.ctx); !errors.Is(cause, ErrSessionLost) {
+		t.Errorf("grant ctx cause = %v, want ErrSessionLost", cause)
+	}
+	if len(h.releases) != 0 {
+		t.Fatalf("the frozen keep-alive loop released something")
+	}
+
+	// The process resumes: the worker fences (a late renewal cannot
+	// bring the session back) and re-joins.
+	close(freeze)
+	if ev := w.waitEvent(t, EventFenced); ev.Session != sid {
+		t.Errorf("fenced session %q, want %q", ev.Session, sid)
+	}
+	if rel := recv(t, h.releases, "Release"); rel.bucket != 5 || rel.grantCtxErr == nil {
+		t.Errorf("Release(%d) with grant ctx err %v", rel.bucket, rel.grantCtxErr)
+	}
+	if a.full.Valid() {
+		t.Errorf("the grant became valid again")
+	}
+	w.waitEvent(t, EventRejoined)
+}
+
+// TestGrantNotFromWorker: a Grant made by hand is never valid.
+func TestGrantNotFromWorker(t *testing.T) {
+	g := Grant{Bucket: 1, Token: 2}
+	if g.Valid() || !g.Deadline().IsZero() {
+		t.Errorf("hand-made grant: Valid %v, Deadline %v", g.Valid(), g.Deadline())
+	}
+}
+
+// TestWorkerSlowKeepAlives: keep-alives that take 0.6s (or 1.2s, more
+// than TTL/3) of a 3s TTL never cost the session: the first goes at once
+// after a slow Join, each next one TTL/3 after the previous SEND (or as
+// soon as the previous one returned, if later), and none is abandoned
+// before the fence deadline.
+func TestWorkerSlowKeepAlives(t *testing.T) {
+	const ttl = 3 * time.Second
+	const margin = 500 * time.Millisecond // the default: max(TTL/10, 500ms)
+	for _, delay := range []time.Duration{600 * time.Millisecond, 1200 * time.Millisecond} {
+		t.Run(delay.String(), func(t *testing.T) {
+			f := newFake(t)
+			f.addKeyspace("rooms", 16, ttl)
+			f.joinDelay = delay
+			f.kaDelay = delay
+			f.setKA("delay")
+			h := newRecHandler(t)
+			w := startWorker(t, f, h)
+			if what := recv(t, f.armed, "the Join"); what != "join" {
+				t.Fatalf("armed %q, want the join", what)
+			}
+			f.clock.Advance(delay)
+			sid := w.waitEvent(t, EventJoined).Session
+			send := f.clock.Now() // the first keep-alive goes at once
+			for i := range 15 {
+				if what := recv(t, f.armed, "a keep-alive"); what != "keep-alive" {
+					t.Fatalf("armed %q, want a keep-alive", what)
+				}
+				if now := f.clock.Now(); !now.Equal(send) {
+					t.Fatalf("keep-alive %d sent at %v, want %v", i, now, send)
+				}
+				if s := recv(t, f.keepAlives, "KeepAlive"); s != sid {
+					t.Fatalf("keep-alive %d for session %q, want %q (the session was lost)", i, s, sid)
+				}
+				f.clock.Advance(delay)
+				d := recv(t, w.renewed, "the renewal")
+				if want := send.Add(ttl - margin); !d.Equal(want) {
+					t.Fatalf("keep-alive %d: deadline %v, want send + TTL − margin = %v", i, d, want)
+				}
+				next := send.Add(max(ttl/3, delay))
+				f.clock.Advance(next.Sub(f.clock.Now()))
+				send = next
+			}
+			for len(w.events) > 0 {
+				if ev := <-w.events; ev.Kind != EventJoined {
+					t.Errorf("event %v (session %s): %v", ev.Kind, ev.Session, ev.Err)
+				}
+			}
+		})
+	}
+}
+
+// TestWorkerJoinBoundedByTTL: a re-Join that hangs is abandoned after
+// TTL − margin, and the next Join asks to replace whatever the abandoned
+// one may have created.
+func TestWorkerJoinBoundedByTTL(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	logs := make(chan string, 1024)
+	w := startWorker(t, f, h, Logger(slog.New(msgHandler(logs))))
+	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive")
+	if j := recv(t, f.joins, "Join"); j.GetReplace() {
+		t.Fatalf("first Join asks to replace")
+	}
+	f.mu.Lock()
+	f.joinHangs = 1
+	f.mu.Unlock()
+	f.endSession(sid)
+	if ev := w.waitEvent(t, EventSessionLost); ev.Session != sid {
+		t.Fatalf("lost session %q, want %q", ev.Session, sid)
+	}
+	if j := recv(t, f.joins, "the hanging re-Join"); j.GetReplace() {
+		t.Fatalf("re-Join asks to replace before any Join was abandoned")
+	}
+	margin := testTTL / 10
+	f.clock.Advance(testTTL - margin - time.Nanosecond)
+	if len(f.joins) != 0 {
+		t.Fatalf("a Join was sent while the first one is still within its bound")
+	}
+	f.clock.Advance(time.Nanosecond) // the Join is abandoned ...
+	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
+		msg = recv(t, logs, "the worker to abandon the Join")
+	}
+	f.clock.BlockUntil(1) // ... and the next one waits out its backoff
+	f.clock.Advance(backoffBase)
+	if j := recv(t, f.joins, "the Join after the abandoned one"); !j.GetReplace() {
+		t.Errorf("the Join after an abandoned one does not ask to replace")
+	}
+	if ev := w.waitEvent(t, EventRejoined); ev.Session == sid {
+		t.Errorf("rejoined with the old session")
+	}
+}
+
+// TestWorkerLateJoinAnswer: a first Join whose answer comes after the new
+// session's fence deadline (its TTL was not known when it was sent) is
+// not used; the next Join asks to replace it.
+func TestWorkerLateJoinAnswer(t *testing.T) {
+	const ttl = 3 * time.Second
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, ttl)
+	f.joinDelay = ttl
+	h := newRecHandler(t)
+	logs := make(chan string, 1024)
+	w := startWorker(t, f, h, Logger(slog.New(msgHandler(logs))))
+	recv(t, f.armed, "the Join")
+	recv(t, f.joins, "Join")
+	f.mu.Lock()
+	f.joinDelay = 0
+	f.mu.Unlock()
+	f.clock.Advance(ttl) // answered past joinSent + TTL − margin
+	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
+		msg = recv(t, logs, "the worker to see the late answer")
+	}
+	f.clock.BlockUntil(1) // the backoff: the Join's own timer was stopped before the log
+	f.clock.Advance(backoffBase)
+	if j := recv(t, f.joins, "the next Join"); !j.GetReplace() {
+		t.Errorf("the Join after a late answer does not ask to replace")
+	}
+	if ev := w.waitEvent(t, EventJoined); ev.Session != "s2" {
+		t.Errorf("joined with session %q, want s2 (s1 came too late)", ev.Session)
+	}
+}
+
+// msgHandler is a slog.Handler that sends each record's message to ch.
+type msgHandler chan<- string
+
+func (h msgHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h msgHandler) Handle(_ context.Context, r slog.Record) error {
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	h <- msg
+	return nil
+}
+func (h msgHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h msgHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestWorkerRejoinBackoff: sessions lost before any keep-alive was
+// acknowledged are followed by re-Joins that back off exponentially.
+func TestWorkerRejoinBackoff(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.setKA("notfound")
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	recv(t, f.joins, "Join")
+	for n := range 5 {
+		w.waitEvent(t, EventSessionLost)
+		blocked := make(chan struct{})
+		go func() { f.clock.BlockUntil(1); close(blocked) }() // exits once the backoff timer is set (or at the next timer)
+		select {
+		case <-blocked:
+		case <-f.joins:
+			t.Fatalf("re-join %d sent at once, without backing off", n)
+		}
+		d := min(backoffBase<<n, testTTL)
+		f.clock.Advance(d/2 - time.Nanosecond)
+		if f.clock.Waiters() != 1 || len(f.joins) != 0 {
+			t.Fatalf("re-join %d: the backoff ended before %v", n, d/2)
+		}
+		f.clock.Advance(d/2 + time.Nanosecond)
+		recv(t, f.joins, "re-Join")
+	}
+}
+
+// TestWorkerBadHash: a keyspace whose hash this SDK cannot use makes Run
+// return an error naming it, and the session is left at once.
+func TestWorkerBadHash(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.mu.Lock()
+	f.keyspaces["rooms"].Hash = "sha3-fancy"
+	f.mu.Unlock()
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	err := recv(t, w.runErr, "Run")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `hash "sha3-fancy"`) {
+		t.Errorf("Run = %v; want ErrInvalid naming the hash", err)
+	}
+	if got := recv(t, f.leaves, "Leave"); got != "s1" {
+		t.Errorf("left %q, want s1", got)
+	}
+	if _, err := placement.NewHasher("sha3-fancy", 16); err == nil {
+		t.Fatalf("the test's hash is valid")
+	}
+}
