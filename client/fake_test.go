@@ -49,6 +49,7 @@ type fakeServer struct {
 	kaDelay           time.Duration // "delay": each keep-alive answers after this much fake time
 	joinDelay         time.Duration // each Join answers after this much fake time
 	joinHangs         int           // this many Joins hang until the caller gives up
+	joinedAt          []time.Time   // the fake time at which each Join arrived
 	watchMapErr       int           // fail this many WatchMap calls with Unavailable
 	watchMapUnimpl    bool
 	watchGrantsUnimpl bool
@@ -508,6 +509,7 @@ func (f *fakeServer) delay(ctx context.Context, what string, d time.Duration) er
 func (m fakeMember) Join(ctx context.Context, r *connect.Request[keyshardv1.JoinRequest]) (*connect.Response[keyshardv1.JoinResponse], error) {
 	f := m.f
 	f.mu.Lock()
+	f.joinedAt = append(f.joinedAt, f.clock.Now())
 	hang := f.joinHangs > 0 // decided before the test hears of the Join
 	if hang {
 		f.joinHangs--

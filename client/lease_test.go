@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -242,14 +243,8 @@ func TestWorkerRejoinBackoff(t *testing.T) {
 	w := startWorker(t, f, h)
 	recv(t, f.joins, "Join")
 	for n := range 5 {
-		w.waitEvent(t, EventSessionLost)
-		blocked := make(chan struct{})
-		go func() { f.clock.BlockUntil(1); close(blocked) }() // exits once the backoff timer is set (or at the next timer)
-		select {
-		case <-blocked:
-		case <-f.joins:
-			t.Fatalf("re-join %d sent at once, without backing off", n)
-		}
+		lost := w.waitEvent(t, EventSessionLost)
+		f.clock.BlockUntil(1) // the backoff timer
 		d := min(backoffBase<<n, testTTL)
 		f.clock.Advance(d/2 - time.Nanosecond)
 		if f.clock.Waiters() != 1 || len(f.joins) != 0 {
@@ -257,6 +252,15 @@ func TestWorkerRejoinBackoff(t *testing.T) {
 		}
 		f.clock.Advance(d/2 + time.Nanosecond)
 		recv(t, f.joins, "re-Join")
+		f.mu.Lock()
+		joins := slices.Clone(f.joinedAt)
+		f.mu.Unlock()
+		if len(joins) != n+2 {
+			t.Fatalf("%d Joins after %d sessions lost, want %d: re-joins do not wait", len(joins), n+1, n+2)
+		}
+		if gap := joins[n+1].Sub(lost.Time); gap < d/2 {
+			t.Fatalf("re-join %d sent %v after the session was lost, want at least %v", n, gap, d/2)
+		}
 	}
 }
 

@@ -176,3 +176,29 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterMovesOnFromUnavailableReplica: a Router's first read and its
+// map stream go to the replica that can serve.
+func TestRouterMovesOnFromUnavailableReplica(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	a, b := f.newFront(t), f.newFront(t)
+	c := dialFronts(t, f, []*front{a, b})
+	a.set("unavailable")
+	r, err := NewRouter(context.Background(), c, "rooms")
+	if err != nil {
+		t.Fatalf("NewRouter with one replica unavailable = %v", err)
+	}
+	defer r.Close()
+	recv(t, f.watchMaps, "WatchMap")
+	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	if err := r.WaitEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(keyshardv1connect.MapServiceWatchMapProcedure); n != 1 {
+		t.Errorf("WatchMap calls at the healthy replica = %d, want 1", n)
+	}
+	if n := a.count(keyshardv1connect.MapServiceWatchMapProcedure); n != 0 {
+		t.Errorf("WatchMap calls at the unavailable replica = %d, want 0", n)
+	}
+}
