@@ -4,13 +4,20 @@
 //
 // # Connecting
 //
-// Dial returns a Client for one server URL. It does no IO; the four
-// services of keyshard.v1 are called over the Connect protocol (HTTP/1.1
-// or HTTP/2), or gRPC with the GRPC option.
+// Dial returns a Client for one server URL, or for several replicas'
+// URLs separated by commas. It does no IO; the four services of
+// keyshard.v1 are called over the Connect protocol (HTTP/1.1 or HTTP/2),
+// or gRPC with the GRPC option.
 //
-//	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+//	c, err := client.Dial("http://ks-1:7400,http://ks-2:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
 //	if err != nil { ... }       // errors.Is(err, client.ErrInvalid): a bad URL
 //	defer c.Close()
+//
+// With several replicas, a call moves on to the next replica when one
+// answers Unavailable, fails in transport, or does not answer within
+// ReplicaTimeout; streams follow. Give workers every replica's URL (at
+// least two): a session is valid through any replica, and a worker whose
+// only replica is paused or cut off from etcd cannot renew its lease.
 //
 // # Workers
 //
@@ -58,11 +65,20 @@
 //
 // A worker stops acting on its buckets before its lease can expire at the
 // server: it records when each keep-alive was sent and, once the newest
-// acknowledged send plus the lease TTL minus a margin has passed, cancels
-// every grant's context and calls Release (it "self-fences"). That keeps
-// well-behaved processes apart, but it cannot stop a process that was
-// paused (GC, SIGSTOP, a VM migration) between checking its grant and
-// writing. Only the resource can: every grant carries a fencing token that
+// acknowledged send plus the lease TTL minus a margin (the fence
+// deadline) has passed, cancels every grant's context and calls Release
+// (it "self-fences"). Every validity check compares the clock with that
+// deadline, so a process resumed after a pause past it is told at once,
+// before any of its timers has run: Grant.Valid reports false, Owns
+// refuses, and the grant context's Err cancels it. Check right before
+// acting:
+//
+//	if !g.Valid() { return errStale } // or ctx.Err() != nil for the grant's ctx
+//	// g.Deadline() is the latest a write begun now may end
+//
+// That keeps well-behaved processes apart, but it cannot stop a process
+// that was paused between checking its grant and writing. Only the
+// resource can: every grant carries a fencing token that
 // strictly increases per bucket, and storage must refuse a write that
 // carries a smaller token than one it has already seen. In Postgres, keep
 // the token next to the data and make every write conditional on it:

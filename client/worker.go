@@ -30,9 +30,12 @@ import (
 // grant's context: it stays valid after Acquire returns and is cancelled
 // when the grant ends (after a handoff's Release returned; before Release
 // is called when the worker self-fences, is hard-stopped, or the server
-// took the bucket away). Work done for the bucket should run under ctx
-// and pass g.Token to storage (see the package documentation on fencing
-// tokens). If Acquire returns an error the Worker logs it and reports it
+// took the bucket away). ctx.Err() also checks the clock against the
+// session's fence deadline, so it is non-nil at once in a process resumed
+// after a pause past the deadline, even before the Worker cancelled ctx;
+// g.Valid() says the same. Work done for the bucket should run under ctx,
+// check ctx.Err() or g.Valid() right before each write, and pass g.Token
+// to storage (see the package documentation on fencing tokens). If Acquire returns an error the Worker logs it and reports it
 // through OnEvent; it still holds the grant, and calls Release when the
 // grant ends. A handler that cannot serve a bucket should retry inside
 // Acquire or make the process leave.
@@ -158,6 +161,14 @@ func OnEvent(f func(Event)) WorkerOption {
 // and calls a Handler as the control plane grants it buckets and asks for
 // them back. Create it with NewWorker, start it with Run, stop it with
 // Close. Its methods are safe for concurrent use.
+//
+// Keep-alives: the first goes right after Join, the next ones TTL/3 after
+// the previous one was sent (or as soon as it returned, if later), each
+// bounded by the fence deadline (newest acknowledged send + TTL − margin);
+// a failed one is retried after 50ms, doubling up to TTL/9. Joins are
+// bounded by TTL − margin; a Join abandoned that way is followed by one
+// with replace. Re-joins after a session that never got a keep-alive
+// acknowledged back off exponentially with jitter, up to the TTL.
 //
 // Run owns every goroutine of the Worker: a keep-alive loop that also
 // self-fences, a grants follower (WatchGrants, falling back to GetGrants
