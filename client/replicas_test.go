@@ -164,6 +164,8 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	if got := recv(t, h.acquires, "Acquire through the other replica"); got.g != (Grant{Bucket: 4, Token: tok2}) {
 		t.Errorf("Acquire(%+v), want bucket 4 at %d", got.g, tok2)
 	}
+	recv(t, f.watchMaps, "the first WatchMap")
+	recv(t, f.watchMaps, "the WatchMap reopened")
 	if b.count(keyshardv1connect.MemberServiceWatchGrantsProcedure) == 0 || b.count(keyshardv1connect.MapServiceWatchMapProcedure) == 0 {
 		t.Errorf("the streams did not reopen on the healthy replica")
 	}
