@@ -144,6 +144,9 @@ type FaultResult struct {
 	// Refused counts late writes the sink refused in the fault's window.
 	Refused    int         `json:"refused_writes"`
 	Violations []Violation `json:"violations,omitempty"`
+	// Miss says how the fault missed the liveness bound ("" if it did
+	// not).
+	Miss string `json:"miss,omitempty"`
 }
 
 // Analysis is the checker's verdict over a whole record.
@@ -247,11 +250,14 @@ func Analyze(recs []Record, buckets int, bound time.Duration) *Analysis {
 		}
 		switch {
 		case !w.f.Settled:
-			a.Misses = append(a.Misses, fmt.Sprintf("%s of %s at %v: buckets not all served again before the next fault or the end (bucket %d unserved %v)",
-				w.f.Kind, w.f.Target, w.f.At.Round(time.Millisecond), w.f.WorstBucket, w.f.Unserved.Round(time.Millisecond)))
+			w.f.Miss = fmt.Sprintf("%s of %s at %v: buckets not all served again before the next fault or the end (bucket %d unserved %v)",
+				w.f.Kind, w.f.Target, w.f.At.Round(time.Millisecond), w.f.WorstBucket, w.f.Unserved.Round(time.Millisecond))
 		case bound > 0 && w.f.Unserved > bound:
-			a.Misses = append(a.Misses, fmt.Sprintf("%s of %s at %v: bucket %d unserved %v, over the bound of %v",
-				w.f.Kind, w.f.Target, w.f.At.Round(time.Millisecond), w.f.WorstBucket, w.f.Unserved.Round(time.Millisecond), bound))
+			w.f.Miss = fmt.Sprintf("%s of %s at %v: bucket %d unserved %v, over the bound of %v",
+				w.f.Kind, w.f.Target, w.f.At.Round(time.Millisecond), w.f.WorstBucket, w.f.Unserved.Round(time.Millisecond), bound)
+		}
+		if w.f.Miss != "" {
+			a.Misses = append(a.Misses, w.f.Miss)
 		}
 	}
 	return a

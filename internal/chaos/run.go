@@ -284,9 +284,7 @@ func kindStats(a *Analysis, kinds []string) []KindStats {
 			ks.Violations += len(f.Violations)
 			ks.Refused += f.Refused
 			un = append(un, f.Unserved)
-		}
-		for _, m := range a.Misses {
-			if strings.HasPrefix(m, k+" of ") {
+			if f.Miss != "" {
 				ks.Misses++
 			}
 		}

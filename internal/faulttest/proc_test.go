@@ -2,13 +2,9 @@ package faulttest
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -44,22 +40,12 @@ func binary(t *testing.T) string {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-		if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
-			bins.err = fmt.Errorf("find the module root (go env GOMOD): %q %v", out, err)
-			return
-		}
-		root := filepath.Dir(strings.TrimSpace(string(out)))
+		var err error
 		if bins.dir, err = os.MkdirTemp("", "keyshard-faulttest-"); err != nil {
 			bins.err = err
 			return
 		}
-		bins.keyshard = filepath.Join(bins.dir, "keyshard")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", bins.keyshard, "./cmd/keyshard")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			bins.err = fmt.Errorf("go build ./cmd/keyshard: %v\n%s", err, out)
-		}
+		bins.keyshard, bins.err = chaos.BuildKeyshard(ctx, bins.dir)
 		bins.buildTime = time.Since(start)
 	})
 	if bins.err != nil {
