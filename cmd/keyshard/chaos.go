@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,14 +58,18 @@ not run), 3 on liveness bound misses only. Replay a run with the same --seed
 				return fmt.Errorf("--seed %d: want a non-negative number", seed)
 			}
 			cfg.Seed = uint64(seed)
-			if faults != "" && faults != "all" {
-				cfg.Faults = nil
-				for f := range strings.SplitSeq(faults, ",") {
-					if f = strings.TrimSpace(f); f != "" {
-						cfg.Faults = append(cfg.Faults, f)
-					}
+			cfg.Faults = nil
+			for f := range strings.SplitSeq(faults, ",") {
+				switch f = strings.TrimSpace(f); f {
+				case "":
+				case "all":
+					cfg.Faults = append(cfg.Faults, chaos.DefaultFaults()...)
+				default:
+					cfg.Faults = append(cfg.Faults, f)
 				}
 			}
+			slices.Sort(cfg.Faults)
+			cfg.Faults = slices.Compact(cfg.Faults)
 			bin, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find the keyshard binary to start the cluster with: %w", err)
@@ -121,7 +126,7 @@ not run), 3 on liveness bound misses only. Replay a run with the same --seed
 	fl := cmd.Flags()
 	fl.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long to inject faults (setup and checks come on top)")
 	fl.Int64Var(&seed, "seed", 0, "seed of the fault schedule (default: random, printed)")
-	fl.StringVar(&faults, "faults", "all", "comma-separated fault kinds: "+faultKindNames()+"; all is every kind but netns")
+	fl.StringVar(&faults, "faults", "all", "comma-separated fault kinds: "+faultKindNames()+"; all is every kind but netns (all,netns adds it)")
 	fl.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "the keyspace's lease TTL")
 	fl.IntVar(&cfg.Workers, "workers", cfg.Workers, "number of worker processes")
 	fl.IntVar(&cfg.Buckets, "buckets", cfg.Buckets, "buckets in the keyspace")

@@ -170,6 +170,8 @@ type Report struct {
 	Skipped map[string]string `json:"skipped,omitempty"`
 	// Replay is the command line that replays the run's schedule.
 	Replay string `json:"replay"`
+	// Interrupted: the run was stopped early (its context ended).
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // OK reports whether the run found no safety violation.
@@ -230,6 +232,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	c := &cluster{cfg: cfg}
 	defer c.close()
 	r := &runner{c: c, p: p, cfg: cfg}
+	p.phase("starting the cluster")
 	if err := c.start(ctx, p, slices.Contains(kinds, Netns)); err != nil {
 		return nil, fmt.Errorf("chaos: start the cluster: %w", err)
 	}
@@ -255,7 +258,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		sleepCtx(ctx, st.pause)
 	}
-	r.finalChecks(ctx)
+	if ctx.Err() != nil {
+		p.printf("interrupted: the report covers what was recorded until now")
+		rep.Interrupted = true
+	} else {
+		r.finalChecks(ctx)
+	}
 
 	recs := c.sink.Records()
 	rep.Records = len(recs)
