@@ -268,6 +268,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	recs := c.sink.Records()
 	rep.Records = len(recs)
 	rep.Analysis = Analyze(recs, cfg.Buckets, cfg.Bound)
+	if fs := rep.Analysis.Faults; rep.Interrupted && len(fs) > 0 && !fs[len(fs)-1].Settled {
+		// The interruption, not the system, cut the last fault short.
+		last := fs[len(fs)-1]
+		rep.Analysis.Misses = slices.DeleteFunc(rep.Analysis.Misses, func(m string) bool { return m == last.Miss })
+		last.Miss = ""
+	}
 	rep.Analysis.Misses = append(rep.Analysis.Misses, r.misses...)
 	rep.Kinds = kindStats(rep.Analysis, cfg.Faults)
 	p.printf("done: %d records, %d writes (%d late writes refused), %d violations, %d bound misses",
@@ -315,6 +321,9 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "\nseed %d, %v of faults, TTL %v, %d workers, %d buckets: %d records, %d writes, %d late writes refused\n",
 		r.Seed, r.Duration, r.TTL, r.Workers, r.Buckets, r.Records, r.Analysis.Writes, r.Analysis.Refused)
+	if r.Interrupted {
+		fmt.Fprintln(w, "(interrupted before the duration ended)")
+	}
 	fmt.Fprintf(w, "%-18s %8s %7s %10s %7s %8s %9s %9s %9s\n", "fault", "injected", "proven", "violations", "misses", "refused", "unserved", "p99", "max")
 	fmt.Fprintf(w, "%-18s %8s %7s %10s %7s %8s %9s %9s %9s\n", "", "", "", "", "", "", "p50", "", "")
 	for _, k := range r.Kinds {
