@@ -1,8 +1,10 @@
 package chaos
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,5 +124,30 @@ func TestUnservedIn(t *testing.T) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestScheduleReplays shows that a seed fixes the schedule: the same seed
+// draws the same steps, another seed different ones.
+func TestScheduleReplays(t *testing.T) {
+	draw := func(seed uint64) []step {
+		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		var out []step
+		for range 50 {
+			out = append(out, nextStep(rng, DefaultFaults(), 3*time.Second))
+		}
+		return out
+	}
+	a, b, c := draw(8), draw(8), draw(9)
+	if !slices.Equal(a, b) {
+		t.Error("seed 8 drew two different schedules")
+	}
+	if slices.Equal(a, c) {
+		t.Error("seeds 8 and 9 drew the same schedule")
+	}
+	for _, s := range a {
+		if s.dur < 1500*time.Millisecond || s.dur >= 6*time.Second || s.restart < 200*time.Millisecond || s.delay < 50*time.Millisecond || s.delay >= 300*time.Millisecond {
+			t.Errorf("step out of range: %+v", s)
+		}
 	}
 }

@@ -358,6 +358,21 @@ func (r *runner) etcdLeaderDuringHandoff(ctx context.Context, n int, st step) er
 	}
 	f := r.begin(n, st.kind, leader.name, fmt.Sprintf("kill -9 of the etcd leader (term %d) during %s's handoffs", term, w.id))
 	pid := leader.proc.Pid()
+	// The releases begun and not finished when the leader dies.
+	inFlight := 0
+	c.sink.View(func(h *History) {
+		open := map[BucketToken]bool{}
+		for _, rec := range h.Recs[from:] {
+			switch {
+			case rec.Worker != w.id:
+			case rec.Kind == KindReleasing:
+				open[BucketToken{Bucket: rec.Bucket, Token: rec.Token}] = true
+			case rec.Kind == KindRelease:
+				delete(open, BucketToken{Bucket: rec.Bucket, Token: rec.Token})
+			}
+		}
+		inFlight = len(open)
+	})
 	leader.proc.Kill()
 	var next *member
 	var nterm uint64
@@ -376,8 +391,8 @@ func (r *runner) etcdLeaderDuringHandoff(ctx context.Context, n int, st step) er
 		if next != nil {
 			nl = fmt.Sprintf("new leader %s, term %d", next.name, nterm)
 		}
-		f.proven("pid %d, the etcd leader in term %d, exited on SIGKILL while %s was releasing bucket %d at token %d; %s",
-			pid, term, w.id, releasing.Bucket, releasing.Token, nl)
+		f.proven("pid %d, the etcd leader in term %d, exited on SIGKILL during %s's drain (first release: bucket %d at token %d; %d releases unfinished at the kill); %s",
+			pid, term, w.id, releasing.Bucket, releasing.Token, inFlight, nl)
 	}
 	sleepCtx(ctx, st.restart)
 	if err := c.startMember(ctx, leader); err != nil {
