@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -68,8 +67,6 @@ not run), 3 on liveness bound misses only. Replay a run with the same --seed
 					cfg.Faults = append(cfg.Faults, f)
 				}
 			}
-			slices.Sort(cfg.Faults)
-			cfg.Faults = slices.Compact(cfg.Faults)
 			bin, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find the keyshard binary to start the cluster with: %w", err)

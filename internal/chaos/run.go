@@ -68,7 +68,8 @@ type Config struct {
 	// Duration is how long to inject faults (setup and the final checks
 	// come on top).
 	Duration time.Duration
-	// Faults are the kinds to inject (default DefaultFaults).
+	// Faults are the kinds to inject (default DefaultFaults), in any
+	// order.
 	Faults []string
 	// TTL is the keyspace's lease TTL; DrainTimeout its drain timeout.
 	TTL, DrainTimeout time.Duration
@@ -103,6 +104,9 @@ func (c *Config) validate() error {
 	if len(c.Faults) == 0 {
 		c.Faults = DefaultFaults()
 	}
+	// Sorted, so that the schedule depends on the set of kinds and not
+	// on the order they were given in.
+	c.Faults = slices.Compact(slices.Sorted(slices.Values(c.Faults)))
 	for _, f := range c.Faults {
 		if !slices.ContainsFunc(FaultKinds, func(k struct{ Name, What string }) bool { return k.Name == f }) {
 			var names []string
