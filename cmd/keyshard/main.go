@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDemo(), newBench(), newHotKeys())
+	root.AddCommand(newServe(), newDemo(), newBench(), newHotKeys(), newChaos())
 	addAdminCommands(root)
 	return root
 }

@@ -1,9 +1,12 @@
 // Package faulttest holds Keyshard's fault tests with real processes and
-// sockets: `keyshard serve` replicas and worker processes (a client.Worker
-// program in testdata/worker) are started as child processes, paused with
-// SIGSTOP, killed with SIGKILL and restarted, while every worker reports
-// its grants and releases to a fenced test sink in the test process and
-// writes to it with the grant's fencing token.
+// sockets: `keyshard serve` replicas and worker processes (`keyshard
+// chaos worker`, a client.Worker writing to the sink) are started as
+// child processes, paused with SIGSTOP, killed with SIGKILL and
+// restarted, while every worker reports its grants and releases to a
+// fenced test sink in the test process and writes to it with the grant's
+// fencing token. The sink, its checker, process control and the proxy
+// are internal/chaos's, which runs the same pieces as a random chaos
+// suite (`keyshard chaos`).
 //
 // The sink behaves as a database guarded by `WHERE fence <= $token`: per
 // bucket it keeps the highest token it has seen (from a new owner's claim

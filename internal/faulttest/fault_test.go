@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/chaos"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -38,9 +39,9 @@ func TestPausedWorker(t *testing.T) {
 	h.sink.mark(faultStop, "w2", "SIGSTOP")
 	victim.signal(t, syscall.SIGSTOP)
 	stopped := time.Now()
-	h.awaitSink("w2's buckets granted to others while it is stopped", 20*time.Second, func() string {
+	h.awaitSink("w2's buckets granted to others while it is stopped", 20*time.Second, func(s *chaos.History) string {
 		for b, tok := range held {
-			if g := h.sink.cur[b]; g.token == tok {
+			if g := s.Cur[b]; g.Token == tok {
 				return fmt.Sprintf("bucket %d still at w2's token %d", b, tok)
 			}
 		}
@@ -50,9 +51,9 @@ func TestPausedWorker(t *testing.T) {
 	cont := h.sink.mark(faultCont, "w2", "SIGCONT")
 	victim.signal(t, syscall.SIGCONT)
 	resumed := time.Now()
-	h.awaitSink("w2 to release its old grants after resuming", 15*time.Second, func() string {
+	h.awaitSink("w2 to release its old grants after resuming", 15*time.Second, func(s *chaos.History) string {
 		for b, tok := range held {
-			if g := h.sink.grants[bucketToken{b, tok}]; g.released == 0 {
+			if g := s.Grants[bucketToken{Bucket: b, Token: tok}]; g.Released == 0 {
 				return fmt.Sprintf("w2 has not released bucket %d at token %d", b, tok)
 			}
 		}
@@ -117,13 +118,13 @@ func TestBlockedRelease(t *testing.T) {
 	h.connect("http://"+addr, ttl, drain)
 	h.startWorker("w1")
 	h.waitConverged(30*time.Second, "w1")
-	h.startWorker("w2", "-block-release") // it only gains buckets until w3 joins
+	h.startWorker("w2", "--block-release") // it only gains buckets until w3 joins
 	h.waitConverged(30*time.Second, "w1", "w2")
 
 	from := h.sink.seq()
 	h.startWorker("w3")
-	h.awaitSink("w2 to get stuck releasing a bucket", 15*time.Second, func() string {
-		for _, r := range h.sink.recs[from:] {
+	h.awaitSink("w2 to get stuck releasing a bucket", 15*time.Second, func(s *chaos.History) string {
+		for _, r := range s.Recs[from:] {
 			if r.Worker == "w2" && r.Kind == kindReleasing && !r.Fenced {
 				return ""
 			}
@@ -141,7 +142,7 @@ func TestBlockedRelease(t *testing.T) {
 	fencedEvent := false
 	var slowest time.Duration
 	for _, r := range recs[from:] {
-		key := bucketToken{r.Bucket, r.Token}
+		key := bucketToken{Bucket: r.Bucket, Token: r.Token}
 		switch {
 		case r.Worker == "w2" && r.Kind == kindFenced:
 			fencedEvent = true
@@ -151,10 +152,10 @@ func TestBlockedRelease(t *testing.T) {
 			t.Errorf("%v: a stuck Release returned without the grant being fenced", r)
 		case r.Kind == kindAcquire: // by anyone, w2 too after it re-joined
 			for k, began := range stuck {
-				if k.bucket == r.Bucket && r.Token > k.token {
+				if k.Bucket == r.Bucket && r.Token > k.Token {
 					took := r.At.Sub(began)
 					if took < drain {
-						t.Errorf("%v: acquired %v after w2 began its stuck release of token %d, before the drain timeout (%v)", r, took, k.token, drain)
+						t.Errorf("%v: acquired %v after w2 began its stuck release of token %d, before the drain timeout (%v)", r, took, k.Token, drain)
 					}
 					slowest = max(slowest, took)
 					delete(stuck, k)
@@ -183,16 +184,16 @@ func TestKillWorkerMidDrain(t *testing.T) {
 	h.connect("http://"+addr, ttl, drainTimeout)
 	h.startWorker("w1")
 	h.startWorker("w2")
-	victim := h.startWorker("w3", "-release-delay", "5s")
+	victim := h.startWorker("w3", "--release-delay", "5s")
 	h.waitConverged(30*time.Second, "w1", "w2", "w3")
 
 	from := h.sink.seq()
 	victim.signal(t, syscall.SIGTERM)
 	var still map[int]uint64
-	h.awaitSink("w3 to begin releasing (its drain)", 20*time.Second, func() string {
-		for _, r := range h.sink.recs[from:] {
+	h.awaitSink("w3 to begin releasing (its drain)", 20*time.Second, func(s *chaos.History) string {
+		for _, r := range s.Recs[from:] {
 			if r.Worker == "w3" && r.Kind == kindReleasing {
-				still = h.sink.heldLocked("w3")
+				still = s.Held("w3")
 				return ""
 			}
 		}
@@ -204,9 +205,9 @@ func TestKillWorkerMidDrain(t *testing.T) {
 	h.sink.mark(faultKill, "w3", "SIGKILL while draining")
 	victim.kill()
 	killed := time.Now()
-	h.awaitSink("w3's buckets to move after its death", 20*time.Second, func() string {
+	h.awaitSink("w3's buckets to move after its death", 20*time.Second, func(s *chaos.History) string {
 		for b, tok := range still {
-			if g := h.sink.cur[b]; g.token == tok {
+			if g := s.Cur[b]; g.Token == tok {
 				return fmt.Sprintf("bucket %d still at w3's token %d", b, tok)
 			}
 		}
@@ -252,7 +253,7 @@ func TestKillLeaderReplica(t *testing.T) {
 	}
 	lb := startProxy(t, addrs["r1"], addrs["r2"])
 	h.connect(lb.URL(), 3*time.Second, drainTimeout)
-	slow := []string{"-release-delay", "1s"} // each handoff takes a second
+	slow := []string{"--release-delay", "1s"} // each handoff takes a second
 	h.startWorker("w1", slow...)
 	h.startWorker("w2", slow...)
 	h.waitConverged(30*time.Second, "w1", "w2")
@@ -292,8 +293,8 @@ func TestKillLeaderReplica(t *testing.T) {
 	second := other[first]
 	from := h.sink.seq()
 	h.startWorker("w4")
-	h.awaitSink("a handoff to w4 to begin", 20*time.Second, func() string {
-		for _, r := range h.sink.recs[from:] {
+	h.awaitSink("a handoff to w4 to begin", 20*time.Second, func(s *chaos.History) string {
+		for _, r := range s.Recs[from:] {
 			if r.Kind == kindReleasing {
 				return ""
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/chaos"
 )
 
 const (
@@ -35,8 +36,7 @@ type harness struct {
 	t        *testing.T
 	ctx      context.Context // bounds the whole test
 	sink     *sink
-	worker   string // binaries
-	keyshard string
+	keyshard string // the binary: serve, and chaos worker for the workers
 
 	url      string // where workers and the admin client reach the control plane
 	admin    *client.Admin
@@ -49,10 +49,10 @@ func newHarness(t *testing.T, limit time.Duration) *harness {
 	if testing.Short() {
 		t.Skip("fault tests run real processes for tens of seconds")
 	}
-	worker, keyshard := binaries(t)
+	keyshard := binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	t.Cleanup(cancel)
-	return &harness{t: t, ctx: ctx, sink: newSink(t), worker: worker, keyshard: keyshard, replicas: map[string]*proc{}}
+	return &harness{t: t, ctx: ctx, sink: newSink(t), keyshard: keyshard, replicas: map[string]*proc{}}
 }
 
 // serve starts a `keyshard serve` replica named name and waits until it
@@ -113,8 +113,8 @@ func (h *harness) connect(url string, ttl, drain time.Duration) {
 // startWorker starts a worker process with member id id.
 func (h *harness) startWorker(id string, extra ...string) *proc {
 	h.t.Helper()
-	args := append([]string{"-server", h.url, "-sink", h.sink.URL(), "-keyspace", keyspace, "-id", id}, extra...)
-	return startProc(h.t, id, h.worker, args...)
+	args := append([]string{"chaos", "worker", "--server", h.url, "--sink", h.sink.URL(), "--keyspace", keyspace, "--id", id}, extra...)
+	return startProc(h.t, id, h.keyshard, args...)
 }
 
 // retry is the tests' one bounded poll, for state that lives in the
@@ -147,11 +147,11 @@ func (h *harness) retry(what string, limit time.Duration, f func(ctx context.Con
 // awaitSink waits, event-driven, until cond (called with the sink
 // locked, after every new record) returns "", or fails the test after
 // limit.
-func (h *harness) awaitSink(what string, limit time.Duration, cond func() string) {
+func (h *harness) awaitSink(what string, limit time.Duration, cond func(s *chaos.History) string) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(h.ctx, limit)
 	defer cancel()
-	if err := h.sink.await(ctx, what, cond); err != nil {
+	if err := h.sink.Await(ctx, what, cond); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -177,12 +177,7 @@ func (h *harness) running(replica string) bool {
 	if p == nil {
 		return false
 	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
+	return !p.Exited()
 }
 
 // waitConverged waits until the faults have stopped mattering: a running
@@ -231,24 +226,30 @@ func (h *harness) waitConverged(limit time.Duration, live ...string) time.Durati
 		if e := h.router.Epoch(); e != ms.Epoch {
 			return fmt.Sprintf("router at epoch %d, members at %d", e, ms.Epoch)
 		}
-		h.sink.mu.Lock()
-		defer h.sink.mu.Unlock()
-		for b := range buckets {
-			owner, _ := h.router.BucketOwner(b)
-			switch g := h.sink.cur[b]; {
-			case g == nil:
-				return fmt.Sprintf("bucket %d: never acquired", b)
-			case g.worker != owner || g.released != 0:
-				return fmt.Sprintf("bucket %d: map owner %q, newest grant %s@%d (released: %v)", b, owner, g.worker, g.token, g.released != 0)
-			case g.lastWrite <= from:
-				return fmt.Sprintf("bucket %d: no accepted write by %s@%d yet", b, g.worker, g.token)
-			}
-		}
-		return ""
+		why := ""
+		h.sink.View(func(s *chaos.History) { why = h.servedByOwners(s, from) })
+		return why
 	})
 	d := time.Since(start)
 	h.t.Logf("converged on %v in %v", live, d.Round(time.Millisecond))
 	return d
+}
+
+// servedByOwners returns "" if every bucket is held by its map owner at
+// its newest token, which has had a write accepted after record from.
+func (h *harness) servedByOwners(s *chaos.History, from int) string {
+	for b := range buckets {
+		owner, _ := h.router.BucketOwner(b)
+		switch g := s.Cur[b]; {
+		case g == nil:
+			return fmt.Sprintf("bucket %d: never acquired", b)
+		case g.Worker != owner || g.Released != 0:
+			return fmt.Sprintf("bucket %d: map owner %q, newest grant %s@%d (released: %v)", b, owner, g.Worker, g.Token, g.Released != 0)
+		case g.LastWrite <= from:
+			return fmt.Sprintf("bucket %d: no accepted write by %s@%d yet", b, g.Worker, g.Token)
+		}
+	}
+	return ""
 }
 
 // check runs checkHistory over everything the sink recorded and fails the
