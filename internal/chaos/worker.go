@@ -143,6 +143,9 @@ func (h *handler) write(bw *bucketWork) {
 			return
 		default:
 		}
+		if !bw.g.Valid() { // checked right before each write, as an application should
+			return
+		}
 		if code := h.rep.post("/write", Record{Kind: KindWrite, Bucket: bw.g.Bucket, Token: bw.g.Token, N: n}); code == http.StatusConflict {
 			h.log.Warn("write refused: a newer owner exists; stopping work on the bucket", "bucket", bw.g.Bucket, "token", bw.g.Token)
 			return
