@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -349,8 +350,8 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 		return connect.NewResponse(&v1.ReleaseResponse{Revision: uint64(rev)}), nil
 	case errors.As(err, &notHeld):
 		hint := ""
-		if notHeld.Held == 0 {
-			hint = "; if this session released it before, it has been handed over since: treat it as released"
+		if notHeld.Held == 0 || notHeld.Held > notHeld.Token {
+			hint = fmt.Sprintf("; if this session released it at token %d before, that release has been handed over since: treat it as released", notHeld.Token)
 		}
 		return nil, invalid("buckets[%d]: %v%s", index[uint32(notHeld.Bucket)], notHeld, hint)
 	case errors.Is(err, store.ErrFenced):
