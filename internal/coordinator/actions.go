@@ -41,11 +41,18 @@ type WriteGrants struct {
 // Quarantine (bound to a new lease of that TTL) naming those buckets; they
 // are not granted again until etcd has expired it. Quarantine is empty
 // when the member holds nothing.
+//
+// Superseded says that the member's record is already on a newer session
+// (Join with replace), so the server accepts no keep-alive of this one any
+// more: the member's own deadline can be no later than the remaining time
+// of the session's lease, and the server may shorten the quarantine to
+// that (never beyond TTL).
 type RevokeSession struct {
 	Keyspace, ID string
 	Session      int64
 	Quarantine   []int
 	TTL          time.Duration
+	Superseded   bool
 	Reason       string
 }
 

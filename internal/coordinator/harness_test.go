@@ -94,11 +94,41 @@ func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
 	return w.step(coordinator.KeyspacePut{Keyspace: ks})
 }
 
-func (w *world) join(ks, id string, weight float64) []coordinator.Action {
+// join writes a member record on a new session, as the store's Join does:
+// pending until its first keep-alive if pending is set (else active at
+// once, as a member that keeps alive promptly), and naming the session it
+// replaces if the id was held.
+func (w *world) join(ks, id string, weight float64, pending bool) []coordinator.Action {
 	w.nextSess++
-	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000"}
+	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000", Pending: pending}
+	if old, ok := w.members[ks][id]; ok {
+		mem.Replaces = old.Session
+	}
 	w.members[ks][id] = mem
 	return w.step(coordinator.MemberPut{Keyspace: ks, Member: mem})
+}
+
+// keepAlive activates a pending member, as its first keep-alive does.
+func (w *world) keepAlive(ks, id string) []coordinator.Action {
+	mem, ok := w.members[ks][id]
+	if !ok || !mem.Pending {
+		return nil
+	}
+	mem.Pending = false
+	w.members[ks][id] = mem
+	return w.step(coordinator.MemberPut{Keyspace: ks, Member: mem})
+}
+
+// releaseBucket makes a member release one bucket it holds, asked or not.
+func (w *world) releaseBucket(ks, id string, b int) []coordinator.Action {
+	for _, bt := range w.grants[ks][id].Buckets {
+		if bt.Bucket == b {
+			w.rev++
+			w.releases[ks][id] = append(w.releases[ks][id], bt)
+			return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: slices.Clone(w.releases[ks][id]), Rev: w.rev})
+		}
+	}
+	return nil
 }
 
 // expire ends a member's session as etcd would: every key bound to its
@@ -205,6 +235,9 @@ func (w *world) apply() []coordinator.Action {
 					if !kept[had.Bucket] && !w.released(a.Keyspace, id, had) {
 						w.violation = append(w.violation, fmt.Sprintf("bucket %d taken from %s (token %d) before it released it", had.Bucket, id, had.Token))
 					}
+				}
+				if mem := w.members[a.Keyspace][id]; mem.Pending && len(g.Buckets) > len(w.grants[a.Keyspace][id].Buckets) {
+					w.violation = append(w.violation, fmt.Sprintf("buckets granted to %s before its first keep-alive", id))
 				}
 				for _, bt := range g.Buckets {
 					if last := w.lastToken[a.Keyspace][bt.Bucket]; bt.Token > last {
@@ -328,7 +361,7 @@ func formatActions(acts []coordinator.Action) string {
 				fmt.Fprintf(&sb, "  %s: %s\n", id, formatBuckets(a.Grants[id].Buckets))
 			}
 		case coordinator.RevokeSession:
-			fmt.Fprintf(&sb, "revoke %s %s session=%x quarantine=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Reason)
+			fmt.Fprintf(&sb, "revoke %s %s session=%x quarantine=%v superseded=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Superseded, a.Reason)
 		case coordinator.Report:
 			fmt.Fprintf(&sb, "report %s %s: %s\n", a.Keyspace, a.Kind, a.Message)
 		}

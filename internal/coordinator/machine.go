@@ -46,6 +46,7 @@ type keyspace struct {
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
 	revokeInflight map[int64]bool
+	revoked        map[string]int64 // member id → its last session seen revoked
 }
 
 // New returns a Machine that knows nothing and does not lead.
@@ -65,6 +66,7 @@ func (m *Machine) ks(name string) *keyspace {
 			quar:           map[string][]int{},
 			waitSince:      map[int]time.Time{},
 			revokeInflight: map[int64]bool{},
+			revoked:        map[string]int64{},
 		}
 		m.keyspaces[name] = k
 	}
@@ -120,7 +122,9 @@ func (m *Machine) apply(ev Event) {
 	case MemberPut:
 		m.ks(e.Keyspace).members[e.Member.ID] = e.Member
 	case MemberDeleted:
-		delete(m.ks(e.Keyspace).members, e.ID)
+		k := m.ks(e.Keyspace)
+		delete(k.members, e.ID)
+		delete(k.revoked, e.ID)
 	case DrainPut:
 		m.ks(e.Keyspace).drains[e.ID] = e.Drain
 	case DrainDeleted:
@@ -137,6 +141,9 @@ func (m *Machine) apply(ev Event) {
 	case GrantsDeleted:
 		k := m.ks(e.Keyspace)
 		if g, ok := k.grants[e.ID]; ok {
+			if k.revokeInflight[g.Session] {
+				k.revoked[e.ID] = g.Session
+			}
 			delete(k.revokeInflight, g.Session)
 		}
 		delete(k.grants, e.ID)
@@ -234,9 +241,23 @@ func eventKeyspace(ev Event) string {
 // their buckets move even when nobody can take them (they become
 // unassigned), while a drained member that stays keeps its buckets if it is
 // the last one.
+//
+// A pending member (its session has not kept alive yet) is left out too,
+// unless the map already gives it buckets: a Join that arrives late, from
+// a process that is gone, then moves nothing, while a restarted process
+// that replaced its session keeps its place.
 func (k *keyspace) effectiveMembers() []placement.Member {
 	out := make([]placement.Member, 0, len(k.members))
+	var counts map[string]int
 	for id, mem := range k.members {
+		if mem.Pending {
+			if counts == nil {
+				counts = k.m.Assignment.Counts()
+			}
+			if counts[id] == 0 {
+				continue
+			}
+		}
 		w := mem.Weight
 		if d, draining := k.drains[id]; draining {
 			if d.Leave {
@@ -306,7 +327,7 @@ func (k *keyspace) holders() ([]string, []uint64) {
 func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action {
 	holder, token := k.holders()
 	var acts []Action
-	revoke := func(id string, session int64, reason string, kind ReportKind) {
+	revoke := func(id string, session int64, superseded bool, reason string, kind ReportKind) {
 		if k.revokeInflight[session] {
 			return
 		}
@@ -318,7 +339,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 			}
 		}
 		acts = append(acts,
-			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Reason: reason},
+			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Superseded: superseded, Reason: reason},
 			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %x: %s", id, session, reason)})
 	}
 
@@ -330,8 +351,21 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	for _, id := range ids {
 		g := k.grants[id]
 		if mem, ok := k.members[id]; ok && mem.Session != g.Session {
-			revoke(id, g.Session, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
+			revoke(id, g.Session, true, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
 		}
+	}
+	// A replaced session that holds nothing (as far as the grants go: the
+	// leader is their only writer) is revoked too, without quarantine.
+	mids := make([]string, 0, len(k.members))
+	for id, mem := range k.members {
+		if mem.Replaces != 0 && mem.Replaces != mem.Session && k.grants[id].Session != mem.Replaces && k.revoked[id] != mem.Replaces {
+			mids = append(mids, id)
+		}
+	}
+	sort.Strings(mids)
+	for _, id := range mids {
+		mem := k.members[id]
+		revoke(id, mem.Replaces, true, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
 	}
 
 	// Drain timeouts: a holder asked to release (target moved away) for
@@ -359,7 +393,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	sort.Strings(lateIDs)
 	for _, id := range lateIDs {
 		if g, ok := k.grants[id]; ok {
-			revoke(id, g.Session, fmt.Sprintf("%d buckets not released within the drain timeout %v", late[id], k.cfg.DrainTimeout), ReportDrainTimeout)
+			revoke(id, g.Session, false, fmt.Sprintf("%d buckets not released within the drain timeout %v", late[id], k.cfg.DrainTimeout), ReportDrainTimeout)
 		}
 	}
 
@@ -413,7 +447,7 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 	}
 	canReceive := func(id string) bool {
 		mem, ok := k.members[id]
-		if !ok || mem.Session == 0 || k.revokeInflight[mem.Session] {
+		if !ok || mem.Session == 0 || mem.Pending || k.revokeInflight[mem.Session] {
 			return false
 		}
 		g, has := k.grants[id]
@@ -423,9 +457,12 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 	for b := range k.cfg.Buckets {
 		target := k.m.Assignment.Owner(b)
 		h := holder[b]
-		if h == target && h != "" {
+		if h == target && h != "" && k.releases[h][b] != token[b] {
 			continue
 		}
+		// A holder that released a bucket it was not asked to (its target
+		// is still the holder) gives it up all the same; it is granted
+		// back at a new token below.
 		if h != "" {
 			if k.releases[h][b] != token[b] {
 				continue // still waiting for the holder to release

@@ -46,6 +46,14 @@ func arg(t *testing.T, d *datadriven.TestData, key, def string) string {
 
 func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 	ks := arg(t, d, "ks", "rooms")
+	// each runs f for every id of the comma-separated id argument.
+	each := func(f func(id string) []coordinator.Action) string {
+		var out strings.Builder
+		for _, id := range strings.Split(arg(t, d, "id", ""), ",") {
+			out.WriteString(formatActions(f(id)))
+		}
+		return out.String()
+	}
 	switch d.Cmd {
 	case "keyspace":
 		buckets, _ := strconv.Atoi(arg(t, d, "buckets", "12"))
@@ -58,20 +66,18 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 		return formatActions(w.step(coordinator.LostLeadership{}))
 	case "join":
 		weight, _ := strconv.ParseFloat(arg(t, d, "weight", "1"), 64)
-		var out strings.Builder
-		for _, id := range strings.Split(arg(t, d, "id", ""), ",") {
-			out.WriteString(formatActions(w.join(ks, id, weight)))
-		}
-		return out.String()
+		pending := arg(t, d, "pending", "false") == "true"
+		return each(func(id string) []coordinator.Action { return w.join(ks, id, weight, pending) })
+	case "keepalive":
+		return each(func(id string) []coordinator.Action { return w.keepAlive(ks, id) })
+	case "release-bucket":
+		b, _ := strconv.Atoi(arg(t, d, "bucket", ""))
+		return formatActions(w.releaseBucket(ks, arg(t, d, "id", ""), b))
 	case "crash":
 		id := arg(t, d, "id", "")
 		return formatActions(w.expire(ks, id, w.members[ks][id].Session))
 	case "release":
-		var out strings.Builder
-		for _, id := range strings.Split(arg(t, d, "id", ""), ",") {
-			out.WriteString(formatActions(w.release(ks, id)))
-		}
-		return out.String()
+		return each(func(id string) []coordinator.Action { return w.release(ks, id) })
 	case "drain":
 		id := arg(t, d, "id", "")
 		leave := arg(t, d, "leave", "false") == "true"

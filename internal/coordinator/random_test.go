@@ -67,9 +67,11 @@ func TestRandomHistories(t *testing.T) {
 		ids := []string{"a", "b", "c", "d", "e"}
 		for i := range rapid.IntRange(5, 60).Draw(t, "steps") {
 			id := rapid.SampledFrom(ids).Draw(t, "id")
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); op {
 			case 0, 1:
-				w.join("ks", id, float64(rapid.IntRange(1, 3).Draw(t, "weight")))
+				w.join("ks", id, float64(rapid.IntRange(1, 3).Draw(t, "weight")), rapid.Bool().Draw(t, "pending"))
+			case 9:
+				w.keepAlive("ks", id)
 			case 2:
 				if mem, ok := w.members["ks"][id]; ok {
 					w.expire("ks", id, mem.Session)
@@ -106,6 +108,7 @@ func TestRandomHistories(t *testing.T) {
 		// drains are withdrawn... and the map converges.
 		for range 20 {
 			for _, id := range ids {
+				w.keepAlive("ks", id)
 				w.release("ks", id)
 			}
 			for qid := range w.quar["ks"] {

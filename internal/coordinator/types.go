@@ -33,6 +33,14 @@ type Member struct {
 	Weight  float64
 	Zone    string
 	Session int64
+	// Pending: the session has not kept alive once yet. It is granted
+	// nothing, and the balancer gives it a share only if the map already
+	// names the member (a restarted process that replaced its session);
+	// a new member enters the map once it is active.
+	Pending bool
+	// Replaces is the superseded session this one took the id over from,
+	// or 0; the leader revokes it.
+	Replaces int64
 }
 
 // BucketToken is a bucket and the fencing token it was granted with.

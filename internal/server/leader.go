@@ -220,8 +220,12 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		return rev, nil
 	case coordinator.RevokeSession:
 		lease := store.LeaseID(a.Session)
-		if len(a.Quarantine) > 0 {
-			qlease, _, err := s.store.Grant(ctx, a.TTL)
+		qttl, err := s.quarantineTTL(ctx, a)
+		if err != nil {
+			return 0, err
+		}
+		if len(a.Quarantine) > 0 && qttl > 0 {
+			qlease, _, err := s.store.Grant(ctx, qttl)
 			if err != nil {
 				return 0, err
 			}
@@ -234,7 +238,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		if err := s.store.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
 			return 0, err
 		}
-		s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine))
+		s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine), "quarantine", qttl)
 	case coordinator.Report:
 		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)

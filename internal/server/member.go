@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -10,11 +11,17 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
 // maxWait bounds a long poll.
 const maxWait = 60 * time.Second
+
+// maxLag bounds how long a read waits for this replica's copy of the store
+// to reach a revision the caller has seen (min_revision, or a write this
+// replica just made).
+const maxLag = 5 * time.Second
 
 // memberService serves MemberService: a worker's session.
 type memberService struct{ s *Server }
@@ -46,26 +53,19 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
 	old, rev, err := s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
 	if err != nil {
-		_ = s.store.Revoke(context.WithoutCancel(ctx), lease)
+		if rerr := s.store.Revoke(context.WithoutCancel(ctx), lease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
+			s.log.Warn("could not revoke the lease of a failed join; it expires on its own", "keyspace", k.Name, "member", rec.ID, "lease", lease, "ttl", ttl, "err", rerr)
+		}
 		if errors.Is(err, store.ErrExists) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("member %q is already joined to %q with a live session; a restarted process passes replace=true to take over, another process needs another id", rec.ID, k.Name))
 		}
 		return nil, apiError(err)
 	}
 	if old != 0 && old != lease {
-		// The leader revokes a replaced session that holds buckets, after
-		// quarantining them; one that holds nothing can go at once.
-		holds := false
-		s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-			if ks := snap.Keyspaces[k.Name]; ks != nil {
-				g := ks.Grants[rec.ID]
-				holds = g.Exists() && g.Value.Session == old && len(g.Value.Buckets) > 0
-			}
-		})
-		if !holds {
-			_ = s.store.Revoke(ctx, old)
-		}
-		s.log.Info("member re-joined, replacing its old session", "keyspace", k.Name, "member", rec.ID, "old_session", old, "session", lease)
+		// The leader revokes the old session (the record names it), after
+		// quarantining what it holds: only the leader knows that for sure,
+		// as it writes every grant; this replica's view may be behind.
+		s.log.Info("member re-joined, replacing its old session; the leader revokes it", "keyspace", k.Name, "member", rec.ID, "old_session", old, "session", lease)
 	} else {
 		s.log.Info("member joined", "keyspace", k.Name, "member", rec.ID, "address", rec.Address, "weight", w, "zone", rec.Zone)
 	}
@@ -89,11 +89,80 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 		}
 		return nil, apiError(err)
 	}
+	// After the renewal, check that the member record is still on this
+	// session, and activate it on its first keep-alive. A session that was
+	// replaced so never has a renewal acknowledged after its replacement
+	// was written: the leader can then quarantine its buckets for only
+	// what remains of its lease.
+	rev, err := m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
+	switch {
+	case errors.Is(err, store.ErrFenced):
+		return nil, sessionReplaced(sess)
+	case errors.Is(err, store.ErrNotFound):
+		return nil, sessionEnded(sess)
+	case err != nil:
+		return nil, apiError(err)
+	case rev != 0:
+		m.s.log.Info("member session active", "keyspace", sess.keyspace, "member", sess.member, "session", sess.lease)
+		m.s.view.waitRev(ctx, rev)
+	}
 	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
 }
 
 func sessionEnded(sess session) error {
 	return notFound("session of member %q in %q has ended (expired, revoked, or the member left); join again", sess.member, sess.keyspace)
+}
+
+// quarantineTTL is how long the leader quarantines the buckets of session
+// a.Session before it revokes it: a.TTL, or for a superseded session (its
+// member record is on a newer one, so KeepAlive acknowledges no renewal of
+// it any more) what remains of its lease if that is shorter, one second
+// added because etcd reports whole seconds rounded down. The member's own
+// deadline (its last acknowledged renewal + TTL - margin) is never later
+// than that. 0 means the lease is gone already, and with it every key it
+// held: there is nothing to quarantine.
+func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession) (time.Duration, error) {
+	if !a.Superseded {
+		return a.TTL, nil
+	}
+	info, err := s.store.TimeToLive(ctx, store.LeaseID(a.Session))
+	switch {
+	case errors.Is(err, store.ErrLeaseNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	return min(a.TTL, info.TTL+time.Second), nil
+}
+
+func sessionReplaced(sess session) error {
+	return notFound("session of member %q in %q was replaced by a newer session of the same id (Join with replace); stop acting as this member", sess.member, sess.keyspace)
+}
+
+// catchUp waits until this replica's copy of the store has reached
+// revision rev, one the caller has seen (for example its Release's), so
+// that no answer it gets is older than its own writes, whichever replica
+// made them. It gives up after maxLag with UNAVAILABLE.
+func (s *Server) catchUp(ctx context.Context, rev uint64) error {
+	if rev == 0 {
+		return nil
+	}
+	timer := s.clock.NewTimer(maxLag)
+	defer timer.Stop()
+	for {
+		var at int64
+		changed := s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) { at = snap.Rev })
+		if at >= 0 && uint64(at) >= rev {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C():
+			return connect.NewError(connect.CodeUnavailable, errorf("this replica's copy of the store is at revision %d, behind min_revision %d after %v; retry, or ask another replica", at, rev, maxLag))
+		case <-ctx.Done():
+			return apiError(ctx.Err())
+		}
+	}
 }
 
 // liveGrants is grantsState, but a session the view does not know (it
@@ -124,8 +193,12 @@ func (s *Server) sessionAlive(ctx context.Context, sess session) error {
 	return nil
 }
 
-// grantsState is what a member should know: what it holds and what it
-// must release, at a version that changes whenever either may.
+// grantsState is what a member should know: what it holds and has not
+// released, and which of those it must release, at a version that changes
+// whenever either may. A bucket the member released at the token it holds
+// it by is left out of both, although the grants still list it until the
+// leader hands it over: the member's own release must never be shown back
+// to it as a grant (read-your-writes).
 func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bool) {
 	resp = &v1.GetGrantsResponse{}
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
@@ -135,13 +208,21 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 		}
 		mem, joined := ks.Members[sess.member]
 		g, held := ks.Grants[sess.member]
+		r := ks.Releases[sess.member]
 		alive = joined && mem.Value.Session == sess.lease || held && g.Value.Session == sess.lease
 		resp.Epoch = ks.Map.Value.Epoch
-		resp.Revision = uint64(max(ks.Map.ModRevision, g.ModRevision))
+		resp.Revision = uint64(max(ks.Map.ModRevision, g.ModRevision, r.ModRevision))
 		if !held || g.Value.Session != sess.lease {
 			return
 		}
+		released := make(map[int]uint64, len(r.Value.Buckets))
+		for _, bt := range r.Value.Buckets {
+			released[bt.Bucket] = bt.Token
+		}
 		for _, bt := range g.Value.Buckets {
+			if t, ok := released[bt.Bucket]; ok && t == bt.Token {
+				continue
+			}
 			resp.Grants = append(resp.Grants, &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token})
 			if ks.Map.Value.Owner(bt.Bucket) != sess.member {
 				resp.Release = append(resp.Release, uint32(bt.Bucket))
@@ -158,6 +239,9 @@ func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.G
 	}
 	wait, err := waitOf(req.Msg.GetWait())
 	if err != nil {
+		return nil, err
+	}
+	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
 		return nil, err
 	}
 	timer := m.s.clock.NewTimer(wait)
@@ -186,6 +270,9 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	if err != nil {
 		return err
 	}
+	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
+		return err
+	}
 	var sent uint64
 	first := true
 	for {
@@ -208,14 +295,41 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	}
 }
 
+// Release records that the member has handed buckets back, each at the
+// token it holds it by. The whole call is refused with INVALID_ARGUMENT,
+// naming the entry, for a bucket outside the keyspace, a bucket listed
+// twice, or one the session does not hold at that token. Releasing a
+// bucket again at the same token before the leader has handed it over
+// succeeds again (a retry after a timeout is safe); a bucket the member
+// was not asked to release is given up and granted back at a higher token.
+// The answer carries the revision of the write, and comes once this
+// replica's view has it, so the member's next GetGrants through this
+// replica, or through any with min_revision set to it, no longer lists the
+// buckets.
 func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	sess, err := m.s.sessions.parse(req.Msg.GetSession())
 	if err != nil {
 		return nil, err
 	}
+	if len(req.Msg.GetBuckets()) == 0 {
+		return nil, invalid("buckets: empty; list each bucket to release with the token it was granted with")
+	}
+	k, err := m.s.keyspace(ctx, sess.keyspace)
+	if err != nil {
+		return nil, err
+	}
 	buckets := make([]store.BucketToken, len(req.Msg.GetBuckets()))
+	index := make(map[uint32]int, len(buckets))
 	for i, bg := range req.Msg.GetBuckets() {
-		buckets[i] = store.BucketToken{Bucket: int(bg.GetBucket()), Token: bg.GetToken()}
+		b := bg.GetBucket()
+		if b >= uint32(k.Buckets) {
+			return nil, invalid("buckets[%d].bucket: %d is out of range: keyspace %q has buckets 0-%d", i, b, k.Name, k.Buckets-1)
+		}
+		if j, dup := index[b]; dup {
+			return nil, invalid("buckets[%d] and buckets[%d] both name bucket %d; list each bucket once", j, i, b)
+		}
+		index[b] = i
+		buckets[i] = store.BucketToken{Bucket: int(b), Token: bg.GetToken()}
 	}
 	// The view's copy saves a read when it is current; the store checks it.
 	var guess *store.ReleaseState
@@ -225,21 +339,24 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision}
 		}
 	})
-	// No read-your-writes wait here: a member never reads its releases
-	// back, and the handoff should not wait for this replica's watch.
-	_, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
+	rev, err := m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
 	var notHeld *store.NotHeldError
 	switch {
 	case err == nil:
-		return connect.NewResponse(&v1.ReleaseResponse{}), nil
+		// Read-your-writes through this replica, for callers that do not
+		// pass min_revision. The leader follows its own watch, so the
+		// handoff does not wait for this.
+		m.s.view.waitRev(ctx, rev)
+		return connect.NewResponse(&v1.ReleaseResponse{Revision: uint64(rev)}), nil
 	case errors.As(err, &notHeld):
-		for i, bt := range buckets {
-			if bt.Bucket == notHeld.Bucket {
-				return nil, invalid("buckets[%d]: %v", i, notHeld)
-			}
+		hint := ""
+		if notHeld.Held == 0 || notHeld.Held > notHeld.Token {
+			hint = fmt.Sprintf("; if this session released it at token %d before, that release has been handed over since: treat it as released", notHeld.Token)
 		}
-		return nil, invalid("%v", notHeld)
-	case errors.Is(err, store.ErrFenced), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseNotFound):
+		return nil, invalid("buckets[%d]: %v%s", index[uint32(notHeld.Bucket)], notHeld, hint)
+	case errors.Is(err, store.ErrFenced):
+		return nil, sessionReplaced(sess)
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseNotFound):
 		return nil, sessionEnded(sess)
 	}
 	return nil, apiError(err)

@@ -197,6 +197,11 @@ func TestHandoff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The first keep-alive activates the session: until then it is
+		// granted nothing.
+		if _, err := ts.member.KeepAlive(ctx, connect.NewRequest(&v1.KeepAliveRequest{Session: r.Msg.Session})); err != nil {
+			t.Fatal(err)
+		}
 		return r.Msg.Session
 	}
 	// grants long-polls until cond holds.

@@ -71,7 +71,9 @@ type Keyspace struct {
 
 // Member is the record stored at members/<ks>/<id>, on the member's lease.
 //
-// JSON: {"id","address","weight","zone","metadata","session","joined_at"}.
+// JSON: {"id","address","weight","zone","metadata","session","joined_at",
+// "pending","replaces"}; "pending" is omitted when false and "replaces"
+// when 0, so records written before they existed read as active.
 type Member struct {
 	ID       string
 	Address  string            // where routers send work; up to MaxAddressLen bytes
@@ -80,6 +82,15 @@ type Member struct {
 	Metadata map[string]string // up to MaxMetadata entries
 	Session  LeaseID           // the lease the record is attached to; Join sets it
 	JoinedAt time.Time         // must be set
+	// Pending is true from Join until the session's first keep-alive
+	// (Activate): the leader assigns no bucket to a pending member, so a
+	// Join that arrives late (delayed by a partition, its caller gone)
+	// takes no bucket away from anyone.
+	Pending bool
+	// Replaces is the session this one took the id over from (Join with
+	// replace), or 0. The leader revokes it, after quarantining what it
+	// held.
+	Replaces LeaseID
 }
 
 // DrainRequest is stored at drain/<ks>/<id>, on the member's lease: the
@@ -261,6 +272,9 @@ func (m Member) validate() *fieldError {
 	}
 	if m.Session <= 0 {
 		return ferr("session", "%d is not a lease id", int64(m.Session))
+	}
+	if m.Replaces < 0 || m.Replaces == m.Session {
+		return ferr("replaces", "%d is not a lease id other than the session's", int64(m.Replaces))
 	}
 	if e := checkTime("joined_at", m.JoinedAt); e != nil {
 		return e
@@ -488,9 +502,11 @@ type memberJSON struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Session  int64             `json:"session"`
 	JoinedAt string            `json:"joined_at"` // RFC 3339
+	Pending  bool              `json:"pending,omitempty"`
+	Replaces int64             `json:"replaces,omitempty"`
 }
 
-var memberFields = []string{"id", "address", "weight", "zone", "metadata", "session", "joined_at"}
+var memberFields = []string{"id", "address", "weight", "zone", "metadata", "session", "joined_at", "pending", "replaces"}
 
 type drainJSON struct {
 	RequestedAt string `json:"requested_at"` // RFC 3339
@@ -727,6 +743,8 @@ func EncodeMember(m Member) ([]byte, error) {
 		Metadata: m.Metadata,
 		Session:  int64(m.Session),
 		JoinedAt: formatTime(m.JoinedAt),
+		Pending:  m.Pending,
+		Replaces: int64(m.Replaces),
 	})
 }
 
@@ -749,6 +767,8 @@ func DecodeMember(key string, data []byte) (Member, error) {
 		Metadata: w.Metadata,
 		Session:  LeaseID(w.Session),
 		JoinedAt: joined,
+		Pending:  w.Pending,
+		Replaces: LeaseID(w.Replaces),
 	}
 	if len(m.Metadata) == 0 {
 		m.Metadata = nil

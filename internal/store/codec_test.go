@@ -47,7 +47,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 	})
 	t.Run("member", func(t *testing.T) {
-		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}} {
+		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}, {ID: "y", Session: 9, JoinedAt: testTime, Pending: true, Replaces: 7}} {
 			b, err := EncodeMember(m)
 			if err != nil {
 				t.Fatal(err)
@@ -59,6 +59,14 @@ func TestCodecRoundTrip(t *testing.T) {
 			if diff := cmp.Diff(m, got, opts); diff != "" {
 				t.Errorf("round trip (-want +got):\n%s", diff)
 			}
+		}
+	})
+	t.Run("member before pending", func(t *testing.T) {
+		// A record written before "pending" and "replaces" existed is an
+		// active member that replaced nobody.
+		got, err := DecodeMember(MemberKey("ks", "x"), []byte(`{"id":"x","address":"","weight":1,"zone":"","session":5,"joined_at":"2026-01-01T00:00:00Z"}`))
+		if err != nil || got.Pending || got.Replaces != 0 {
+			t.Fatalf("decode: %+v, %v; want active, replacing nobody", got, err)
 		}
 	})
 	t.Run("drain", func(t *testing.T) {
@@ -191,6 +199,7 @@ func TestEncodeRejectsInvalid(t *testing.T) {
 		{"member weight", func() error { m := sampleMember; m.Weight = -1; _, err := EncodeMember(m); return err }},
 		{"member session", func() error { m := sampleMember; m.Session = 0; _, err := EncodeMember(m); return err }},
 		{"member joined", func() error { m := sampleMember; m.JoinedAt = time.Time{}; _, err := EncodeMember(m); return err }},
+		{"member replaces itself", func() error { m := sampleMember; m.Replaces = m.Session; _, err := EncodeMember(m); return err }},
 		{"member metadata key", func() error {
 			m := sampleMember
 			m.Metadata = map[string]string{"": "x"}

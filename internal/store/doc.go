@@ -20,7 +20,7 @@
 //
 //	key                   value (codec)                         written by            lease
 //	keyspaces/<ks>        Keyspace, JSON                        admin (API)           none
-//	members/<ks>/<id>     Member, JSON                          the member's Join     member's session
+//	members/<ks>/<id>     Member, JSON                          Join, Activate        member's session
 //	drain/<ks>/<id>       DrainRequest, JSON (+"leave")         admin drain / Leave   member's session
 //	map/<ks>              Map: JSON, owners base64 uint16 LE    leader Commit         none
 //	grants/<ks>/<id>      Grants {"session","buckets":[[b,t]]}  leader Commit         member's session
@@ -52,8 +52,10 @@
 // # Writes
 //
 // Members write through Join (ErrExists if the id is held by another live
-// session, unless replace is asked: then the old lease is returned for the
-// caller to revoke), Release (checked against the grants in etcd, merged without lost updates) and
+// session, unless replace is asked: then the record names the old session
+// in "replaces" and the leader revokes it; a new session's record is
+// "pending" until Activate, on its first keep-alive), Activate, Release
+// (checked against the grants in etcd, merged without lost updates) and
 // DeleteMember; the API writes keyspaces and drain requests, hot-key pools
 // (PutHotPool, CreateHotPool) and producers' reports (PutHotReport, only
 // into an existing pool). The leader writes only through Commit: one etcd

@@ -839,3 +839,87 @@ func TestClearElection(t *testing.T) {
 		t.Fatalf("leader after clearing: %q, %v", leader, err)
 	}
 }
+
+// TestActivate: a new session's record is pending until its first
+// keep-alive activates it; a replaced session cannot activate (or renew
+// through the API) any more, and the record names the session it replaced.
+func TestActivate(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "act")
+	a, b := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
+	record := func() Member {
+		t.Helper()
+		snap, _, err := s.LoadKeyspace(ctx, "act")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap.Keyspaces["act"].Members["w1"].Value
+	}
+	m := member("w1")
+	m.Pending = false // Join decides, whatever the caller passes
+	if _, _, err := s.Join(ctx, "act", m, a.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	if got := record(); !got.Pending || got.Replaces != 0 {
+		t.Fatalf("after join: pending %v replaces %v, want pending and no replaced session", got.Pending, got.Replaces)
+	}
+	joinRev, err := s.Activate(ctx, "act", "w1", a.LeaseID())
+	if err != nil || joinRev == 0 {
+		t.Fatalf("first activate: rev %d, %v; want a write", joinRev, err)
+	}
+	if rev, err := s.Activate(ctx, "act", "w1", a.LeaseID()); err != nil || rev != 0 {
+		t.Fatalf("second activate: rev %d, %v; want no write", rev, err)
+	}
+	// An update under the same session stays active.
+	if _, _, err := s.Join(ctx, "act", member("w1"), a.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	if got := record(); got.Pending {
+		t.Fatal("an update under the same session made it pending again")
+	}
+	if _, _, err := s.Join(ctx, "act", member("w1"), b.LeaseID(), true); err != nil {
+		t.Fatal(err)
+	}
+	if got := record(); !got.Pending || got.Replaces != a.LeaseID() {
+		t.Fatalf("after replace: pending %v replaces %v, want pending, replacing %v", got.Pending, got.Replaces, a.LeaseID())
+	}
+	if _, err := s.Activate(ctx, "act", "w1", a.LeaseID()); !errors.Is(err, ErrFenced) {
+		t.Fatalf("activate the replaced session: %v, want ErrFenced", err)
+	}
+	if _, err := s.Activate(ctx, "act", "w9", a.LeaseID()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("activate an unknown member: %v, want ErrNotFound", err)
+	}
+}
+
+// TestReleaseTwice: releasing a bucket again at the same token, before
+// the leader has handed it over, succeeds again (so a Release is safe to
+// retry after a timeout) and records it once.
+func TestReleaseTwice(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "rel2")
+	a := newSession(t, s, 10*time.Second)
+	if _, _, err := s.Join(ctx, "rel2", member("w1"), a.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	_, fence := campaign(t, s, "leader-rel2")
+	if _, err := s.Commit(ctx, fence, []Write{PutGrants("rel2", "w1", Grants{Session: a.LeaseID(), Buckets: []BucketToken{{1, 4}, {2, 4}}})}, nil); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []BucketToken{{2, 4}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []BucketToken{{2, 4}}, nil)
+	if err != nil || second <= first {
+		t.Fatalf("second release: rev %d, %v; want success after rev %d", second, err, first)
+	}
+	snap, _, err := s.LoadKeyspace(ctx, "rel2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := snap.Keyspaces["rel2"].Releases["w1"].Value, (Releases{Buckets: []BucketToken{{2, 4}}}); !cmp.Equal(got, want) {
+		t.Fatalf("releases %+v, want %+v", got, want)
+	}
+}

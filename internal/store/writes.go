@@ -30,13 +30,17 @@ func checkNames(ks, id string) error {
 
 // Join writes member m's record in keyspace ks, attached to lease (its
 // session), and returns the revision of the write. m.Session is set to
-// lease (it must be zero or equal to lease).
+// lease (it must be zero or equal to lease); m.Pending and m.Replaces are
+// set by Join, whatever the caller passed.
 //
-// If the id is already held by a live session other than lease, Join fails
-// with ErrExists, unless replace is set: then it takes the id over and
-// returns the old session's lease, which the caller must revoke (the
-// leader quarantines the old session's buckets for a lease TTL). Joining
-// again with the same lease just updates the record.
+// A new session's record is Pending until its first keep-alive
+// (Activate). If the id is already held by a live session other than
+// lease, Join fails with ErrExists, unless replace is set: then it takes
+// the id over, records the old session in m.Replaces and returns it. The
+// leader revokes the old session, after quarantining the buckets it
+// holds; the caller must not revoke it (its view of what the old session
+// holds may be stale). Joining again with the same lease just updates the
+// record, keeping its Pending and Replaces.
 //
 // Errors: ErrNotFound (no such keyspace), ErrExists, ErrLeaseNotFound
 // (lease expired or revoked), ErrInvalidName, ErrInvalid, ErrUnavailable.
@@ -51,10 +55,6 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		return 0, 0, invalidf("join %q: member session %v differs from the lease %v", m.ID, m.Session, lease)
 	}
 	m.Session = lease
-	val, err := EncodeMember(m)
-	if err != nil {
-		return 0, 0, err
-	}
 	op := fmt.Sprintf("join %s/%s", ks, m.ID)
 	ksKey, key := KeyspaceKey(ks), MemberKey(ks, m.ID)
 	for range maxRetries {
@@ -68,14 +68,23 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		}
 		var curRev int64
 		old = 0
+		m.Pending, m.Replaces = true, 0
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			curRev = kvs[0].ModRevision
-			if cur := LeaseID(kvs[0].Lease); cur != lease {
-				if !replace {
-					return 0, 0, fmt.Errorf("store: %s: %w: member id %q is held by live session %v", op, ErrExists, m.ID, cur)
+			switch cur := LeaseID(kvs[0].Lease); {
+			case cur == lease:
+				if prev, err := DecodeMember(key, kvs[0].Value); err == nil {
+					m.Pending, m.Replaces = prev.Pending, prev.Replaces
 				}
-				old = cur
+			case !replace:
+				return 0, 0, fmt.Errorf("store: %s: %w: member id %q is held by live session %v", op, ErrExists, m.ID, cur)
+			default:
+				old, m.Replaces = cur, cur
 			}
+		}
+		val, err := EncodeMember(m)
+		if err != nil {
+			return 0, 0, err
 		}
 		tr, err := s.client.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(ksKey), "=", ksKV[0].CreateRevision),
@@ -93,6 +102,62 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		}
 	}
 	return 0, 0, fmt.Errorf("store: %s: %w: the member key kept changing", op, ErrConflict)
+}
+
+// Activate marks member id's record, held by session lease, as no longer
+// Pending: the session has kept alive once, so the leader may assign it
+// buckets. It returns the revision of the write, or 0 if the record was
+// already active (nothing written). The caller renews the lease first: a
+// nil error then also says that the record was still on lease after the
+// renewal, so a session that was replaced (Join with replace) or has
+// ended cannot count a renewal made after that as its own.
+// Errors: ErrNotFound (no member record), ErrFenced (the id is held by
+// another session), ErrCorrupt, ErrConflict, ErrUnavailable.
+func (s *Store) Activate(ctx context.Context, ks, id string, lease LeaseID) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("activate")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	op := fmt.Sprintf("activate %s/%s", ks, id)
+	key := MemberKey(ks, id)
+	for range maxRetries {
+		resp, err := s.client.Get(ctx, key)
+		if err != nil {
+			return 0, s.err(op, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return 0, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
+		}
+		kv := resp.Kvs[0]
+		if LeaseID(kv.Lease) != lease {
+			return 0, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(kv.Lease), lease)
+		}
+		m, err := DecodeMember(key, kv.Value)
+		if err != nil {
+			return 0, err
+		}
+		if !m.Pending {
+			return 0, nil
+		}
+		m.Pending = false
+		val, err := EncodeMember(m)
+		if err != nil {
+			return 0, err
+		}
+		tr, err := s.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
+			Commit()
+		if err != nil {
+			return 0, s.err(op, err)
+		}
+		if tr.Succeeded {
+			return tr.Header.Revision, nil
+		}
+	}
+	return 0, fmt.Errorf("store: %s: %w: the member key kept changing", op, ErrConflict)
 }
 
 // memberFenced reports why a member write fenced on the member key's lease

@@ -1108,8 +1108,10 @@ type JoinRequest struct {
 	Keyspace string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
 	Member   *Member                `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
 	// Take over the id from a session that is still alive (for example a
-	// restarted process whose old session has not expired yet). The old
-	// session is revoked; its buckets move after a full lease TTL.
+	// restarted process whose old session has not expired yet). The leader
+	// revokes the old session; the buckets it held are quarantined (granted
+	// to nobody) for what remained of its lease, at most lease_ttl. From the
+	// Join on, the old session's keep-alives fail with NOT_FOUND.
 	Replace       bool `protobuf:"varint,3,opt,name=replace,proto3" json:"replace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1169,7 +1171,8 @@ func (x *JoinRequest) GetReplace() bool {
 type JoinResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session: pass it to every other MemberService call. It ends when
-	// no keep-alive arrives for lease_ttl.
+	// no keep-alive arrives for lease_ttl. It is granted no bucket until its
+	// first successful KeepAlive: send one right after Join.
 	Session       string               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	LeaseTtl      *durationpb.Duration `protobuf:"bytes,2,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	Keyspace      *Keyspace            `protobuf:"bytes,3,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
@@ -1228,6 +1231,11 @@ func (x *JoinResponse) GetKeyspace() *Keyspace {
 	return nil
 }
 
+// KeepAliveRequest renews the session. The first one also activates it:
+// until then the session is granted nothing, so a Join that arrives late
+// from a process that has gone takes no bucket from anyone. It answers
+// NOT_FOUND once the session has ended or another session took the id
+// over (Join with replace). Safe to retry.
 type KeepAliveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -1318,12 +1326,19 @@ func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
 }
 
 // GetGrantsRequest is the long-poll form of WatchGrants: it answers at once
-// if the grants changed after since_revision, else waits up to wait.
+// if the grants changed after since_revision, else waits up to wait (at
+// most 60s).
 type GetGrantsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	SinceRevision uint64                 `protobuf:"varint,2,opt,name=since_revision,json=sinceRevision,proto3" json:"since_revision,omitempty"`
 	Wait          *durationpb.Duration   `protobuf:"bytes,3,opt,name=wait,proto3" json:"wait,omitempty"`
+	// The highest revision the member has seen in any answer (for example
+	// ReleaseResponse.revision): the answer is never older than it. A
+	// replica whose copy of the store is behind waits for it (a few
+	// seconds at most, then UNAVAILABLE: retry, or ask another replica).
+	// 0: no requirement.
+	MinRevision   uint64 `protobuf:"varint,4,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1379,15 +1394,26 @@ func (x *GetGrantsRequest) GetWait() *durationpb.Duration {
 	return nil
 }
 
+func (x *GetGrantsRequest) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
+}
+
 type GetGrantsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Every bucket the member holds now.
+	// Every bucket the member holds now and has not released: a bucket
+	// whose Release succeeded is never listed again at that token, even
+	// before the leader has handed it over.
 	Grants []*BucketGrant `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
-	// Buckets the member holds whose target is another member: finish their
-	// work, then Release them.
-	Release       []uint32 `protobuf:"varint,2,rep,packed,name=release,proto3" json:"release,omitempty"`
-	Revision      uint64   `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
-	Epoch         uint64   `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Buckets of grants whose target is another member: finish their work,
+	// then Release them.
+	Release []uint32 `protobuf:"varint,2,rep,packed,name=release,proto3" json:"release,omitempty"`
+	// Changes whenever grants or release may: pass it as since_revision to
+	// wait for the next change.
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1451,8 +1477,10 @@ func (x *GetGrantsResponse) GetEpoch() uint64 {
 }
 
 type WatchGrantsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// As GetGrantsRequest.min_revision, for the first answer.
+	MinRevision   uint64 `protobuf:"varint,2,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1494,6 +1522,22 @@ func (x *WatchGrantsRequest) GetSession() string {
 	return ""
 }
 
+func (x *WatchGrantsRequest) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
+}
+
+// ReleaseRequest hands buckets back, each at the token it was granted
+// with. Every bucket must be held by the session at that token and listed
+// once, and lie in the keyspace's range (INVALID_ARGUMENT naming the entry
+// otherwise; nothing is released then). A bucket released again at the
+// same token before the leader hands it over succeeds again, so a Release
+// is safe to retry; a retry after the hand-over answers INVALID_ARGUMENT
+// "not held", which for a bucket already released means done. A bucket
+// released without being asked to (its target is still this member) is
+// given up and granted back at a higher token.
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -1547,7 +1591,10 @@ func (x *ReleaseRequest) GetBuckets() []*BucketGrant {
 }
 
 type ReleaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The revision the release was recorded at: pass it as min_revision to
+	// a GetGrants or WatchGrants through any replica.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1580,6 +1627,13 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_keyshard_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReleaseResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // LeaveRequest drains the member (its buckets move away as it releases
@@ -2997,22 +3051,25 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x10KeepAliveRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"@\n" +
 	"\x11KeepAliveResponse\x12+\n" +
-	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x82\x01\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xa5\x01\n" +
 	"\x10GetGrantsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12%\n" +
 	"\x0esince_revision\x18\x02 \x01(\x04R\rsinceRevision\x12-\n" +
-	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\x91\x01\n" +
+	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12!\n" +
+	"\fmin_revision\x18\x04 \x01(\x04R\vminRevision\"\x91\x01\n" +
 	"\x11GetGrantsResponse\x120\n" +
 	"\x06grants\x18\x01 \x03(\v2\x18.keyshard.v1.BucketGrantR\x06grants\x12\x18\n" +
 	"\arelease\x18\x02 \x03(\rR\arelease\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\".\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"Q\n" +
 	"\x12WatchGrantsRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"^\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12!\n" +
+	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\"^\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x122\n" +
-	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\"\x11\n" +
-	"\x0fReleaseResponse\"(\n" +
+	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"(\n" +
 	"\fLeaveRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x0f\n" +
 	"\rLeaveResponse\"\xac\x01\n" +

@@ -1,0 +1,257 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/keyshardtest"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// These tests drive a server whose view does not follow the store: it
+// holds only what the test applies, so it is exactly as stale as the test
+// wants.
+
+const testLease store.LeaseID = 0x51
+
+// detached returns a server that has started nothing: no etcd (until
+// withStore), no watch, no API.
+func detached(t *testing.T, clk clock.Clock) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Etcd.DataDir = t.TempDir()
+	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sessions = sessions{secret: []byte("test secret")}
+	return s
+}
+
+// withStore gives s a store on a fresh embedded etcd.
+func withStore(t *testing.T, s *Server) *store.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), UnsafeNoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close)
+	st, err := store.Open(ctx, store.Config{Endpoints: emb.Endpoints(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s.store = st
+	return st
+}
+
+// roomsChanges is keyspace "rooms" (4 buckets) at revisions 1-5: members
+// a (session testLease) and b, a map that targets buckets 0-1 at a and 2-3
+// at b, and a holding all four.
+func roomsChanges() []store.Change {
+	ks := store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}
+	m := store.Map{Epoch: 2, Buckets: 4, Hash: placement.HashXXH64, Members: []string{"a", "b"}, Owners: []uint16{1, 1, 2, 2}}
+	joined := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	return []store.Change{
+		{Kind: store.KindKeyspace, Keyspace: "rooms", Key: store.KeyspaceKey("rooms"), Value: ks, ModRevision: 1},
+		{Kind: store.KindMap, Keyspace: "rooms", Key: store.MapKey("rooms"), Value: m, ModRevision: 2},
+		{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: store.Member{ID: "a", Weight: 1, Session: testLease, JoinedAt: joined}, Lease: testLease, ModRevision: 3},
+		{Kind: store.KindMember, Keyspace: "rooms", ID: "b", Key: store.MemberKey("rooms", "b"), Value: store.Member{ID: "b", Weight: 1, Session: testLease + 1, JoinedAt: joined}, Lease: testLease + 1, ModRevision: 4},
+		{Kind: store.KindGrants, Keyspace: "rooms", ID: "a", Key: store.GrantsKey("rooms", "a"), Value: store.Grants{Session: testLease, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1), bt(2, 1), bt(3, 3)}}, Lease: testLease, ModRevision: 5},
+	}
+}
+
+// releaseChange is a's release record at rev: bucket 2 at the token it
+// holds it by, and bucket 3 at an older token (a grant since replaced).
+func releaseChange(rev int64) store.Change {
+	return store.Change{Kind: store.KindReleases, Keyspace: "rooms", ID: "a", Key: store.ReleasesKey("rooms", "a"), Value: store.Releases{Buckets: []store.BucketToken{bt(2, 1), bt(3, 2)}}, Lease: testLease, ModRevision: rev}
+}
+
+func bt(b int, token uint64) store.BucketToken { return store.BucketToken{Bucket: b, Token: token} }
+
+func apply(s *Server, rev int64, cs ...store.Change) {
+	s.view.apply(store.Update{Changes: cs, Rev: rev})
+}
+
+// timerSet closes once the code under test waits on a timer of clk. Its
+// goroutine exits then, or never if the code under test answers instead:
+// the test has failed then.
+func timerSet(clk *keyshardtest.FakeClock) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { clk.BlockUntil(1); close(ch) }()
+	return ch
+}
+
+func grantsOf(r *v1.GetGrantsResponse) (grants []store.BucketToken, release []uint32) {
+	for _, g := range r.Grants {
+		grants = append(grants, store.BucketToken{Bucket: int(g.Bucket), Token: g.Token})
+	}
+	return grants, r.Release
+}
+
+// TestGetGrantsLeavesOutReleased: once a member released a bucket, its
+// answers no longer list it, in grants or in release, although the grants
+// record still does until the leader hands it over; a release at an older
+// token does not hide the current grant.
+func TestGetGrantsLeavesOutReleased(t *testing.T) {
+	s := detached(t, keyshardtest.NewFakeClock(time.Unix(0, 0)))
+	apply(s, 6, append(roomsChanges(), releaseChange(6))...)
+	ms := &memberService{s}
+	r, err := ms.GetGrants(context.Background(), connect.NewRequest(&v1.GetGrantsRequest{Session: s.sessions.token("rooms", "a", testLease)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, release := grantsOf(r.Msg)
+	if want := []store.BucketToken{bt(0, 1), bt(1, 1), bt(3, 3)}; !slices.Equal(grants, want) {
+		t.Errorf("grants %v, want %v", grants, want)
+	}
+	if want := []uint32{3}; !slices.Equal(release, want) {
+		t.Errorf("release %v, want %v", release, want)
+	}
+	if r.Msg.Revision != 6 {
+		t.Errorf("revision %d, want 6 (the release record's)", r.Msg.Revision)
+	}
+}
+
+// TestGetGrantsWaitsForMinRevision: a replica whose view is behind the
+// revision the member has seen (its release, written through another
+// replica) waits for it before answering, and gives up with UNAVAILABLE
+// rather than answer from the past.
+func TestGetGrantsWaitsForMinRevision(t *testing.T) {
+	clk := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	s := detached(t, clk)
+	apply(s, 5, roomsChanges()...)
+	ms := &memberService{s}
+	sess := s.sessions.token("rooms", "a", testLease)
+
+	type answer struct {
+		r   *connect.Response[v1.GetGrantsResponse]
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() { // exits after one answer
+		r, err := ms.GetGrants(context.Background(), connect.NewRequest(&v1.GetGrantsRequest{Session: sess, MinRevision: 6}))
+		got <- answer{r, err}
+	}()
+	select {
+	case <-timerSet(clk): // waiting for revision 6
+	case a := <-got:
+		t.Fatalf("answered from revision 5, behind min_revision 6: %v %v", a.r, a.err)
+	}
+	apply(s, 6, releaseChange(6))
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if grants, _ := grantsOf(a.r.Msg); slices.Contains(grants, store.BucketToken{Bucket: 2, Token: 1}) {
+		t.Fatalf("grants %v list bucket 2, released at revision 6", grants)
+	}
+
+	go func() { // exits after one answer
+		r, err := ms.GetGrants(context.Background(), connect.NewRequest(&v1.GetGrantsRequest{Session: sess, MinRevision: 99}))
+		got <- answer{r, err}
+	}()
+	select {
+	case <-timerSet(clk):
+	case a := <-got:
+		t.Fatalf("answered from revision 6, behind min_revision 99: %v %v", a.r, a.err)
+	}
+	clk.Advance(maxLag)
+	if a := <-got; connect.CodeOf(a.err) != connect.CodeUnavailable {
+		t.Fatalf("behind for %v: %v %v, want UNAVAILABLE", maxLag, a.r, a.err)
+	}
+}
+
+// TestJoinReplaceLeavesRevocationToLeader: a Join with replace through a
+// replica whose view has not seen the old session's grants (written
+// through another replica) must not revoke the old session at once, which
+// would free its buckets without quarantine; the record names it for the
+// leader, and the old session's keep-alives fail from then on.
+func TestJoinReplaceLeavesRevocationToLeader(t *testing.T) {
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	old, _, err := st.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := st.NewSession(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Close()
+	fence, err := st.NewElection(leader).Campaign(ctx, "other-replica")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	ms := &memberService{s}
+	if _, err := ms.Join(ctx, connect.NewRequest(&v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, Replace: true})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.TimeToLive(ctx, old); err != nil {
+		t.Fatalf("the old session holding buckets was revoked by the joining replica, without quarantine: %v", err)
+	}
+	snap, _, err := st.LoadKeyspace(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := snap.Keyspaces["rooms"].Members["a"].Value; m.Replaces != old || !m.Pending {
+		t.Fatalf("record replaces %v, pending %v; want replacing %v, pending", m.Replaces, m.Pending, old)
+	}
+	_, err = ms.KeepAlive(ctx, connect.NewRequest(&v1.KeepAliveRequest{Session: s.sessions.token("rooms", "a", old)}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("keep-alive of the replaced session: %v, want NOT_FOUND", err)
+	}
+}
+
+// TestQuarantineTTL: a superseded session's buckets are quarantined for
+// what remains of its lease (rounded up), not a fresh full TTL; other
+// revocations keep the full TTL; a lease already gone needs none.
+func TestQuarantineTTL(t *testing.T) {
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	lease, granted, err := st.Grant(ctx, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(lease), Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
+	got, err := s.quarantineTTL(ctx, a)
+	if err != nil || got <= 0 || got > granted+time.Second {
+		t.Fatalf("superseded session with %v left: quarantine %v, %v; want (0, %v]", granted, got, err, granted+time.Second)
+	}
+	a.Superseded = false
+	if got, err := s.quarantineTTL(ctx, a); err != nil || got != time.Minute {
+		t.Fatalf("session revoked for a drain timeout: quarantine %v, %v; want the full %v", got, err, time.Minute)
+	}
+	if err := st.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	a.Superseded = true
+	if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
+		t.Fatalf("superseded session already gone: quarantine %v, %v; want none", got, err)
+	}
+}
