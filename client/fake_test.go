@@ -644,6 +644,9 @@ func (m fakeMember) WatchGrants(ctx context.Context, r *connect.Request[keyshard
 	}
 }
 
+// releaseRevBase puts Release's revisions above the session's own.
+const releaseRevBase = 1000
+
 func (m fakeMember) Release(_ context.Context, r *connect.Request[keyshardv1.ReleaseRequest]) (*connect.Response[keyshardv1.ReleaseResponse], error) {
 	f := m.f
 	f.releases <- r.Msg
@@ -677,7 +680,9 @@ func (m fakeMember) Release(_ context.Context, r *connect.Request[keyshardv1.Rel
 		f.endSessionLocked(s)
 	}
 	f.notifyLocked()
-	return connect.NewResponse(&keyshardv1.ReleaseResponse{}), nil
+	// A store revision is global: the release's can be above every
+	// revision the session's answers showed so far.
+	return connect.NewResponse(&keyshardv1.ReleaseResponse{Revision: releaseRevBase + s.rev}), nil
 }
 
 func (m fakeMember) Leave(_ context.Context, r *connect.Request[keyshardv1.LeaveRequest]) (*connect.Response[keyshardv1.LeaveResponse], error) {

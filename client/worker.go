@@ -242,6 +242,7 @@ type session struct {
 	pending  []Grant       // (mu) released, to tell the server
 	kick     chan struct{} // cap 1: pending is not empty
 	rev      uint64        // (mu) newest grants revision seen
+	minRev   uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
 	actors   sync.WaitGroup
 
 	clock    clock.Clock
@@ -824,13 +825,16 @@ func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
 		log:   w.log,
 		what:  "grants",
 		watch: func(ctx context.Context, yield func(*keyshardv1.GetGrantsResponse)) error {
-			return stream(ctx, w.c, memberAPI.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id}, yield)
+			w.mu.Lock()
+			minRev := max(s.rev, s.minRev)
+			w.mu.Unlock()
+			return stream(ctx, w.c, memberAPI.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id, MinRevision: minRev}, yield)
 		},
 		poll: func(ctx context.Context) (*keyshardv1.GetGrantsResponse, bool, error) {
 			w.mu.Lock()
-			since := s.rev
+			since, minRev := s.rev, max(s.rev, s.minRev)
 			w.mu.Unlock()
-			req := &keyshardv1.GetGrantsRequest{Session: s.id, SinceRevision: since, Wait: durationpb.New(pollWait)}
+			req := &keyshardv1.GetGrantsRequest{Session: s.id, SinceRevision: since, MinRevision: minRev, Wait: durationpb.New(pollWait)}
 			resp, err := callWithin(ctx, w.c, memberAPI.GetGrants, req, budget{wait: pollWait})
 			if err != nil {
 				return nil, false, err
@@ -1010,9 +1014,13 @@ func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) boo
 	var b backoff
 	for {
 		req := &keyshardv1.ReleaseRequest{Session: s.id, Buckets: grantsToProto(batch)}
-		_, err := call(ctx, w.c, memberAPI.Release, req)
+		resp, err := call(ctx, w.c, memberAPI.Release, req)
 		switch {
 		case err == nil:
+			// Later answers, through any replica, must include this release.
+			w.mu.Lock()
+			s.minRev = max(s.minRev, resp.GetRevision())
+			w.mu.Unlock()
 			return true
 		case ctx.Err() != nil:
 			return false

@@ -756,6 +756,21 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 	f.askRelease(sid, 7)
 	recv(t, h.releases, "Release")
 	recv(t, f.releases, "Release RPC")
+	// Later polls ask for answers at least as new as the release, so a
+	// replica that has not seen it yet cannot list the bucket again.
+	// Each new grant answers the pending poll, so the worker polls again;
+	// once the Release call has returned, the poll carries its revision.
+	for b := 8; ; b++ {
+		if b == 16 {
+			t.Fatal("no GetGrants carried the release's revision as min_revision")
+		}
+		req := recv(t, f.getGrants, "a GetGrants")
+		if req.GetMinRevision() > releaseRevBase {
+			break
+		}
+		f.grant(sid, b)
+		recv(t, h.acquires, "Acquire")
+	}
 	if err := w.Close(context.Background()); err != nil {
 		t.Errorf("Close = %v", err)
 	}
