@@ -5,6 +5,7 @@
 //	keyshard status | keyspace | members | map | drain   operate it
 //	keyshard hotkeys pool put|list, hotkeys set [--watch] cluster-wide hot keys
 //	keyshard bench placement|control|hotkeys [--json]   measure it
+//	keyshard chaos [--duration 10m] [--seed N]          break it on purpose, check every write
 //
 // Run `keyshard help` for every command and flag.
 package main
