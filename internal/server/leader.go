@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
@@ -85,6 +86,24 @@ func (s *Server) term(ctx context.Context) error {
 }
 
 // lead runs the coordinator while this replica is leader.
+//
+// Writes are serial: each is one fenced transaction, bounded by its own
+// deadline (writeDeadline) so that a write stuck on a lost etcd leader does
+// not hold up every handoff for etcd's whole request timeout. A failed or
+// abandoned write is counted, and the machine replans it from its latest
+// view once a backoff (writeBackoff) has passed.
+//
+// An abandoned write may still be applied by etcd later, but never as well
+// as its retry: both are fenced by the term's election key (Commit compares
+// its CreateRevision) and carry the revisions of the keys they were
+// planned from: every grant round expects the keyspace's tokens key, and
+// every map write its map key, at the revision the machine last saw, and
+// writes that key. Whichever of the two applies first moves that key's
+// ModRevision, so the other's comparison fails and it writes nothing
+// (ErrConflict). A retry planned after the abandoned write's echo arrived
+// expects the new revision and is a new round on top of it, not the same
+// one again. RevokeSession is idempotent: a second quarantine of the same
+// buckets only extends it, and revoking a revoked lease is a no-op.
 func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 	m := coordinator.New()
 	snap, err := s.store.LoadAll(ctx)
@@ -95,18 +114,31 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 	updates := s.store.Watch(ctx, snap.Rev+1)
 	tick := s.clock.NewTicker(time.Second)
 	defer tick.Stop()
+	own := ownWrites{}
+	// failed are the writes that failed since the last retry; the machine
+	// still counts them in flight, so it plans nothing in their place until
+	// the retry timer replans them. failures counts the consecutive failed
+	// writes of each keyspace, for the backoff.
+	var failed []coordinator.Event
+	failures := map[string]int{}
+	var retry clock.Timer
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
 	for {
-		var retry []coordinator.Action
 		for len(pending) > 0 {
 			a := pending[0]
 			pending = pending[1:]
-			rev, err := s.do(ctx, fence, a)
+			rev, err := s.write(ctx, fence, a, writeDeadline(m.MinLeaseTTL()))
 			switch {
 			case err == nil:
+				delete(failures, actionKeyspace(a))
 				// Tell the machine what it just wrote, at the revision it was
 				// written, so it can plan the next round now instead of when
-				// the watch echoes the write (the echo then changes nothing).
-				if evs := committedEvents(a, rev); len(evs) > 0 {
+				// the watch echoes the write (the echo is then dropped).
+				if evs := own.committed(a, rev); len(evs) > 0 {
 					pending = append(pending, m.StepAll(evs, s.clock.Now())...)
 				}
 			case errors.Is(err, store.ErrFenced):
@@ -114,24 +146,35 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 			case ctx.Err() != nil:
 				return ctx.Err()
 			default:
-				s.log.Warn("leader write failed; replanning from the store", "action", fmt.Sprintf("%T", a), "err", err)
+				s.log.Warn("leader write failed; replanning it after a backoff", "action", fmt.Sprintf("%T", a), "err", err)
 				s.metrics.writeFailures.Inc()
-				// Replanned actions wait for the next change or tick, so a
-				// write that keeps failing does not spin.
-				retry = append(retry, m.Step(coordinator.WriteFailed{Action: a, Err: err}, s.clock.Now())...)
+				failed = append(failed, coordinator.WriteFailed{Action: a, Err: err})
+				failures[actionKeyspace(a)]++
 			}
 		}
-		pending = retry
+		var retryC <-chan time.Time
+		if len(failed) > 0 {
+			if retry == nil {
+				// Updates do not move the retry: a steady stream of them must
+				// not starve it.
+				retry = s.clock.NewTimer(writeBackoff(maxValue(failures)))
+			}
+			retryC = retry.C()
+		}
 		select {
 		case <-ctx.Done():
 			return errNotLeader
+		case <-retryC:
+			retry = nil
+			pending = m.StepAll(failed, s.clock.Now())
+			failed = nil
 		case u, ok := <-updates:
 			if !ok {
 				return errNotLeader
 			}
 			// Take every update already waiting too, and plan once: a burst
 			// of releases becomes one grant round, not one round each.
-			evs := updateEvents(nil, u)
+			evs := own.events(nil, u)
 		drain:
 			for range 256 {
 				select {
@@ -139,45 +182,170 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 					if !ok {
 						return errNotLeader
 					}
-					evs = updateEvents(evs, u)
+					evs = own.events(evs, u)
 				default:
 					break drain
 				}
 			}
-			pending = append(pending, m.StepAll(evs, s.clock.Now())...)
+			pending = m.StepAll(evs, s.clock.Now())
 		case <-tick.C():
-			pending = append(pending, m.Step(coordinator.Tick{}, s.clock.Now())...)
+			pending = m.Step(coordinator.Tick{}, s.clock.Now())
 		}
 	}
 }
 
-// updateEvents appends the coordinator events of one watch update.
-func updateEvents(evs []coordinator.Event, u store.Update) []coordinator.Event {
+// Bounds of a leader write's deadline, and of the wait before a failed
+// write is replanned.
+const (
+	minWriteDeadline = 500 * time.Millisecond
+	maxWriteDeadline = 2 * time.Second
+	minWriteBackoff  = 50 * time.Millisecond
+	maxWriteBackoff  = time.Second
+)
+
+// errWriteDeadline: a leader write took longer than its deadline and was
+// abandoned.
+var errWriteDeadline = errors.New("server: leader write deadline exceeded")
+
+// writeDeadline is how long one leader write may take, given the shortest
+// member lease TTL of the keyspaces (0 if there are none): a third of it,
+// clamped to [500 ms, 2 s]. A member whose holder released its buckets
+// then waits for the grant no more than about a third of its lease when
+// etcd loses its leader mid-write, instead of etcd's request timeout (7 s
+// with its default election timeout).
+func writeDeadline(minTTL time.Duration) time.Duration {
+	return min(max(minTTL/3, minWriteDeadline), maxWriteDeadline)
+}
+
+// writeBackoff is the wait before replanning after failures consecutive
+// failed writes (1, 2, ...) of a keyspace: 50 ms, doubling up to 1 s.
+func writeBackoff(failures int) time.Duration {
+	return min(minWriteBackoff<<min(max(failures-1, 0), 10), maxWriteBackoff)
+}
+
+func maxValue(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n = max(n, c)
+	}
+	return n
+}
+
+// actionKeyspace is the keyspace an action writes to.
+func actionKeyspace(a coordinator.Action) string {
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		return a.Keyspace
+	case coordinator.WriteGrants:
+		return a.Keyspace
+	case coordinator.RevokeSession:
+		return a.Keyspace
+	case coordinator.Report:
+		return a.Keyspace
+	}
+	return ""
+}
+
+// write is do bounded by deadline d (by s's clock): when it passes, the
+// write's context is cancelled and write returns an error wrapping
+// errWriteDeadline. ctx still bounds it as a whole.
+func (s *Server) write(ctx context.Context, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := s.clock.AfterFunc(d, func() { cancel(errWriteDeadline) })
+	defer t.Stop()
+	rev, err := s.do(wctx, fence, a)
+	if err != nil && errors.Is(context.Cause(wctx), errWriteDeadline) && ctx.Err() == nil {
+		return 0, fmt.Errorf("%w (%v): %w", errWriteDeadline, d, err)
+	}
+	return rev, err
+}
+
+// ownWrites are the keys this leader committed that the watch has not
+// delivered since, each with the revision and the event of its last
+// commit. The watch runs behind the leader: it still delivers the echoes
+// of its earlier writes after the machine has learnt of later ones (from
+// the commits themselves), and applying such an echo would take the
+// machine back to an older value and revision of the key: it would plan
+// on a stale view, and its next write, expecting the old revision, would
+// conflict.
+type ownWrites map[string]ownWrite
+
+type ownWrite struct {
+	rev int64
+	ev  coordinator.Event
+}
+
+// committed records that action a was committed at rev and returns the
+// changes it made, as the watch will deliver them.
+func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Event {
+	var evs []coordinator.Event
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		ev := coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: rev}
+		o[store.MapKey(a.Keyspace)] = ownWrite{rev, ev}
+		evs = append(evs, ev)
+	case coordinator.WriteGrants:
+		for id, g := range a.Grants {
+			ev := coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: rev}
+			o[store.GrantsKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			evs = append(evs, ev)
+		}
+		ev := coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: rev}
+		o[store.TokensKey(a.Keyspace)] = ownWrite{rev, ev}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// events appends the coordinator events of watch update u, leaving out
+// every change of a key at or below the revision this leader last
+// committed it at: the machine has that value, or a newer one, already. A
+// resync to a snapshot older than some of its commits is followed by
+// those commits again. Keys the watch has passed are forgotten.
+func (o ownWrites) events(evs []coordinator.Event, u store.Update) []coordinator.Event {
 	if u.Resync != nil {
 		evs = append(evs, snapshotEvents(u.Resync.Snapshot)...)
+		keys := make([]string, 0, len(o))
+		for key, w := range o {
+			if w.rev > u.Resync.Rev {
+				keys = append(keys, key)
+			}
+		}
+		sort.Strings(keys)
+		for _, key := range keys {
+			evs = append(evs, o[key].ev)
+		}
 	}
 	for _, c := range u.Changes {
+		if w, ok := o[c.Key]; ok && c.ModRevision <= w.rev {
+			continue
+		}
 		if ev := changeEvent(c); ev != nil {
 			evs = append(evs, ev)
+		}
+	}
+	for key, w := range o {
+		if w.rev <= u.Rev {
+			delete(o, key)
 		}
 	}
 	return evs
 }
 
-// committedEvents are the changes a committed action made, as the watch
-// will deliver them.
-func committedEvents(a coordinator.Action, rev int64) []coordinator.Event {
-	switch a := a.(type) {
-	case coordinator.WriteMap:
-		return []coordinator.Event{coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: rev}}
-	case coordinator.WriteGrants:
-		evs := make([]coordinator.Event, 0, len(a.Grants)+1)
-		for id, g := range a.Grants {
-			evs = append(evs, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: rev})
-		}
-		return append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: rev})
+// committer is the leader's transactional store write: *store.Store, or
+// in tests one that fails or hangs on cue.
+type committer interface {
+	Commit(ctx context.Context, f store.Fence, writes []store.Write, expects []store.Expect) (int64, error)
+}
+
+// committer returns what the leader commits through: s.commit if set, else
+// the store.
+func (s *Server) committer() committer {
+	if s.commit != nil {
+		return s.commit
 	}
-	return nil
+	return s.store
 }
 
 // do applies one action as a fenced store write and returns the revision
@@ -189,7 +357,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		if err != nil {
 			return 0, err
 		}
-		rev, err := s.store.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		rev, err := s.committer().Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
 		if err != nil {
 			return 0, err
 		}
@@ -212,7 +380,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			}
 		}
 		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
-		rev, err := s.store.Commit(ctx, fence, writes, expects)
+		rev, err := s.committer().Commit(ctx, fence, writes, expects)
 		if err != nil {
 			return 0, err
 		}
@@ -230,7 +398,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 				return 0, err
 			}
 			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
-			if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
+			if _, err := s.committer().Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
 				_ = s.store.Revoke(ctx, qlease)
 				return 0, err
 			}
