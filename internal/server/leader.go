@@ -231,7 +231,8 @@ func maxValue(counts map[string]int) int {
 	return n
 }
 
-// actionKeyspace is the keyspace an action writes to.
+// actionKeyspace is the keyspace an action writes to, or "" for actions
+// that write nothing (reports), whose success says nothing of the store.
 func actionKeyspace(a coordinator.Action) string {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
@@ -239,8 +240,6 @@ func actionKeyspace(a coordinator.Action) string {
 	case coordinator.WriteGrants:
 		return a.Keyspace
 	case coordinator.RevokeSession:
-		return a.Keyspace
-	case coordinator.Report:
 		return a.Keyspace
 	}
 	return ""
