@@ -228,7 +228,8 @@ func TestJoinReplaceLeavesRevocationToLeader(t *testing.T) {
 
 // TestQuarantineTTL: a superseded session's buckets are quarantined for
 // what remains of its lease (rounded up), not a fresh full TTL; other
-// revocations keep the full TTL; a lease already gone needs none.
+// revocations of a live session keep the full TTL; a lease already gone,
+// superseded or not, needs none.
 func TestQuarantineTTL(t *testing.T) {
 	s := detached(t, clock.Real{})
 	st := withStore(t, s)
@@ -250,8 +251,10 @@ func TestQuarantineTTL(t *testing.T) {
 	if err := st.Revoke(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	a.Superseded = true
-	if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
-		t.Fatalf("superseded session already gone: quarantine %v, %v; want none", got, err)
+	for _, superseded := range []bool{true, false} {
+		a.Superseded = superseded
+		if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
+			t.Fatalf("session already gone (superseded %v): quarantine %v, %v; want none", superseded, got, err)
+		}
 	}
 }
