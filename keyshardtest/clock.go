@@ -1,6 +1,8 @@
 package keyshardtest
 
 import (
+	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -99,17 +101,28 @@ func (c *FakeClock) Waiters() int {
 }
 
 // BlockUntil waits until at least n timers are waiting, so a test can
-// advance the clock only once the code under test is asleep on it.
-func (c *FakeClock) BlockUntil(n int) {
+// advance the clock only once the code under test is asleep on it. It
+// waits forever if that never happens; prefer BlockUntilContext.
+func (c *FakeClock) BlockUntil(n int) { _ = c.BlockUntilContext(context.Background(), n) }
+
+// BlockUntilContext is BlockUntil bounded by ctx: it returns ctx's error,
+// with how many timers were waiting, if ctx ends first, so that a test
+// whose code under test never sleeps fails instead of hanging.
+func (c *FakeClock) BlockUntilContext(ctx context.Context, n int) error {
 	for {
 		c.mu.Lock()
-		if len(c.waiters) >= n {
+		have := len(c.waiters)
+		if have >= n {
 			c.mu.Unlock()
-			return
+			return nil
 		}
 		ch := c.changed
 		c.mu.Unlock()
-		<-ch
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("keyshardtest: %d timers waiting, want %d: %w", have, n, ctx.Err())
+		}
 	}
 }
 

@@ -76,6 +76,19 @@ func (m *Machine) ks(name string) *keyspace {
 // Leader reports whether the machine acts as leader.
 func (m *Machine) Leader() bool { return m.leader }
 
+// MinLeaseTTL returns the shortest member lease TTL of the keyspaces the
+// machine knows, or 0 while it knows none. The server bounds each of its
+// writes by a fraction of it, so that no write outlasts a member's lease.
+func (m *Machine) MinLeaseTTL() time.Duration {
+	var ttl time.Duration
+	for _, k := range m.keyspaces {
+		if k.known && (ttl == 0 || k.cfg.LeaseTTL < ttl) {
+			ttl = k.cfg.LeaseTTL
+		}
+	}
+	return ttl
+}
+
 // Step applies one event and returns the actions to take now.
 func (m *Machine) Step(ev Event, now time.Time) []Action {
 	return m.StepAll([]Event{ev}, now)

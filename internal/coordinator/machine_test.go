@@ -124,3 +124,35 @@ func (w *world) state(ks string) string {
 	fmt.Fprintf(&sb, "converged: %v\n", w.converged(ks))
 	return sb.String()
 }
+
+// TestMinLeaseTTL: the shortest lease TTL of the known keyspaces, 0 while
+// there are none; a deleted keyspace no longer counts, nor does one that
+// was only mentioned by a member's record.
+func TestMinLeaseTTL(t *testing.T) {
+	m := coordinator.New()
+	now := time.Unix(0, 0)
+	if got := m.MinLeaseTTL(); got != 0 {
+		t.Fatalf("no keyspaces: %v, want 0", got)
+	}
+	m.StepAll([]coordinator.Event{
+		coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "slow", Buckets: 4, LeaseTTL: 30 * time.Second}},
+		coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 3 * time.Second}},
+		coordinator.MemberPut{Keyspace: "unknown", Member: coordinator.Member{ID: "a", Session: 1}},
+	}, now)
+	for _, tc := range []struct {
+		ev   coordinator.Event
+		want time.Duration
+	}{
+		{nil, 3 * time.Second},
+		{coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 6 * time.Second}}, 6 * time.Second},
+		{coordinator.KeyspaceDeleted{Name: "fast"}, 30 * time.Second},
+		{coordinator.KeyspaceDeleted{Name: "slow"}, 0},
+	} {
+		if tc.ev != nil {
+			m.Step(tc.ev, now)
+		}
+		if got := m.MinLeaseTTL(); got != tc.want {
+			t.Errorf("after %#v: MinLeaseTTL() = %v, want %v", tc.ev, got, tc.want)
+		}
+	}
+}

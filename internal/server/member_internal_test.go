@@ -85,11 +85,15 @@ func apply(s *Server, rev int64, cs ...store.Change) {
 }
 
 // timerSet closes once the code under test waits on a timer of clk. Its
-// goroutine exits then, or never if the code under test answers instead:
-// the test has failed then.
-func timerSet(clk *keyshardtest.FakeClock) <-chan struct{} {
+// goroutine exits then, or when the test ends if the code under test
+// answers instead.
+func timerSet(t *testing.T, clk *keyshardtest.FakeClock) <-chan struct{} {
 	ch := make(chan struct{})
-	go func() { clk.BlockUntil(1); close(ch) }()
+	go func() { // exits once a timer waits, or when the test ends
+		if clk.BlockUntilContext(t.Context(), 1) == nil {
+			close(ch)
+		}
+	}()
 	return ch
 }
 
@@ -145,7 +149,7 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	select {
-	case <-timerSet(clk): // waiting for revision 6
+	case <-timerSet(t, clk): // waiting for revision 6
 	case a := <-got:
 		t.Fatalf("answered from revision 5, behind min_revision 6: %v %v", a.r, a.err)
 	}
@@ -163,7 +167,7 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	select {
-	case <-timerSet(clk):
+	case <-timerSet(t, clk):
 	case a := <-got:
 		t.Fatalf("answered from revision 6, behind min_revision 99: %v %v", a.r, a.err)
 	}
