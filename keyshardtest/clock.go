@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/keyshard/keyshard/clock"
@@ -123,6 +124,24 @@ func (c *FakeClock) BlockUntilContext(ctx context.Context, n int) error {
 		case <-ctx.Done():
 			return fmt.Errorf("keyshardtest: %d timers waiting, want %d: %w", have, n, ctx.Err())
 		}
+	}
+}
+
+// stuckAfter is how long MustBlockUntil waits, in real time, before it
+// declares the code under test stuck. It is a guard against a hang, not a
+// timing assumption: a test never waits this long when it passes.
+const stuckAfter = time.Minute
+
+// MustBlockUntil is BlockUntilContext for a test's own goroutine: it
+// fails tb, saying how many timers were waiting, if the code under test
+// has not gone to sleep on n timers within a minute of real time, or when
+// the test's context ends.
+func (c *FakeClock) MustBlockUntil(tb testing.TB, n int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), stuckAfter)
+	defer cancel()
+	if err := c.BlockUntilContext(ctx, n); err != nil {
+		tb.Fatalf("the code under test never slept on the fake clock: %v", err)
 	}
 }
 
