@@ -168,7 +168,7 @@ func TestWaitDrained(t *testing.T) {
 	// Releases change no epoch: the next read comes after the poll wait.
 	recv(t, f.getMaps, "the second long poll")
 	setStatus(0, 0)
-	f.clock.BlockUntil(1)
+	f.clock.MustBlockUntil(t, 1)
 	f.clock.Advance(drainPoll)
 	if got := recv(t, progress, "progress"); got != 0 {
 		t.Errorf("progress = %d, want 0", got)

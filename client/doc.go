@@ -140,7 +140,8 @@
 //
 // Errors from the server are translated, in one table, to sentinels
 // (ErrInvalid, ErrNotFound, ErrExists, ErrImmutable, ErrUnavailable,
-// ErrUnauthenticated, ErrPermissionDenied, ErrConflict) that keep the
+// ErrUnauthenticated, ErrPermissionDenied, ErrConflict,
+// ErrResourceExhausted) that keep the
 // server's message; test them with errors.Is. A FailedPrecondition answer
 // with a WrongOwner detail becomes a *WrongOwnerError.
 package client

@@ -45,6 +45,13 @@ var (
 	// server ended the session. Reported through OnEvent; the Worker
 	// re-joins by itself.
 	ErrSessionLost = errors.New("keyshard: session lost")
+	// ErrResourceExhausted: the server refused the request because it
+	// would pass one of its limits (ResourceExhausted): a body over the
+	// size cap, too many keys in one Lookup, or too many long polls open
+	// at once. The message names the limit and the flag that sets it.
+	// The same request fails again at the same replica; split it, or, for
+	// long polls, retry after a pause.
+	ErrResourceExhausted = errors.New("keyshard: resource exhausted")
 	// ErrClosed: the Client, Router or Worker was closed.
 	ErrClosed = errors.New("keyshard: closed")
 	// ErrWrongOwner: the key belongs to another member. The error is a
@@ -73,6 +80,7 @@ var codeTable = []struct {
 	{connect.CodeUnauthenticated, ErrUnauthenticated, false},
 	{connect.CodePermissionDenied, ErrPermissionDenied, false},
 	{connect.CodeAborted, ErrConflict, false},
+	{connect.CodeResourceExhausted, ErrResourceExhausted, false},
 	{connect.CodeFailedPrecondition, ErrWrongOwner, true},
 	{connect.CodeUnavailable, ErrNotGranted, true},
 	{connect.CodeUnavailable, ErrSessionLost, true},

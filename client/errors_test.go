@@ -17,7 +17,7 @@ import (
 )
 
 var allSentinels = []error{ErrInvalid, ErrNotFound, ErrExists, ErrImmutable, ErrUnavailable, ErrUnauthenticated,
-	ErrPermissionDenied, ErrConflict, ErrSessionLost, ErrClosed, ErrWrongOwner, ErrNotGranted}
+	ErrPermissionDenied, ErrConflict, ErrResourceExhausted, ErrSessionLost, ErrClosed, ErrWrongOwner, ErrNotGranted}
 
 // TestErrorTable sends every code the server uses through a real connect
 // round trip and checks the sentinel, the server's message and the code.
@@ -37,7 +37,7 @@ func TestErrorTable(t *testing.T) {
 		{connect.CodePermissionDenied, ErrPermissionDenied},
 		{connect.CodeAborted, ErrConflict},
 		{connect.CodeInternal, nil},
-		{connect.CodeResourceExhausted, nil},
+		{connect.CodeResourceExhausted, ErrResourceExhausted},
 	}
 	for _, tc := range tests {
 		t.Run(tc.code.String(), func(t *testing.T) {

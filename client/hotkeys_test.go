@@ -122,7 +122,7 @@ func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 
-	f.clock.BlockUntil(1) // the reporter's sleep
+	f.clock.MustBlockUntil(t, 1) // the reporter's sleep
 	f.clock.Advance(time.Second)
 	if m := recv(t, hr.minRates, "the second Report"); m != 25 {
 		t.Errorf("second Report minRate %v, want the pool's report_threshold 25", m)
@@ -188,7 +188,7 @@ func TestHotKeysFailOpen(t *testing.T) {
 	}
 
 	f.setHotDown(true)
-	f.clock.BlockUntil(2) // the reporter's sleep, and the watcher's backoff after its stream broke
+	f.clock.MustBlockUntil(t, 2) // the reporter's sleep, and the watcher's backoff after its stream broke
 	for i := range 3 {
 		f.clock.Advance(time.Second)
 		err := recv(t, hr.reported, fmt.Sprint("failed report ", i))
@@ -196,7 +196,7 @@ func TestHotKeysFailOpen(t *testing.T) {
 			!strings.Contains(err.Error(), "overflow set version 1 stays in force") {
 			t.Errorf("report %d while down: %v", i, err)
 		}
-		f.clock.BlockUntil(2) // both asleep again
+		f.clock.MustBlockUntil(t, 2) // both asleep again
 	}
 	select {
 	case s := <-hr.sets:
@@ -239,7 +239,7 @@ func TestHotKeysUnknownPool(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), want) {
 		t.Errorf("report to an unknown pool: %v", err)
 	}
-	f.clock.BlockUntil(2) // the reporter's and the watcher's backoff
+	f.clock.MustBlockUntil(t, 2) // the reporter's and the watcher's backoff
 	if logs := hr.logs.String(); !strings.Contains(logs, "keyshard hotkeys pool put events --threshold N") {
 		t.Errorf("the log does not say how to create the pool:\n%s", logs)
 	}
@@ -280,7 +280,7 @@ func TestHotKeysThresholdUnknown(t *testing.T) {
 	if m := recv(t, hr.minRates, "Report"); m != 0 {
 		t.Errorf("the first Report was called with %v", m)
 	}
-	f.clock.BlockUntil(1) // the reporter's backoff (the watch is open: no set yet)
+	f.clock.MustBlockUntil(t, 1) // the reporter's backoff (the watch is open: no set yet)
 	f.clock.Advance(time.Second)
 	if err := recv(t, hr.reported, "the second report"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("second report: %v", err)
@@ -291,7 +291,7 @@ func TestHotKeysThresholdUnknown(t *testing.T) {
 	f.mu.Lock()
 	f.reportErr = nil
 	f.mu.Unlock()
-	f.clock.BlockUntil(1)
+	f.clock.MustBlockUntil(t, 1)
 	f.clock.Advance(time.Second)
 	if req := recv(t, f.reports, "the third report"); len(req.GetKeys()) != 0 {
 		t.Errorf("third report %v, want an empty one", protoKeys(req))
@@ -304,7 +304,7 @@ func TestHotKeysThresholdUnknown(t *testing.T) {
 		t.Errorf("Report called again (minRate %v) before the threshold was known", m)
 	default:
 	}
-	f.clock.BlockUntil(1)
+	f.clock.MustBlockUntil(t, 1)
 	f.clock.Advance(time.Second)
 	if m := recv(t, hr.minRates, "Report"); m != 25 {
 		t.Errorf("Report after the threshold is known: minRate %v", m)
@@ -332,7 +332,7 @@ func TestHotKeysLongPoll(t *testing.T) {
 	if err := recv(t, hr.reported, "the first report"); err != nil {
 		t.Fatal(err)
 	}
-	f.clock.BlockUntil(2)        // the reporter's sleep and the watcher's backoff
+	f.clock.MustBlockUntil(t, 2) // the reporter's sleep and the watcher's backoff
 	f.clock.Advance(backoffBase) // the backoff, not the report interval
 	poll := recv(t, f.getSets, "a long poll")
 	if poll.GetWait().AsDuration() != pollWait || poll.GetSinceVersion() != 0 {

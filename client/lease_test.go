@@ -180,7 +180,7 @@ func TestWorkerJoinBoundedByTTL(t *testing.T) {
 	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
 		msg = recv(t, logs, "the worker to abandon the Join")
 	}
-	f.clock.BlockUntil(1) // ... and the next one waits out its backoff
+	f.clock.MustBlockUntil(t, 1) // ... and the next one waits out its backoff
 	f.clock.Advance(backoffBase)
 	if j := recv(t, f.joins, "the Join after the abandoned one"); !j.GetReplace() {
 		t.Errorf("the Join after an abandoned one does not ask to replace")
@@ -210,7 +210,7 @@ func TestWorkerLateJoinAnswer(t *testing.T) {
 	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
 		msg = recv(t, logs, "the worker to see the late answer")
 	}
-	f.clock.BlockUntil(1) // the backoff: the Join's own timer was stopped before the log
+	f.clock.MustBlockUntil(t, 1) // the backoff: the Join's own timer was stopped before the log
 	f.clock.Advance(backoffBase)
 	if j := recv(t, f.joins, "the next Join"); !j.GetReplace() {
 		t.Errorf("the Join after a late answer does not ask to replace")
@@ -244,7 +244,7 @@ func TestWorkerRejoinBackoff(t *testing.T) {
 	recv(t, f.joins, "Join")
 	for n := range 5 {
 		lost := w.waitEvent(t, EventSessionLost)
-		f.clock.BlockUntil(1) // the backoff timer
+		f.clock.MustBlockUntil(t, 1) // the backoff timer
 		d := min(backoffBase<<n, testTTL)
 		f.clock.Advance(d/2 - time.Nanosecond)
 		if f.clock.Waiters() != 1 || len(f.joins) != 0 {

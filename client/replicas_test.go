@@ -135,7 +135,7 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	recv(t, h.acquires, "Acquire")
 
 	a.set("hang") // the replica everything went to is paused
-	f.clock.BlockUntil(2)
+	f.clock.MustBlockUntil(t, 2)
 	f.clock.Advance(testTTL / 3) // the keep-alive at t0+3s goes to the paused replica ...
 	if p := recv(t, a.arrivals, "the keep-alive at the paused replica"); p != keyshardv1connect.MemberServiceKeepAliveProcedure {
 		t.Fatalf("the paused replica got %s, want a keep-alive", p)
@@ -158,7 +158,7 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 			n++
 		}
 	}
-	f.clock.BlockUntil(4) // fence, next keep-alive, and both streams' backoff
+	f.clock.MustBlockUntil(t, 4) // fence, next keep-alive, and both streams' backoff
 	f.clock.Advance(backoffBase)
 	tok2 := f.grant(sid, 4)
 	if got := recv(t, h.acquires, "Acquire through the other replica"); got.g != (Grant{Bucket: 4, Token: tok2}) {

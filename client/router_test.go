@@ -134,7 +134,7 @@ func TestRouterReconnects(t *testing.T) {
 	r := newRouter(t, f, f.dial(t))
 	for i := range 2 {
 		recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d (refused)", i))
-		f.clock.BlockUntil(1) // the backoff timer
+		f.clock.MustBlockUntil(t, 1) // the backoff timer
 		f.clock.Advance(backoffCap)
 	}
 	req := recv(t, f.watchMaps, "WatchMap 3")
@@ -164,7 +164,7 @@ func TestRouterFallsBackToLongPoll(t *testing.T) {
 			}
 			for i := range attempts {
 				recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d", i))
-				f.clock.BlockUntil(1)
+				f.clock.MustBlockUntil(t, 1)
 				f.clock.Advance(backoffCap)
 			}
 			poll := recv(t, f.getMaps, "a GetMap long poll")

@@ -298,7 +298,7 @@ func TestWorkerSelfFence(t *testing.T) {
 			w.waitEvent(t, EventAcquired)
 
 			f.setKA(mode)
-			f.clock.BlockUntil(2) // the keep-alive and fence timers
+			f.clock.MustBlockUntil(t, 2) // the keep-alive and fence timers
 			margin := testTTL / 10
 			f.clock.Advance(testTTL - margin - time.Nanosecond)
 			if a.ctx.Err() != nil || len(h.releases) != 0 || len(w.Held()) != 1 {
@@ -356,7 +356,7 @@ func TestWorkerFenceCountsFromSend(t *testing.T) {
 	a := recv(t, h.acquires, "Acquire")
 
 	f.setKA("gate")
-	f.clock.BlockUntil(2)
+	f.clock.MustBlockUntil(t, 2)
 	f.clock.Advance(testTTL / 3) // the keep-alive is sent at t0+3s ...
 	recv(t, f.keepAlives, "KeepAlive")
 	f.clock.Advance(time.Second) // ... and answered at t0+4s
@@ -419,7 +419,7 @@ func TestWorkerKeepAliveNotFound(t *testing.T) {
 	f.grant(sid, 2)
 	recv(t, h.acquires, "Acquire")
 	f.setKA("notfound")
-	f.clock.BlockUntil(2)
+	f.clock.MustBlockUntil(t, 2)
 	f.clock.Advance(testTTL / 3)
 	recv(t, h.releases, "Release")
 	if ev := w.waitEvent(t, EventFenced); !errors.Is(ev.Err, ErrSessionLost) || !strings.Contains(ev.Err.Error(), "ended the session") {
@@ -743,7 +743,7 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	f.clock.BlockUntil(3) // keep-alive, fence, and the backoff after Unimplemented
+	f.clock.MustBlockUntil(t, 3) // keep-alive, fence, and the backoff after Unimplemented
 	f.clock.Advance(backoffBase)
 	recv(t, f.getGrants, "GetGrants")
 	if req := recv(t, f.getGrants, "the GetGrants long poll"); req.GetSinceRevision() == 0 || req.GetWait().AsDuration() != pollWait {

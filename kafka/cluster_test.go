@@ -655,7 +655,11 @@ func TestEndToEndClusterKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	asleep := make(chan struct{})
-	go func() { l.barrierClock.BlockUntil(1); close(asleep) }() // exits once a Wait sleeps
+	go func() { // exits once a Wait sleeps, or with ctx
+		if l.barrierClock.BlockUntilContext(ctx, 1) == nil {
+			close(asleep)
+		}
+	}()
 	select {
 	case <-asleep:
 	case <-pr.overflow:

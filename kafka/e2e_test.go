@@ -310,7 +310,11 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("the hot key never went to overflow: %+v", s)
 	}
 	asleep := make(chan struct{})
-	go func() { barrierClock.BlockUntil(1); close(asleep) }() // exits once a Wait sleeps
+	go func() { // exits once a Wait sleeps, or with ctx
+		if barrierClock.BlockUntilContext(ctx, 1) == nil {
+			close(asleep)
+		}
+	}()
 	select {
 	case <-asleep:
 	case <-pr.overflow:

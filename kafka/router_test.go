@@ -229,7 +229,7 @@ func TestNeverAnsweredFakeClock(t *testing.T) {
 
 	done := make(chan error, 1)
 	r.Produce(testCtx(t), rec("k", "v"), func(_ *kgo.Record, err error) { done <- err })
-	e.clk.BlockUntil(2) // the refresh ticker and the timeout of the oldest send
+	e.clk.MustBlockUntil(t, 2) // the refresh ticker and the timeout of the oldest send
 	e.clk.Advance(DefaultSendTimeout - time.Millisecond)
 	select {
 	case err := <-done:
@@ -276,7 +276,7 @@ func TestLateAck(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	r.Produce(ctx, rec("k", "late"), func(_ *kgo.Record, err error) { done <- err })
-	e.clk.BlockUntil(2) // the refresh ticker and the timeout of the oldest send
+	e.clk.MustBlockUntil(t, 2) // the refresh ticker and the timeout of the oldest send
 	e.clk.Advance(DefaultSendTimeout)
 	if err := <-done; !errors.Is(err, ErrTimeout) {
 		t.Fatalf("err = %v, want ErrTimeout", err)
@@ -332,7 +332,7 @@ func TestEverySendResolves(t *testing.T) {
 	}
 	hangProduce(e.c)
 	batch("hang")
-	e.clk.BlockUntil(2) // the refresh ticker and the timeout of the oldest send
+	e.clk.MustBlockUntil(t, 2) // the refresh ticker and the timeout of the oldest send
 	e.clk.Advance(DefaultSendTimeout)
 	if err := r.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -566,7 +566,7 @@ func TestHeldRecordTimesOut(t *testing.T) {
 	if s := r.Stats(); s.Held != 1 {
 		t.Fatalf("held %d, want 1", s.Held)
 	}
-	e.clk.BlockUntil(2) // the refresh ticker and the timeout of the oldest send
+	e.clk.MustBlockUntil(t, 2) // the refresh ticker and the timeout of the oldest send
 	e.clk.Advance(DefaultSendTimeout)
 	if err := r.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -683,7 +683,7 @@ func TestBarrier(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- b.Wait(ctx, withHeader(HeaderWaitMain, "2:5")) }() // exits when Wait returns
-	e.clk.BlockUntil(1)                                                    // Wait is asleep until its next poll
+	e.clk.MustBlockUntil(t, 1)                                             // Wait is asleep until its next poll
 	select {
 	case err := <-done:
 		t.Fatalf("returned before the commit: %v", err)
@@ -697,7 +697,7 @@ func TestBarrier(t *testing.T) {
 
 	// Polling, without Notify: the clock drives it.
 	go func() { done <- b.Wait(ctx, withHeader(HeaderWaitMain, "3:0")) }() // exits when Wait returns
-	e.clk.BlockUntil(1)
+	e.clk.MustBlockUntil(t, 1)
 	commit(3, 1)
 	e.clk.Advance(DefaultPollInterval) // the next poll sees the commit
 	if err := <-done; err != nil {
@@ -705,7 +705,7 @@ func TestBarrier(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { done <- b.Wait(cctx, withHeader(HeaderWaitMain, "0:99")) }() // exits when Wait returns
-	e.clk.BlockUntil(1)
+	e.clk.MustBlockUntil(t, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)

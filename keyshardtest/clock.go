@@ -1,8 +1,11 @@
 package keyshardtest
 
 import (
+	"context"
+	"fmt"
 	"sort"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/keyshard/keyshard/clock"
@@ -99,17 +102,46 @@ func (c *FakeClock) Waiters() int {
 }
 
 // BlockUntil waits until at least n timers are waiting, so a test can
-// advance the clock only once the code under test is asleep on it.
-func (c *FakeClock) BlockUntil(n int) {
+// advance the clock only once the code under test is asleep on it. It
+// waits forever if that never happens; prefer BlockUntilContext.
+func (c *FakeClock) BlockUntil(n int) { _ = c.BlockUntilContext(context.Background(), n) }
+
+// BlockUntilContext is BlockUntil bounded by ctx: it returns ctx's error,
+// with how many timers were waiting, if ctx ends first, so that a test
+// whose code under test never sleeps fails instead of hanging.
+func (c *FakeClock) BlockUntilContext(ctx context.Context, n int) error {
 	for {
 		c.mu.Lock()
-		if len(c.waiters) >= n {
+		have := len(c.waiters)
+		if have >= n {
 			c.mu.Unlock()
-			return
+			return nil
 		}
 		ch := c.changed
 		c.mu.Unlock()
-		<-ch
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("keyshardtest: %d timers waiting, want %d: %w", have, n, ctx.Err())
+		}
+	}
+}
+
+// stuckAfter is how long MustBlockUntil waits, in real time, before it
+// declares the code under test stuck. It is a guard against a hang, not a
+// timing assumption: a test never waits this long when it passes.
+const stuckAfter = time.Minute
+
+// MustBlockUntil is BlockUntilContext for a test's own goroutine: it
+// fails tb, saying how many timers were waiting, if the code under test
+// has not gone to sleep on n timers within a minute of real time, or when
+// the test's context ends.
+func (c *FakeClock) MustBlockUntil(tb testing.TB, n int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), stuckAfter)
+	defer cancel()
+	if err := c.BlockUntilContext(ctx, n); err != nil {
+		tb.Fatalf("the code under test never slept on the fake clock: %v", err)
 	}
 }
 

@@ -1,6 +1,9 @@
 package keyshardtest_test
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,5 +60,26 @@ func TestFakeClock(t *testing.T) {
 	<-done
 	if c.Since(start) != 10*time.Second {
 		t.Fatalf("Since = %v", c.Since(start))
+	}
+}
+
+// TestBlockUntilContext: the wait ends with an error when ctx does, and
+// returns nil once enough timers wait.
+func TestBlockUntilContext(t *testing.T) {
+	c := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.BlockUntilContext(ctx, 1); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "0 timers waiting, want 1") {
+		t.Fatalf("BlockUntilContext with no timers and a cancelled ctx = %v", err)
+	}
+	c.NewTimer(time.Second)
+	if err := c.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("BlockUntilContext with a timer waiting = %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.BlockUntilContext(context.Background(), 2) }() // exits once the ticker below is added
+	c.NewTicker(time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -21,31 +21,53 @@ import (
 	"github.com/keyshard/keyshard/client"
 )
 
-// The hot-key verbs call the API's generated clients directly: the Go SDK
-// (client/) has no hot-key calls yet.
+// The hot-key verbs call the API's generated clients directly, to print
+// every field of the server's answer.
 
-// hotClients are the services the hot-key verbs call.
-type hotClients struct {
+// hotClient is one replica's services the hot-key verbs call.
+type hotClient struct {
 	admin keyshardv1connect.AdminServiceClient
 	hot   keyshardv1connect.HotKeyServiceClient
 }
 
+// hotClients are the services of every replica given to --server, in
+// order.
+type hotClients []hotClient
+
+// each calls f with each replica's services in order until one answers
+// with something other than Unavailable, as the SDK does with several
+// URLs, and returns that answer.
+func (cl hotClients) each(ctx context.Context, f func(hotClient) error) error {
+	var err error
+	for _, c := range cl {
+		if err = f(c); ctx.Err() != nil || connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+	}
+	return err
+}
+
 // withHot wraps a hot-key verb: it checks --server as the SDK does, and
-// runs f with the API clients, sending --token on every call.
+// runs f with the API clients of every replica it names, sending --token
+// on every call.
 func (c *connFlags) withHot(f func(cmd *cobra.Command, args []string, cl hotClients) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		sdk, err := client.Dial(c.server) // validates and normalizes the URL; no IO
+		sdk, err := client.Dial(c.server) // validates and normalizes the URLs; no IO
 		if err != nil {
 			return fmt.Errorf("--server %q: %w", c.server, err)
 		}
-		url := sdk.URL()
+		urls := sdk.URLs()
 		sdk.Close()
 		opts := []connect.ClientOption{connect.WithInterceptors(bearerHeader(c.token))}
 		hc := &http.Client{} // no timeout: --watch is a long-lived stream
-		return f(cmd, args, hotClients{
-			admin: keyshardv1connect.NewAdminServiceClient(hc, url, opts...),
-			hot:   keyshardv1connect.NewHotKeyServiceClient(hc, url, opts...),
-		})
+		cl := make(hotClients, 0, len(urls))
+		for _, u := range urls {
+			cl = append(cl, hotClient{
+				admin: keyshardv1connect.NewAdminServiceClient(hc, u, opts...),
+				hot:   keyshardv1connect.NewHotKeyServiceClient(hc, u, opts...),
+			})
+		}
+		return f(cmd, args, cl)
 	}
 }
 
@@ -126,7 +148,11 @@ threshold.`,
 			if cmd.Flags().Changed("report-max-age") {
 				p.ReportMaxAge = durationpb.New(maxAge)
 			}
-			r, err := cl.admin.PutHotKeyPool(cmd.Context(), connect.NewRequest(&v1.PutHotKeyPoolRequest{Pool: &p}))
+			var r *connect.Response[v1.PutHotKeyPoolResponse]
+			err := cl.each(cmd.Context(), func(h hotClient) (err error) {
+				r, err = h.admin.PutHotKeyPool(cmd.Context(), connect.NewRequest(&v1.PutHotKeyPoolRequest{Pool: &p}))
+				return err
+			})
 			if err != nil {
 				return c.explainRPC(err)
 			}
@@ -147,7 +173,11 @@ threshold.`,
 		Short: "List hot-key pools",
 		Args:  cobra.NoArgs,
 		RunE: c.withHot(func(cmd *cobra.Command, _ []string, cl hotClients) error {
-			r, err := cl.admin.ListHotKeyPools(cmd.Context(), connect.NewRequest(&v1.ListHotKeyPoolsRequest{}))
+			var r *connect.Response[v1.ListHotKeyPoolsResponse]
+			err := cl.each(cmd.Context(), func(h hotClient) (err error) {
+				r, err = h.admin.ListHotKeyPools(cmd.Context(), connect.NewRequest(&v1.ListHotKeyPoolsRequest{}))
+				return err
+			})
 			if err != nil {
 				return c.explainRPC(err)
 			}
@@ -172,7 +202,15 @@ down. With --watch, print every new version until interrupted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: c.withHot(func(cmd *cobra.Command, args []string, cl hotClients) error {
 			ctx, out := cmd.Context(), cmd.OutOrStdout()
-			r, err := cl.hot.GetOverflowSet(ctx, connect.NewRequest(&v1.GetOverflowSetRequest{Pool: args[0]}))
+			var (
+				r    *connect.Response[v1.GetOverflowSetResponse]
+				from hotClient // the replica that answered; --watch follows it
+			)
+			err := cl.each(ctx, func(h hotClient) (err error) {
+				r, err = h.hot.GetOverflowSet(ctx, connect.NewRequest(&v1.GetOverflowSetRequest{Pool: args[0]}))
+				from = h
+				return err
+			})
 			if err != nil {
 				return c.explainRPC(err)
 			}
@@ -180,7 +218,7 @@ down. With --watch, print every new version until interrupted.`,
 			if !watch {
 				return nil
 			}
-			stream, err := cl.hot.WatchOverflowSet(ctx, connect.NewRequest(&v1.WatchOverflowSetRequest{Pool: args[0], SinceVersion: r.Msg.Set.Version}))
+			stream, err := from.hot.WatchOverflowSet(ctx, connect.NewRequest(&v1.WatchOverflowSetRequest{Pool: args[0], SinceVersion: r.Msg.Set.Version}))
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil

@@ -112,6 +112,11 @@ ingest  1600       800            10s       25                30s             10
 	if out != want {
 		t.Errorf("pool list:\n%s\nwant\n%s", out, want)
 	}
+	// With several replicas' URLs, a verb moves past one that refuses.
+	down := "http://127.0.0.1:1"
+	if out, _, err := runCLI(t, "hotkeys", "pool", "list", "--server", down+","+url); err != nil || out != want {
+		t.Errorf("pool list past a down replica:\n%s(%v)\nwant\n%s", out, err, want)
+	}
 	if out, err = run("hotkeys", "set", "ingest"); err != nil || out != "pool ingest: no overflow set yet (version 0)\n" {
 		t.Errorf("set before any report: %q %v", out, err)
 	}
@@ -135,7 +140,8 @@ ingest  1600       800            10s       25                30s             10
 		t.Errorf("unreachable server: %v", err)
 	}
 
-	// --watch prints the current set, then every new version.
+	// --watch prints the current set, then every new version, from the
+	// replica that answered.
 	var watchOut syncBuffer
 	watchOut.changed = make(chan struct{})
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -145,7 +151,7 @@ ingest  1600       800            10s       25                30s             10
 		root := newRoot()
 		root.SetOut(&watchOut)
 		root.SetErr(&watchOut)
-		root.SetArgs([]string{"hotkeys", "set", "ingest", "--watch", "--server", url})
+		root.SetArgs([]string{"hotkeys", "set", "ingest", "--watch", "--server", down + "," + url})
 		watchDone <- root.ExecuteContext(wctx)
 	}()
 	if out, ok := watchOut.waitFor(ctx, "version 0"); !ok {

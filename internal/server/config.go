@@ -26,6 +26,13 @@ type Config struct {
 	// Replica names this serve process in status output and elections.
 	// Default: hostname-pid.
 	Replica string `yaml:"replica"`
+	// ElectionTTL is the lease of this replica's election session: a
+	// leader that crashes or is cut off from etcd is replaced about this
+	// long later, and a leader that cannot renew its lease for about this
+	// long stops leading. Whole seconds, MinElectionTTL to MaxElectionTTL;
+	// default DefaultElectionTTL. Keep it at most the smallest keyspace
+	// lease_ttl.
+	ElectionTTL time.Duration `yaml:"election_ttl"`
 	// TLS for the API port; both files or neither.
 	TLS TLSFiles `yaml:"tls"`
 	// Etcd is where state lives: embedded (default) or external.
@@ -127,6 +134,15 @@ const (
 	DefaultReportShare = 64
 )
 
+// Bounds of Config.ElectionTTL. Below 2 s a leader would give up on a
+// slow etcd after one missed renewal; above a minute handoffs would stall
+// for a minute after a leader crash.
+const (
+	DefaultElectionTTL = 5 * time.Second
+	MinElectionTTL     = 2 * time.Second
+	MaxElectionTTL     = time.Minute
+)
+
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("config")
 
@@ -143,9 +159,10 @@ func DefaultConfig() Config {
 	}
 	return Config{
 		Listen:   DefaultListen,
-		Replica:  fmt.Sprintf("%s-%d", host, os.Getpid()),
-		Etcd:     EtcdConfig{DataDir: "keyshard-data"},
-		LogLevel: "info",
+		Replica:     fmt.Sprintf("%s-%d", host, os.Getpid()),
+		ElectionTTL: DefaultElectionTTL,
+		Etcd:        EtcdConfig{DataDir: "keyshard-data"},
+		LogLevel:    "info",
 	}
 }
 
@@ -209,6 +226,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Replica == "" {
 		return configErr("replica", "empty; name this serve process")
+	}
+	if c.ElectionTTL == 0 {
+		c.ElectionTTL = DefaultElectionTTL
+	}
+	if c.ElectionTTL < MinElectionTTL || c.ElectionTTL > MaxElectionTTL || c.ElectionTTL%time.Second != 0 {
+		return configErr("election_ttl", "%v; want whole seconds from %v to %v (flag --election-ttl; etcd leases count in seconds)", c.ElectionTTL, MinElectionTTL, MaxElectionTTL)
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return configErr("tls", "cert_file and key_file go together; set both or neither")

@@ -29,6 +29,9 @@ keyspaces:
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if c.ElectionTTL != DefaultElectionTTL {
+		t.Fatalf("election_ttl %v, want the default %v", c.ElectionTTL, DefaultElectionTTL)
+	}
 	if c.Listen != "127.0.0.1:7411" || len(c.Keyspaces) != 2 {
 		t.Fatalf("config %+v", c)
 	}
@@ -106,6 +109,9 @@ func TestConfigErrors(t *testing.T) {
 		{"no store", "", func(c *Config) { c.Etcd.DataDir = "" }, "etcd: set data_dir"},
 		{"endpoint without port", "", func(c *Config) { c.Etcd.Endpoints = []string{"etcd1"} }, `etcd.endpoints[0]: "etcd1" has no port`},
 		{"log level", "", func(c *Config) { c.LogLevel = "loud" }, `log_level: "loud"`},
+		{"election ttl too short", "election_ttl: 1s\n", nil, "election_ttl: 1s; want whole seconds from 2s to 1m0s (flag --election-ttl"},
+		{"election ttl too long", "election_ttl: 2m\n", nil, "election_ttl: 2m0s; want whole seconds from 2s to 1m0s"},
+		{"election ttl fraction", "", func(c *Config) { c.ElectionTTL = 2500 * time.Millisecond }, "election_ttl: 2.5s; want whole seconds"},
 		{"keyspace name", "keyspaces:\n  - name: 'bad name'\n", nil, `keyspaces[0]: name: "bad name" has ' '`},
 		{"keyspace buckets", "keyspaces:\n  - name: a\n    buckets: 70000\n", nil, "keyspaces[0]: buckets: 70000 is out of range"},
 		{"keyspace hash", "keyspaces:\n  - name: a\n    hash: md5\n", nil, `keyspaces[0]: hash: "md5" is unknown`},

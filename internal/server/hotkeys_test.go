@@ -292,7 +292,9 @@ func TestHotKeysSpreadOverProducers(t *testing.T) {
 	}
 	timers := e.clk.Waiters()
 	poll = e.longPoll(ts, "ingest", 2)
-	e.clk.BlockUntil(timers + 1) // the long poll's timer
+	if err := e.clk.BlockUntilContext(e.ctx, timers+1); err != nil { // the long poll's timer
+		t.Fatal(err)
+	}
 	e.clk.Advance(60 * time.Second)
 	if r := e.await(poll); r.Changed || r.Set.Version != 2 {
 		t.Fatalf("long poll after its wait: %v", r)

@@ -16,10 +16,6 @@ import (
 	"github.com/keyshard/keyshard/placement"
 )
 
-// leaderTTL is the lease of a replica's election session: a crashed
-// leader is replaced within about this long.
-const leaderTTL = 5 * time.Second
-
 // errNotLeader ends a term: the session ended or a write was fenced.
 var errNotLeader = errors.New("server: no longer leader")
 
@@ -51,7 +47,7 @@ func (s *Server) campaign(ctx context.Context) error {
 // returns: the coordinator (lead) and the hot-key aggregation
 // (aggregateHotKeys). Either one's fenced write ends the term.
 func (s *Server) term(ctx context.Context) error {
-	sess, err := s.store.NewSession(ctx, leaderTTL)
+	sess, err := s.store.NewSession(ctx, s.cfg.ElectionTTL)
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}

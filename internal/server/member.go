@@ -114,16 +114,19 @@ func sessionEnded(sess session) error {
 }
 
 // quarantineTTL is how long the leader quarantines the buckets of session
-// a.Session before it revokes it: a.TTL, or for a superseded session (its
-// member record is on a newer one, so KeepAlive acknowledges no renewal of
-// it any more) what remains of its lease if that is shorter, one second
-// added because etcd reports whole seconds rounded down. The member's own
-// deadline (its last acknowledged renewal + TTL - margin) is never later
-// than that. 0 means the lease is gone already, and with it every key it
-// held: there is nothing to quarantine.
+// a.Session before it revokes it. 0 means there is nothing to
+// quarantine: it held no bucket, or its lease is gone already (and with
+// it every key it held; the member's own deadline, its last acknowledged
+// renewal + TTL - margin, passed before etcd let the lease expire).
+// Otherwise it is a.TTL: a
+// live session may have a renewal acknowledged between this check and the
+// revoke. A superseded session (its member record is on a newer one, so
+// KeepAlive acknowledges no renewal of it any more) is quarantined for
+// only what remains of its lease if that is shorter, one second added
+// because etcd reports whole seconds rounded down.
 func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession) (time.Duration, error) {
-	if !a.Superseded {
-		return a.TTL, nil
+	if len(a.Quarantine) == 0 {
+		return 0, nil
 	}
 	info, err := s.store.TimeToLive(ctx, store.LeaseID(a.Session))
 	switch {
@@ -131,6 +134,10 @@ func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession)
 		return 0, nil
 	case err != nil:
 		return 0, err
+	case info.TTL < 0: // etcd reports -1 for a lease that is gone
+		return 0, nil
+	case !a.Superseded:
+		return a.TTL, nil
 	}
 	return min(a.TTL, info.TTL+time.Second), nil
 }

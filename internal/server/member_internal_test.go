@@ -85,11 +85,15 @@ func apply(s *Server, rev int64, cs ...store.Change) {
 }
 
 // timerSet closes once the code under test waits on a timer of clk. Its
-// goroutine exits then, or never if the code under test answers instead:
-// the test has failed then.
-func timerSet(clk *keyshardtest.FakeClock) <-chan struct{} {
+// goroutine exits then, or when the test ends if the code under test
+// answers instead.
+func timerSet(t *testing.T, clk *keyshardtest.FakeClock) <-chan struct{} {
 	ch := make(chan struct{})
-	go func() { clk.BlockUntil(1); close(ch) }()
+	go func() { // exits once a timer waits, or when the test ends
+		if clk.BlockUntilContext(t.Context(), 1) == nil {
+			close(ch)
+		}
+	}()
 	return ch
 }
 
@@ -145,7 +149,7 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	select {
-	case <-timerSet(clk): // waiting for revision 6
+	case <-timerSet(t, clk): // waiting for revision 6
 	case a := <-got:
 		t.Fatalf("answered from revision 5, behind min_revision 6: %v %v", a.r, a.err)
 	}
@@ -163,7 +167,7 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	select {
-	case <-timerSet(clk):
+	case <-timerSet(t, clk):
 	case a := <-got:
 		t.Fatalf("answered from revision 6, behind min_revision 99: %v %v", a.r, a.err)
 	}
@@ -228,7 +232,8 @@ func TestJoinReplaceLeavesRevocationToLeader(t *testing.T) {
 
 // TestQuarantineTTL: a superseded session's buckets are quarantined for
 // what remains of its lease (rounded up), not a fresh full TTL; other
-// revocations keep the full TTL; a lease already gone needs none.
+// revocations of a live session keep the full TTL; a lease already gone,
+// superseded or not, needs none.
 func TestQuarantineTTL(t *testing.T) {
 	s := detached(t, clock.Real{})
 	st := withStore(t, s)
@@ -250,8 +255,10 @@ func TestQuarantineTTL(t *testing.T) {
 	if err := st.Revoke(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	a.Superseded = true
-	if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
-		t.Fatalf("superseded session already gone: quarantine %v, %v; want none", got, err)
+	for _, superseded := range []bool{true, false} {
+		a.Superseded = superseded
+		if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
+			t.Fatalf("session already gone (superseded %v): quarantine %v, %v; want none", superseded, got, err)
+		}
 	}
 }
