@@ -191,11 +191,7 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	clk.Advance(time.Nanosecond)
 	// The abandoned round is counted, and its retry waits for the backoff
 	// (the leader's ticker is the other timer).
-	select {
-	case <-waiters(clk, 2):
-	case <-ctx.Done():
-		t.Fatal("the abandoned write was not retried after a backoff")
-	}
+	clk.MustBlockUntil(t, 2)
 	if n := writeFailures(t, s); n != 1 {
 		t.Fatalf("write failures = %v, want 1", n)
 	}
@@ -215,15 +211,6 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	if n := writeFailures(t, s); n != 1 {
 		t.Fatalf("write failures = %v, want 1", n)
 	}
-}
-
-// waiters closes once at least n timers of clk are waiting. Its goroutine
-// exits then, or never if the code under test does not set them: the test
-// has failed then.
-func waiters(clk *keyshardtest.FakeClock, n int) <-chan struct{} {
-	ch := make(chan struct{})
-	go func() { clk.BlockUntil(n); close(ch) }()
-	return ch
 }
 
 // writeFailures is keyshard_leader_write_failures_total of s.
