@@ -38,6 +38,7 @@ type Server struct {
 	auth    *authenticator
 	view    *view
 	rounds  *roundLog // the leader's hot-key aggregation rounds, for tests
+	seams   termSeams // nil fields: the store's
 
 	// Set by Run.
 	store    *store.Store
