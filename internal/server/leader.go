@@ -86,8 +86,8 @@ func (s *Server) term(ctx context.Context) error {
 	}()
 	g, gctx := errgroup.WithContext(lctx)
 	g.Go(func() error { return s.holdLease(gctx, sess.LeaseID(), sess.TTL(), renewed) }) // exits when gctx ends or the deadline passes
-	g.Go(func() error { return s.lead(gctx, fence) })                                  // exits when gctx ends or a write is fenced
-	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) })                      // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.lead(gctx, fence) })                                    // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) })                        // exits when gctx ends or a write is fenced
 	return g.Wait()
 }
 

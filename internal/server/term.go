@@ -14,12 +14,13 @@ import (
 // etcd: no renewal was acknowledged in time.
 var errLeaseDeadline = errors.New("server: election lease deadline passed without an acknowledged renewal")
 
-// termSeams are the parts of a term that tests replace; nil fields mean
-// the store's.
-type termSeams struct {
+// seams are the parts of a replica's store access that tests replace;
+// nil fields mean the store's.
+type seams struct {
 	renew  func(ctx context.Context, id store.LeaseID) (time.Duration, error)
 	resign func(ctx context.Context, el *store.Election) error
 	watch  func(ctx context.Context, fromRev int64) <-chan store.Update
+	probe  func(ctx context.Context) error // the readiness probe's read
 }
 
 func (s *Server) renewLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {

@@ -27,6 +27,15 @@ func metricValue(t *testing.T, s *Server, name string) float64 {
 	return 0
 }
 
+// fakeReplica is a detached server on a fake clock, with a context that
+// bounds the test.
+func fakeReplica(t *testing.T) (context.Context, *Server, *keyshardtest.FakeClock) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	clk := keyshardtest.NewFakeClock(time.Unix(1000, 0))
+	return ctx, detached(t, clk), clk
+}
+
 // startTerm runs s.term on its own store until it leads with every timer
 // of the term set: the coordinator's and the hot-key aggregation's
 // tickers, and holdLease's renewal and deadline timers.
@@ -49,10 +58,7 @@ func startTerm(t *testing.T, ctx context.Context, s *Server, clk *keyshardtest.F
 // has not ended; keyshard_leader is 0 before it resigns. The election
 // lease has the configured TTL.
 func TestTermEndsAtLeaseDeadline(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	clk := keyshardtest.NewFakeClock(time.Unix(1000, 0))
-	s := detached(t, clk)
+	ctx, s, clk := fakeReplica(t)
 	st := withStore(t, s)
 	s.cfg.ElectionTTL = 3 * time.Second
 	var calls atomic.Int32
@@ -101,10 +107,7 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 // its ctx ends it still sends one last update before it closes its
 // channel, so a term that merely cancels it returns while it runs.
 func TestTermWaitsForItsWatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	clk := keyshardtest.NewFakeClock(time.Unix(1000, 0))
-	s := detached(t, clk)
+	ctx, s, clk := fakeReplica(t)
 	withStore(t, s)
 	watches := make(chan chan store.Update, 1)
 	s.seams.watch = func(ctx context.Context, fromRev int64) <-chan store.Update {
