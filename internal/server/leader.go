@@ -239,7 +239,9 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			}
 			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
 			if _, err := s.store.Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
-				_ = s.store.Revoke(ctx, qlease)
+				if rerr := s.store.Revoke(context.WithoutCancel(ctx), qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
+					s.log.Warn("could not revoke the lease of an unwritten quarantine; it expires on its own", "keyspace", a.Keyspace, "member", a.ID, "lease", qlease, "ttl", qttl, "err", rerr)
+				}
 				return 0, err
 			}
 		}
