@@ -32,11 +32,20 @@ type world struct {
 	tokens    map[string]uint64
 	tokenRev  map[string]coordinator.Rev
 	quar      map[string]map[string][]int
+	quarUntil map[string]map[string]time.Time // when each quarantine's lease expires
 	drains    map[string]map[string]coordinator.Drain
 	nextSess  int64
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
+	// replacedAt is when a Join with replace superseded a session: no
+	// keep-alive of it is acknowledged after that.
+	replacedAt map[int64]time.Time
+	// mayAct is, per bucket of a revoked session that it had not
+	// released, until when that session's holder may still act on it: its
+	// last acknowledged keep-alive + TTL. Nobody may be granted the bucket
+	// before then.
+	mayAct    map[string]map[int]revokedHold
 	violation []string
 	reports   []string
 }
@@ -57,7 +66,11 @@ func newWorld() *world {
 		quar:      map[string]map[string][]int{},
 		drains:    map[string]map[string]coordinator.Drain{},
 		lastToken: map[string]map[int]uint64{},
-		nextSess:  0x100,
+		quarUntil: map[string]map[string]time.Time{},
+		mayAct:    map[string]map[int]revokedHold{},
+
+		replacedAt: map[int64]time.Time{},
+		nextSess:   0x100,
 	}
 }
 
@@ -90,6 +103,8 @@ func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
 		}
 	}
 	w.lastToken[ks.Name] = map[int]uint64{}
+	w.quarUntil[ks.Name] = map[string]time.Time{}
+	w.mayAct[ks.Name] = map[int]revokedHold{}
 	w.drains[ks.Name] = map[string]coordinator.Drain{}
 	return w.step(coordinator.KeyspacePut{Keyspace: ks})
 }
@@ -103,6 +118,9 @@ func (w *world) join(ks, id string, weight float64, pending bool) []coordinator.
 	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000", Pending: pending}
 	if old, ok := w.members[ks][id]; ok {
 		mem.Replaces = old.Session
+		if _, seen := w.replacedAt[old.Session]; !seen {
+			w.replacedAt[old.Session] = w.now
+		}
 	}
 	w.members[ks][id] = mem
 	return w.step(coordinator.MemberPut{Keyspace: ks, Member: mem})
@@ -236,10 +254,15 @@ func (w *world) apply() []coordinator.Action {
 						w.violation = append(w.violation, fmt.Sprintf("bucket %d taken from %s (token %d) before it released it", had.Bucket, id, had.Token))
 					}
 				}
-				if mem := w.members[a.Keyspace][id]; mem.Pending && len(g.Buckets) > len(w.grants[a.Keyspace][id].Buckets) {
+				// (A grant to the session a pending one replaces is a
+				// grant to an active session.)
+				if mem := w.members[a.Keyspace][id]; mem.Pending && g.Session == mem.Session && len(g.Buckets) > len(w.grants[a.Keyspace][id].Buckets) {
 					w.violation = append(w.violation, fmt.Sprintf("buckets granted to %s before its first keep-alive", id))
 				}
 				for _, bt := range g.Buckets {
+					if h, ok := w.mayAct[a.Keyspace][bt.Bucket]; ok && !w.heldAt(a.Keyspace, id, bt) && w.now.Before(h.until) {
+						w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s at %v while revoked session %x of %s may act on it until %v", bt.Bucket, id, w.now.Format(time.TimeOnly), h.session, h.id, h.until.Format(time.TimeOnly)))
+					}
 					if last := w.lastToken[a.Keyspace][bt.Bucket]; bt.Token > last {
 						w.lastToken[a.Keyspace][bt.Bucket] = bt.Token
 					} else if !w.heldAt(a.Keyspace, id, bt) {
@@ -254,9 +277,11 @@ func (w *world) apply() []coordinator.Action {
 			w.checkExclusive(a.Keyspace)
 			next = append(next, w.step(evs...)...)
 		case coordinator.RevokeSession:
-			if len(a.Quarantine) > 0 {
+			qttl := w.checkRevoke(a)
+			if len(a.Quarantine) > 0 && qttl > 0 {
 				w.rev++
 				w.quar[a.Keyspace][a.ID] = slices.Clone(a.Quarantine)
+				w.quarUntil[a.Keyspace][a.ID] = w.now.Add(qttl)
 				next = append(next, w.step(coordinator.QuarantinePut{Keyspace: a.Keyspace, ID: a.ID, Buckets: a.Quarantine})...)
 			}
 			next = append(next, w.expire(a.Keyspace, a.ID, a.Session)...)
@@ -265,6 +290,88 @@ func (w *world) apply() []coordinator.Action {
 	}
 	w.pending = append(w.pending[:0], next...)
 	return next
+}
+
+// revokedHold is a bucket a revoked session held without releasing it.
+type revokedHold struct {
+	id      string
+	session int64
+	until   time.Time // its last acknowledged keep-alive + TTL
+}
+
+// checkRevoke checks a revocation against the quarantine invariants and
+// returns the quarantine's TTL as the server computes it (0: none). Every
+// bucket the session holds and has not released must be quarantined, the
+// TTL must not exceed the keyspace's lease TTL, and the quarantine must
+// last until the session's holder can no longer act (its last
+// acknowledged keep-alive + TTL) but never beyond the old lease's
+// remaining time + TTL. A member that is not superseded keeps alive
+// promptly here: its last acknowledged keep-alive is now.
+func (w *world) checkRevoke(a coordinator.RevokeSession) time.Duration {
+	ttl := w.keyspaces[a.Keyspace].LeaseTTL
+	lastAck := w.now
+	if at, ok := w.replacedAt[a.Session]; ok {
+		lastAck = at
+	}
+	remaining := max(lastAck.Add(ttl).Sub(w.now), 0)
+	qttl := a.TTL
+	if a.Superseded {
+		// The server reads what remains of the lease from etcd, which
+		// rounds down to whole seconds, and adds a second.
+		qttl = min(a.TTL, remaining.Truncate(time.Second)+time.Second)
+		if remaining == 0 {
+			qttl = 0 // the lease is gone, and with it the session's keys
+		}
+	}
+	if a.TTL > ttl {
+		w.violation = append(w.violation, fmt.Sprintf("revoke of %s: quarantine TTL %v above the lease TTL %v", a.ID, a.TTL, ttl))
+	}
+	if qttl > remaining+ttl {
+		w.violation = append(w.violation, fmt.Sprintf("revoke of %s: quarantine of %v outlasts the old lease's remaining %v + TTL %v", a.ID, qttl, remaining, ttl))
+	}
+	g, held := w.grants[a.Keyspace][a.ID]
+	if !held || g.Session != a.Session {
+		return qttl
+	}
+	quarantined := map[int]bool{}
+	for _, b := range a.Quarantine {
+		quarantined[b] = true
+	}
+	for _, bt := range g.Buckets {
+		if w.released(a.Keyspace, a.ID, bt) {
+			continue
+		}
+		if !quarantined[bt.Bucket] {
+			w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %x: bucket %d held and not released, but not quarantined", a.ID, a.Session, bt.Bucket))
+		}
+		if until := lastAck.Add(ttl); w.now.Before(until) {
+			if qttl > 0 && w.now.Add(qttl).Before(until) {
+				w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %x: quarantine of %v ends before its holder's deadline %v", a.ID, a.Session, qttl, until.Format(time.TimeOnly)))
+			}
+			w.mayAct[a.Keyspace][bt.Bucket] = revokedHold{id: a.ID, session: a.Session, until: until}
+		}
+	}
+	return qttl
+}
+
+// expireQuarantines deletes, as etcd would, every quarantine whose lease
+// has run out by now.
+func (w *world) expireQuarantines(ks string) []coordinator.Action {
+	var acts []coordinator.Action
+	ids := make([]string, 0, len(w.quar[ks]))
+	for id := range w.quar[ks] {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		if w.now.Before(w.quarUntil[ks][id]) {
+			continue
+		}
+		delete(w.quar[ks], id)
+		delete(w.quarUntil[ks], id)
+		acts = append(acts, w.step(coordinator.QuarantineDeleted{Keyspace: ks, ID: id})...)
+	}
+	return acts
 }
 
 // settle applies actions until the machine asks for nothing more.

@@ -344,6 +344,12 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 		if k.revokeInflight[session] {
 			return
 		}
+		if k.grantsInflight != 0 {
+			// A grants write in flight may still add buckets to this
+			// session: revoke once it has landed or failed, so that the
+			// quarantine covers everything the session holds.
+			return
+		}
 		k.revokeInflight[session] = true
 		var q []int
 		if g, ok := k.grants[id]; ok && g.Session == session {

@@ -62,6 +62,10 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 		return formatActions(w.createKeyspace(coordinator.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: coordinator.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
 	case "leader":
 		return formatActions(w.step(coordinator.BecameLeader{}))
+	case "failover":
+		// Another replica becomes leader and loads the store.
+		w.failover()
+		return formatActions(w.pending)
 	case "lose-leadership":
 		return formatActions(w.step(coordinator.LostLeadership{}))
 	case "join":
@@ -81,15 +85,21 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 	case "drain":
 		id := arg(t, d, "id", "")
 		leave := arg(t, d, "leave", "false") == "true"
-		return formatActions(w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: coordinator.Drain{Leave: leave}}))
+		return formatActions(w.drain(ks, id, coordinator.Drain{Leave: leave}))
 	case "tick":
 		dt, _ := time.ParseDuration(arg(t, d, "advance", "1s"))
 		w.now = w.now.Add(dt)
 		return formatActions(w.step(coordinator.Tick{}))
 	case "quarantine-expire":
+		// etcd expires the quarantine's lease: the clock moves on to then.
 		id := arg(t, d, "id", "")
-		delete(w.quar[ks], id)
-		return formatActions(w.step(coordinator.QuarantineDeleted{Keyspace: ks, ID: id}))
+		if until := w.quarUntil[ks][id]; w.now.Before(until) {
+			w.now = until
+		}
+		return formatActions(w.expireQuarantines(ks))
+	case "quarantine-due":
+		// etcd expires the quarantines whose lease has run out by now.
+		return formatActions(w.expireQuarantines(ks))
 	case "apply":
 		return formatActions(w.apply())
 	case "settle":

@@ -54,8 +54,10 @@ func (w *world) failover() {
 
 // TestRandomHistories drives the machine through random joins, crashes,
 // re-joins, drains, releases, lost writes, leader failovers and time, and
-// checks after every step that no bucket is held twice and tokens only
-// rise; once the faults stop and members release, every bucket must be
+// checks after every step that no bucket is held twice, tokens only
+// rise, a revoked session's unreleased buckets are quarantined and go to
+// nobody before its holder's deadline, and no quarantine outlasts the old
+// lease's remaining time + TTL; once the faults stop and members release, every bucket must be
 // granted to its balanced target.
 func TestRandomHistories(t *testing.T) {
 	converged := 0
@@ -84,10 +86,7 @@ func TestRandomHistories(t *testing.T) {
 				w.now = w.now.Add(time.Duration(rapid.IntRange(1, 40).Draw(t, "secs")) * time.Second)
 				w.step(coordinator.Tick{})
 			case 6:
-				for qid := range w.quar["ks"] {
-					delete(w.quar["ks"], qid)
-					w.step(coordinator.QuarantineDeleted{Keyspace: "ks", ID: qid})
-				}
+				w.expireQuarantines("ks")
 			case 7:
 				w.failover()
 			case 8:
@@ -111,10 +110,7 @@ func TestRandomHistories(t *testing.T) {
 				w.keepAlive("ks", id)
 				w.release("ks", id)
 			}
-			for qid := range w.quar["ks"] {
-				delete(w.quar["ks"], qid)
-				w.step(coordinator.QuarantineDeleted{Keyspace: "ks", ID: qid})
-			}
+			w.expireQuarantines("ks")
 			w.now = w.now.Add(time.Second)
 			w.step(coordinator.Tick{})
 			w.settle()

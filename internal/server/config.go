@@ -158,7 +158,7 @@ func DefaultConfig() Config {
 		host = "keyshard"
 	}
 	return Config{
-		Listen:   DefaultListen,
+		Listen:      DefaultListen,
 		Replica:     fmt.Sprintf("%s-%d", host, os.Getpid()),
 		ElectionTTL: DefaultElectionTTL,
 		Etcd:        EtcdConfig{DataDir: "keyshard-data"},

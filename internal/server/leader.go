@@ -42,10 +42,12 @@ func (s *Server) campaign(ctx context.Context) error {
 }
 
 // term campaigns once and, if elected, leads until it loses the session,
-// a write is fenced, or ctx ends. While it leads it runs two goroutines,
-// both fenced by the term's election key and both exited before term
-// returns: the coordinator (lead) and the hot-key aggregation
-// (aggregateHotKeys). Either one's fenced write ends the term.
+// a write is fenced, its lease deadline passes, or ctx ends. While it
+// leads it runs three goroutines, all exited before term returns: the
+// coordinator (lead) and the hot-key aggregation (aggregateHotKeys), both
+// fenced by the term's election key, either one's fenced write ending the
+// term; and holdLease, which ends the term once this replica can no
+// longer be sure etcd still holds its lease, even if etcd never answers.
 func (s *Server) term(ctx context.Context) error {
 	sess, err := s.store.NewSession(ctx, s.cfg.ElectionTTL)
 	if err != nil {
@@ -57,14 +59,22 @@ func (s *Server) term(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
-	s.log.Info("elected leader", "replica", s.cfg.Replica)
-	s.metrics.leader.Set(1)
-	defer s.metrics.leader.Set(0)
 	defer func() {
+		// The gauge first: a deposed leader must not report itself while
+		// Resign waits on an etcd it may not reach.
+		s.metrics.leader.Set(0)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		_ = el.Resign(rctx) // best effort: the session's end resigns too
+		_ = s.resignElection(rctx, el) // best effort: the session's end resigns too
 	}()
+	// The lease deadline counts from a renewal sent now, not from the
+	// grant: the campaign may have waited for longer than the TTL.
+	renewed := s.clock.Now()
+	if _, err := s.renewLease(ctx, sess.LeaseID()); err != nil {
+		return fmt.Errorf("renew the election lease after winning: %w", err)
+	}
+	s.log.Info("elected leader", "replica", s.cfg.Replica, "election_ttl", sess.TTL())
+	s.metrics.leader.Set(1)
 
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -76,8 +86,9 @@ func (s *Server) term(ctx context.Context) error {
 		}
 	}()
 	g, gctx := errgroup.WithContext(lctx)
-	g.Go(func() error { return s.lead(gctx, fence) })             // exits when gctx ends or a write is fenced
-	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) }) // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.holdLease(gctx, sess.LeaseID(), sess.TTL(), renewed) }) // exits when gctx ends or the deadline passes
+	g.Go(func() error { return s.lead(gctx, fence) })                                    // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) })                        // exits when gctx ends or a write is fenced
 	return g.Wait()
 }
 
@@ -107,7 +118,8 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 		return fmt.Errorf("load state: %w", err)
 	}
 	pending := m.StepAll(append(snapshotEvents(snap), coordinator.BecameLeader{}), s.clock.Now())
-	updates := s.store.Watch(ctx, snap.Rev+1)
+	updates, stopWatch := s.watchStore(ctx, snap.Rev+1)
+	defer stopWatch() // the term ends only once the watch goroutine has exited
 	tick := s.clock.NewTicker(time.Second)
 	defer tick.Stop()
 	own := ownWrites{}
@@ -394,7 +406,11 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			}
 			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
 			if _, err := s.committer().Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
-				_ = s.store.Revoke(ctx, qlease)
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxWriteDeadline)
+				if rerr := s.store.Revoke(rctx, qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
+					s.log.Warn("could not revoke the lease of an unwritten quarantine; it expires on its own", "keyspace", a.Keyspace, "member", a.ID, "lease", qlease, "ttl", qttl, "err", rerr)
+				}
+				cancel()
 				return 0, err
 			}
 		}

@@ -5,12 +5,13 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the server's Prometheus series, registered on its own
 // registry (served at /metrics with Go and process collectors).
 type metrics struct {
-	leader        prometheus.Gauge
-	epochs        *prometheus.CounterVec
-	moves         *prometheus.CounterVec
-	granted       *prometheus.CounterVec
-	reports       *prometheus.CounterVec
-	writeFailures prometheus.Counter
+	leader         prometheus.Gauge
+	storeReachable prometheus.Gauge
+	epochs         *prometheus.CounterVec
+	moves          *prometheus.CounterVec
+	granted        *prometheus.CounterVec
+	reports        *prometheus.CounterVec
+	writeFailures  prometheus.Counter
 
 	// Hot keys.
 	hotReports       *prometheus.CounterVec // reports received by this replica, per pool
@@ -25,6 +26,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keyshard_leader", Help: "1 while this replica leads (runs the balancer), else 0.",
+		}),
+		storeReachable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keyshard_store_reachable", Help: "1 while this replica's etcd probe (a linearizable read every second) succeeds; 0 once it has failed for 3 s: the replica is then not ready and refuses member, map and hot-key calls.",
 		}),
 		epochs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_map_epochs_total", Help: "New map epochs written by this replica as leader.",
@@ -60,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_hotkey_reports_pruned_total", Help: "Stale hot-key reports (older than twice report_max_age) deleted by this replica as leader.",
 		}, []string{"pool"}),
 	}
-	reg.MustRegister(m.leader, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
+	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned)
 	return m
 }

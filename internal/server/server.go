@@ -37,7 +37,9 @@ type Server struct {
 	metrics *metrics
 	auth    *authenticator
 	view    *view
-	rounds  *roundLog // the leader's hot-key aggregation rounds, for tests
+	rounds  *roundLog    // the leader's hot-key aggregation rounds, for tests
+	seams   seams        // nil fields: the store's
+	reach   reachability // whether etcd answers this replica's probe
 
 	// Set by Run.
 	store    *store.Store
@@ -155,10 +157,14 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 
+	s.reach.lastOK = s.clock.Now() // the store just answered
+	s.metrics.storeReachable.Set(1)
+	probeTick := s.clock.NewTicker(probeInterval)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.view.run(gctx, st) }) // exits when gctx ends
-	g.Go(func() error { return s.campaign(gctx) })     // exits when gctx ends
-	g.Go(func() error {                                // exits when the listener closes
+	g.Go(func() error { return s.probeStore(gctx, probeTick) }) // exits when gctx ends
+	g.Go(func() error { return s.view.run(gctx, st) })          // exits when gctx ends
+	g.Go(func() error { return s.campaign(gctx) })              // exits when gctx ends
+	g.Go(func() error {                                         // exits when the listener closes
 		var err error
 		if s.cfg.TLS.CertFile != "" {
 			err = httpSrv.ServeTLS(lis, "", "")
@@ -220,7 +226,7 @@ func (s *Server) createKeyspaces(ctx context.Context) error {
 }
 
 func (s *Server) httpServer() (*http.Server, error) {
-	opts := []connect.HandlerOption{connect.WithInterceptors(s.auth)}
+	opts := []connect.HandlerOption{connect.WithInterceptors(s.auth, reachGate{s})}
 	mux := http.NewServeMux()
 	mux.Handle(keyshardv1connect.NewAdminServiceHandler(&adminService{s}, opts...))
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
@@ -230,6 +236,10 @@ func (s *Server) httpServer() (*http.Server, error) {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.view.ready() {
 			http.Error(w, "not ready: loading the store", http.StatusServiceUnavailable)
+			return
+		}
+		if down, lastOK, _ := s.reach.state(); down {
+			http.Error(w, fmt.Sprintf("not ready: etcd unreachable (no successful read for %v)", s.clock.Since(lastOK).Truncate(time.Millisecond)), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+func readyz(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestUnreachableStore: once the etcd probe has failed for 3 s of the
+// replica's clock, /readyz answers 503, keyshard_store_reachable is 0,
+// member, map and hot-key calls answer UNAVAILABLE at once and open
+// streams end so, while AdminService still answers; one successful probe
+// makes the replica ready again.
+func TestUnreachableStore(t *testing.T) {
+	ctx, s, clk := fakeReplica(t)
+	withStore(t, s)
+	var failing atomic.Bool
+	s.seams.probe = func(context.Context) error {
+		if failing.Load() {
+			return errors.New("injected: etcd unreachable")
+		}
+		return nil
+	}
+	s.view.apply(store.Update{Resync: &store.Resync{Snapshot: store.NewSnapshot(0)}})
+	apply(s, 5, roomsChanges()...)
+	hs, err := s.httpServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(hs.Handler)
+	defer ts.Close()
+	members := keyshardv1connect.NewMemberServiceClient(ts.Client(), ts.URL)
+	maps := keyshardv1connect.NewMapServiceClient(ts.Client(), ts.URL)
+	hot := keyshardv1connect.NewHotKeyServiceClient(ts.Client(), ts.URL)
+	admin := keyshardv1connect.NewAdminServiceClient(ts.Client(), ts.URL)
+
+	s.checkStore(ctx) // reachable at start
+	if code, body := readyz(t, ts.URL); code != http.StatusOK {
+		t.Fatalf("readyz %d %q while etcd answers", code, body)
+	}
+	if got := metricValue(t, s, "keyshard_store_reachable"); got != 1 {
+		t.Fatalf("keyshard_store_reachable = %v while etcd answers", got)
+	}
+	stream, err := maps.WatchMap(ctx, connect.NewRequest(&v1.WatchMapRequest{Keyspace: "rooms"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() {
+		t.Fatalf("WatchMap sent no map: %v", stream.Err())
+	}
+
+	failing.Store(true)
+	for range 2 { // 2 s without a successful probe: still ready
+		clk.Advance(time.Second)
+		s.checkStore(ctx)
+	}
+	if code, body := readyz(t, ts.URL); code != http.StatusOK {
+		t.Fatalf("readyz %d %q after 2 s unreachable, want still ready", code, body)
+	}
+	clk.Advance(time.Second)
+	s.checkStore(ctx)
+	if code, body := readyz(t, ts.URL); code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd unreachable") {
+		t.Fatalf("readyz %d %q after 3 s unreachable, want 503 naming etcd", code, body)
+	}
+	if got := metricValue(t, s, "keyshard_store_reachable"); got != 0 {
+		t.Fatalf("keyshard_store_reachable = %v after 3 s unreachable", got)
+	}
+	if stream.Receive() {
+		t.Fatal("the open WatchMap stream sent again instead of ending")
+	}
+	if connect.CodeOf(stream.Err()) != connect.CodeUnavailable {
+		t.Fatalf("open WatchMap stream ended with %v, want UNAVAILABLE", stream.Err())
+	}
+	stream.Close()
+
+	wantUnavailable := func(what string, err error) {
+		t.Helper()
+		if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "cannot reach etcd") {
+			t.Errorf("%s while etcd is unreachable: %v, want UNAVAILABLE naming etcd", what, err)
+		}
+	}
+	_, err = members.KeepAlive(ctx, connect.NewRequest(&v1.KeepAliveRequest{Session: s.sessions.token("rooms", "a", testLease)}))
+	wantUnavailable("KeepAlive", err)
+	_, err = maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"}))
+	wantUnavailable("GetMap", err)
+	_, err = hot.GetOverflowSet(ctx, connect.NewRequest(&v1.GetOverflowSetRequest{Pool: "ingest"}))
+	wantUnavailable("GetOverflowSet", err)
+	ws, err := members.WatchGrants(ctx, connect.NewRequest(&v1.WatchGrantsRequest{Session: s.sessions.token("rooms", "a", testLease)}))
+	if err == nil {
+		ws.Receive()
+		err = ws.Err()
+		ws.Close()
+	}
+	wantUnavailable("WatchGrants", err)
+	if _, err := admin.ListKeyspaces(ctx, connect.NewRequest(&v1.ListKeyspacesRequest{})); err != nil {
+		t.Errorf("ListKeyspaces while the probe fails: %v, want AdminService open", err)
+	}
+
+	failing.Store(false)
+	clk.Advance(time.Second)
+	s.checkStore(ctx)
+	if code, body := readyz(t, ts.URL); code != http.StatusOK {
+		t.Fatalf("readyz %d %q after a successful probe", code, body)
+	}
+	if _, err := maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"})); err != nil {
+		t.Fatalf("GetMap once etcd is reachable again: %v", err)
+	}
+}

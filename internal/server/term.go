@@ -1,0 +1,128 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// errLeaseDeadline ends a term whose election lease may have expired at
+// etcd: no renewal was acknowledged in time.
+var errLeaseDeadline = errors.New("server: election lease deadline passed without an acknowledged renewal")
+
+// seams are the parts of a replica's store access that tests replace;
+// nil fields mean the store's.
+type seams struct {
+	renew  func(ctx context.Context, id store.LeaseID) (time.Duration, error)
+	resign func(ctx context.Context, el *store.Election) error
+	watch  func(ctx context.Context, fromRev int64) <-chan store.Update
+	probe  func(ctx context.Context) error // the readiness probe's read
+}
+
+func (s *Server) renewLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	if s.seams.renew != nil {
+		return s.seams.renew(ctx, id)
+	}
+	return s.store.KeepAliveOnce(ctx, id)
+}
+
+func (s *Server) resignElection(ctx context.Context, el *store.Election) error {
+	if s.seams.resign != nil {
+		return s.seams.resign(ctx, el)
+	}
+	return el.Resign(ctx)
+}
+
+// watchStore starts a store watch that stop ends and waits for: once stop
+// returns, the watch's goroutine has exited.
+func (s *Server) watchStore(ctx context.Context, fromRev int64) (updates <-chan store.Update, stop func()) {
+	wctx, cancel := context.WithCancel(ctx)
+	if s.seams.watch != nil {
+		updates = s.seams.watch(wctx, fromRev)
+	} else {
+		updates = s.store.Watch(wctx, fromRev)
+	}
+	return updates, func() {
+		cancel()
+		for range updates { // the watch closes it when its goroutine exits
+		}
+	}
+}
+
+// leaseMargin is how long before the lease's expiry at etcd, as this
+// replica reckons it, the leader stops: it covers clock-rate drift between
+// this replica and etcd and the time the term takes to stop. As the
+// SDK's fence: max(TTL/10, 500 ms), at most TTL/2.
+func leaseMargin(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, 500*time.Millisecond), ttl/2)
+}
+
+// holdLease renews the election lease every ttl/3 of this replica's clock
+// and returns errLeaseDeadline once the deadline passes: the send time of
+// the last acknowledged renewal (renewed, at first) + ttl − leaseMargin.
+// etcd keeps a lease for at least its TTL after receiving a renewal, which
+// is after it was sent, so until the deadline no other replica can have
+// been elected; past it, one may have been, and this one must stop
+// reporting and acting as leader although etcd may be unreachable and
+// the session has not noticed (its keep-alives time out only after the
+// TTL). It returns errNotLeader if etcd says the lease is gone, and nil
+// once ctx is done. Renewals run one at a time in a goroutine, exited
+// before holdLease returns.
+func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Duration, renewed time.Time) error {
+	deadline := renewed.Add(ttl - leaseMargin(ttl))
+	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
+	defer expire.Stop()
+	next := s.clock.NewTimer(ttl / 3)
+	defer next.Stop()
+
+	type result struct {
+		sent time.Time
+		err  error
+	}
+	results := make(chan result, 1) // one renewal in flight at most
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	inFlight := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-expire.C():
+			if now := s.clock.Now(); now.Before(deadline) { // a renewal moved it after this fired
+				expire.Reset(deadline.Sub(now))
+				continue
+			}
+			s.log.Warn("election lease deadline passed without an acknowledged renewal; stopping leading", "deadline", deadline, "ttl", ttl)
+			return errLeaseDeadline
+		case r := <-results:
+			inFlight = false
+			switch {
+			case errors.Is(r.err, store.ErrLeaseNotFound):
+				return fmt.Errorf("%w: election lease gone: %v", errNotLeader, r.err)
+			case r.err != nil:
+				s.log.Warn("could not renew the election lease; retrying", "err", r.err, "deadline", deadline)
+			case r.sent.Add(ttl - leaseMargin(ttl)).After(deadline):
+				deadline = r.sent.Add(ttl - leaseMargin(ttl))
+				expire.Reset(deadline.Sub(s.clock.Now()))
+			}
+		case <-next.C():
+			next.Reset(ttl / 3)
+			if inFlight { // the previous renewal still waits on etcd
+				continue
+			}
+			inFlight = true
+			sent := s.clock.Now()
+			wg.Add(1)
+			go func() { // exits when the renewal answers or rctx ends
+				defer wg.Done()
+				_, err := s.renewLease(rctx, lease)
+				results <- result{sent, err}
+			}()
+		}
+	}
+}
