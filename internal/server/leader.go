@@ -257,12 +257,12 @@ func actionKeyspace(a coordinator.Action) string {
 // write's context is cancelled and write returns an error wrapping
 // errWriteDeadline. ctx still bounds it as a whole.
 func (s *Server) write(ctx context.Context, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	t := s.clock.AfterFunc(d, func() { cancel(errWriteDeadline) })
-	defer t.Stop()
-	rev, err := s.do(wctx, fence, a)
-	if err != nil && errors.Is(context.Cause(wctx), errWriteDeadline) && ctx.Err() == nil {
+	var rev int64
+	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
+		rev, err = s.do(wctx, fence, a)
+		return err
+	})
+	if timedOut {
 		return 0, fmt.Errorf("%w (%v): %w", errWriteDeadline, d, err)
 	}
 	return rev, err

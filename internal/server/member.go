@@ -46,16 +46,31 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 	case w == 0:
 		w = 1
 	}
-	lease, ttl, err := s.store.Grant(ctx, k.LeaseTTL)
-	if err != nil {
+	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
+	var (
+		lease, old store.LeaseID
+		ttl        time.Duration
+		rev        int64
+	)
+	err = s.memberStore(ctx, k.Name, func(ctx context.Context) (err error) {
+		if lease, ttl, err = s.store.Grant(ctx, k.LeaseTTL); err != nil {
+			lease = 0
+			return err
+		}
+		old, rev, err = s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
+		return err
+	})
+	if err != nil && lease == 0 {
 		return nil, apiError(err)
 	}
-	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
-	old, rev, err := s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
 	if err != nil {
-		if rerr := s.store.Revoke(context.WithoutCancel(ctx), lease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
+		// An abandoned Join may still land; its session then expires
+		// unused, as no keep-alive ever names it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxWriteDeadline)
+		if rerr := s.store.Revoke(rctx, lease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
 			s.log.Warn("could not revoke the lease of a failed join; it expires on its own", "keyspace", k.Name, "member", rec.ID, "lease", lease, "ttl", ttl, "err", rerr)
 		}
+		cancel()
 		if errors.Is(err, store.ErrExists) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("member %q is already joined to %q with a live session; a restarted process passes replace=true to take over, another process needs another id", rec.ID, k.Name))
 		}
@@ -82,19 +97,25 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	if err != nil {
 		return nil, err
 	}
-	ttl, err := m.s.store.KeepAliveOnce(ctx, sess.lease)
-	if err != nil {
-		if errors.Is(err, store.ErrLeaseNotFound) {
-			return nil, sessionEnded(sess)
+	// Renew, then check that the member record is still on this session,
+	// and activate it on its first keep-alive. A session that was replaced
+	// so never has a renewal acknowledged after its replacement was
+	// written: the leader can then quarantine its buckets for only what
+	// remains of its lease.
+	var (
+		ttl time.Duration
+		rev int64
+	)
+	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
+		if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
+			return err
 		}
-		return nil, apiError(err)
+		rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
+		return err
+	})
+	if errors.Is(err, store.ErrLeaseNotFound) {
+		return nil, sessionEnded(sess)
 	}
-	// After the renewal, check that the member record is still on this
-	// session, and activate it on its first keep-alive. A session that was
-	// replaced so never has a renewal acknowledged after its replacement
-	// was written: the leader can then quarantine its buckets for only
-	// what remains of its lease.
-	rev, err := m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
 	switch {
 	case errors.Is(err, store.ErrFenced):
 		return nil, sessionReplaced(sess)
@@ -346,7 +367,11 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision}
 		}
 	})
-	rev, err := m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
+	var rev int64
+	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
+		rev, err = m.s.store.Release(ctx, sess.keyspace, sess.member, sess.lease, buckets, guess)
+		return err
+	})
 	var notHeld *store.NotHeldError
 	switch {
 	case err == nil:
@@ -374,7 +399,11 @@ func (m *memberService) Leave(ctx context.Context, req *connect.Request[v1.Leave
 	if err != nil {
 		return nil, err
 	}
-	rev, err := m.s.store.PutDrain(ctx, sess.keyspace, sess.member, store.DrainRequest{RequestedAt: m.s.clock.Now(), By: "member", Leave: true})
+	var rev int64
+	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
+		rev, err = m.s.store.PutDrain(ctx, sess.keyspace, sess.member, store.DrainRequest{RequestedAt: m.s.clock.Now(), By: "member", Leave: true})
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, sessionEnded(sess)

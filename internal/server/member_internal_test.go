@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,5 +262,50 @@ func TestQuarantineTTL(t *testing.T) {
 		if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
 			t.Fatalf("session already gone (superseded %v): quarantine %v, %v; want none", superseded, got, err)
 		}
+	}
+}
+
+// TestMemberStoreDeadline: a member call's store operation that etcd does
+// not answer (a write sent as its leader died) is abandoned at the
+// keyspace's write deadline, TTL/3, and answers Unavailable, so that the
+// member retries at once instead of waiting out etcd's request timeout.
+func TestMemberStoreDeadline(t *testing.T) {
+	clk := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	s := detached(t, clk)
+	apply(s, 5, roomsChanges()...) // rooms: lease TTL 10s, so a deadline of 2s (the most)
+	for _, tc := range []struct {
+		ks   string
+		want time.Duration
+	}{{"rooms", 2 * time.Second}, {"unknown", maxWriteDeadline}} {
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		go func() { // exits when memberStore returns
+			done <- s.memberStore(t.Context(), tc.ks, func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done() // etcd never answers
+				return ctx.Err()
+			})
+		}()
+		<-started
+		clk.MustBlockUntil(t, 1)
+		clk.Advance(tc.want - time.Nanosecond)
+		select {
+		case err := <-done:
+			t.Fatalf("%s: abandoned before its deadline %v: %v", tc.ks, tc.want, err)
+		default:
+		}
+		clk.Advance(time.Nanosecond)
+		err := <-done
+		if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "no answer within "+tc.want.String()) {
+			t.Fatalf("%s: %v; want Unavailable after %v", tc.ks, err, tc.want)
+		}
+	}
+
+	// An answer in time, or an error of its own, passes through.
+	if err := s.memberStore(t.Context(), "rooms", func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("answer in time: %v", err)
+	}
+	if err := s.memberStore(t.Context(), "rooms", func(context.Context) error { return store.ErrFenced }); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("an error of its own: %v", err)
 	}
 }

@@ -1,0 +1,55 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keyshard/keyshard/internal/store"
+)
+
+// errStoreDeadline: a member call's store operation took longer than its
+// deadline and was abandoned.
+var errStoreDeadline = errors.New("etcd did not answer in time (its leader may have just changed)")
+
+// within runs f with a context that is also cancelled, with cause, after d
+// by s's clock. It reports whether that deadline ended f (and not ctx or f
+// itself).
+func (s *Server) within(ctx context.Context, d time.Duration, cause error, f func(context.Context) error) (timedOut bool, err error) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := s.clock.AfterFunc(d, func() { cancel(cause) })
+	defer t.Stop()
+	err = f(wctx)
+	return err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), cause), err
+}
+
+// memberStore runs f, the store operations of a member call (Join,
+// KeepAlive, Release, Leave) in keyspace ks, bounded by the same deadline
+// as the leader's writes (writeDeadline of the keyspace's lease TTL). A
+// write sent to etcd while its leader dies otherwise waits for etcd's
+// whole request timeout (7 s): a release stuck that long leaves its
+// buckets unserved, and a keep-alive stuck that long fences its worker.
+// Past the deadline the call answers Unavailable, and the member retries,
+// through another replica if it has several; every member call is safe to
+// retry.
+func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Context) error) error {
+	ttl := time.Duration(0)
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if k := snap.Keyspaces[ks]; k != nil && k.Config.Exists() {
+			ttl = k.Config.Value.LeaseTTL
+		}
+	})
+	d := maxWriteDeadline
+	if ttl > 0 {
+		d = writeDeadline(ttl)
+	}
+	timedOut, err := s.within(ctx, d, errStoreDeadline, f)
+	if timedOut {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: no answer within %v; retry, through another replica if you have one", errStoreDeadline, d))
+	}
+	return err
+}
