@@ -240,6 +240,7 @@ type session struct {
 	fenced   bool // (mu) no grant of the session may start
 	released map[int]uint64
 	pending  []Grant       // (mu) released, to tell the server
+	held     []Grant       // (mu) what it held when it was fenced, to hand back
 	kick     chan struct{} // cap 1: pending is not empty
 	rev      uint64        // (mu) newest grants revision seen
 	minRev   uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
@@ -681,7 +682,49 @@ func (w *Worker) runSession(ctx context.Context, s *session) error {
 	if left {
 		return nil
 	}
+	if ctx.Err() == nil && !errors.Is(cause, errSessionGone) {
+		w.handBack(ctx, s)
+	}
 	return cause
+}
+
+// handBack gives the server back every bucket session s held when the
+// worker fenced itself, and then leaves with it. Nothing acts on them any
+// more (the fence deadline passed and every handler has returned), so
+// they need not wait for the session's lease to expire at etcd, which
+// comes later than the fence deadline, and a full TTL later if etcd
+// changed leaders meanwhile. Leaving ends the session, so the next Join
+// is not refused as a duplicate while its lease lives. It is best effort
+// (the lease's expiry hands the buckets over anyway): it stops when the
+// server says the session is gone (expired, or replaced by another
+// process), when the calls succeed, or after one TTL.
+func (w *Worker) handBack(ctx context.Context, s *session) {
+	w.mu.Lock()
+	held := map[int]uint64{}
+	for b, tok := range s.released {
+		held[b] = tok
+	}
+	for _, g := range append(s.pending, s.held...) {
+		held[g.Bucket] = g.Token
+	}
+	s.pending, s.held = nil, nil
+	w.mu.Unlock()
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := w.clock.AfterFunc(s.ttl, cancel)
+	defer t.Stop()
+	if len(held) > 0 {
+		batch := make([]Grant, 0, len(held))
+		for b, tok := range held {
+			batch = append(batch, Grant{Bucket: b, Token: tok})
+		}
+		slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
+		w.log.Info("keyshard: handing back the buckets of the fenced session", "session", s.id, "buckets", len(batch))
+		if !w.sendRelease(hctx, s, batch) {
+			return
+		}
+	}
+	_ = w.leave(hctx, s) // an error says the session is gone already
 }
 
 // keep renews the session and self-fences when its fence deadline
@@ -805,6 +848,7 @@ func (w *Worker) fence(s *session, cause error, report bool) {
 	s.end()
 	for _, gs := range w.grants {
 		if gs.s == s {
+			s.held = append(s.held, gs.g)
 			w.endGrantLocked(gs, endFence)
 		}
 	}

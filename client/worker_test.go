@@ -322,14 +322,22 @@ func TestWorkerSelfFence(t *testing.T) {
 			if got := w.Held(); len(got) != 0 {
 				t.Errorf("Held after the fence = %v", got)
 			}
-			// It re-joins with a new session.
+			// Once every handler has returned, it hands the bucket back and
+			// leaves with the fenced session, so that neither waits for the
+			// lease to expire; then it re-joins with a new session.
+			if r := recv(t, f.releases, "the Release of the fenced session's buckets"); r.GetSession() != sid || len(r.GetBuckets()) != 1 || r.GetBuckets()[0].GetBucket() != 5 || r.GetBuckets()[0].GetToken() != a.g.Token {
+				t.Errorf("Release after the fence = %v; want bucket 5 at token %d of session %s", r, a.g.Token, sid)
+			}
+			if got := recv(t, f.leaves, "the Leave of the fenced session"); got != sid {
+				t.Errorf("Leave of session %q after the fence; want %q", got, sid)
+			}
 			recv(t, f.joins, "Join")
 			recv(t, f.joins, "re-Join")
 			if ev := w.waitEvent(t, EventRejoined); ev.Session == sid || ev.Session == "" {
 				t.Errorf("rejoined with session %q", ev.Session)
 			}
 			if n := len(f.releases); n != 0 {
-				t.Errorf("%d Release RPCs after a fence; a fenced session must not release", n)
+				t.Errorf("%d more Release RPCs after the fence", n)
 			}
 			f.setKA("")
 			if err := w.Close(context.Background()); err != nil {
