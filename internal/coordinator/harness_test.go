@@ -29,6 +29,10 @@ type world struct {
 	grants    map[string]map[string]coordinator.Grants
 	grantRev  map[string]map[string]coordinator.Rev
 	releases  map[string]map[string][]coordinator.BucketToken
+	// relSess is, per "ks/id", the session whose lease the member's
+	// releases record is on: the one that wrote it. It goes with that
+	// lease, not with the member record's.
+	relSess map[string]int64
 	tokens    map[string]uint64
 	tokenRev  map[string]coordinator.Rev
 	quar      map[string]map[string][]int
@@ -61,6 +65,7 @@ func newWorld() *world {
 		grants:    map[string]map[string]coordinator.Grants{},
 		grantRev:  map[string]map[string]coordinator.Rev{},
 		releases:  map[string]map[string][]coordinator.BucketToken{},
+		relSess:   map[string]int64{},
 		tokens:    map[string]uint64{},
 		tokenRev:  map[string]coordinator.Rev{},
 		quar:      map[string]map[string][]int{},
@@ -139,10 +144,14 @@ func (w *world) keepAlive(ks, id string) []coordinator.Action {
 
 // releaseBucket makes a member release one bucket it holds, asked or not.
 func (w *world) releaseBucket(ks, id string, b int) []coordinator.Action {
+	if !w.mayRelease(ks, id) {
+		return nil
+	}
 	for _, bt := range w.grants[ks][id].Buckets {
 		if bt.Bucket == b {
 			w.rev++
 			w.releases[ks][id] = append(w.releases[ks][id], bt)
+			w.relSess[ks+"/"+id] = w.grants[ks][id].Session
 			return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: slices.Clone(w.releases[ks][id]), Rev: w.rev})
 		}
 	}
@@ -156,14 +165,15 @@ func (w *world) expire(ks, id string, session int64) []coordinator.Action {
 	if mem, ok := w.members[ks][id]; ok && mem.Session == session {
 		delete(w.members[ks], id)
 		evs = append(evs, coordinator.MemberDeleted{Keyspace: ks, ID: id})
-		if _, ok := w.releases[ks][id]; ok {
-			delete(w.releases[ks], id)
-			evs = append(evs, coordinator.ReleasesDeleted{Keyspace: ks, ID: id})
-		}
 		if _, ok := w.drains[ks][id]; ok {
 			delete(w.drains[ks], id)
 			evs = append(evs, coordinator.DrainDeleted{Keyspace: ks, ID: id})
 		}
+	}
+	if _, ok := w.releases[ks][id]; ok && w.relSess[ks+"/"+id] == session {
+		delete(w.releases[ks], id)
+		delete(w.relSess, ks+"/"+id)
+		evs = append(evs, coordinator.ReleasesDeleted{Keyspace: ks, ID: id})
 	}
 	if g, ok := w.grants[ks][id]; ok && g.Session == session {
 		delete(w.grants[ks], id)
@@ -187,11 +197,19 @@ func (w *world) drain(ks, id string, d coordinator.Drain) []coordinator.Action {
 	return w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
 }
 
+// mayRelease reports whether the store takes a release from the session
+// holding member id's grants: only while the member record is on that
+// session (a replaced session is fenced).
+func (w *world) mayRelease(ks, id string) bool {
+	mem, ok := w.members[ks][id]
+	return ok && mem.Session == w.grants[ks][id].Session
+}
+
 // release makes a member release every bucket it holds whose target is
 // another member, as the SDK does after its handler's Release returns.
 func (w *world) release(ks, id string) []coordinator.Action {
 	g, ok := w.grants[ks][id]
-	if !ok {
+	if !ok || !w.mayRelease(ks, id) {
 		return nil
 	}
 	m := w.maps[ks]
@@ -206,6 +224,7 @@ func (w *world) release(ks, id string) []coordinator.Action {
 	}
 	w.rev++
 	w.releases[ks][id] = rel
+	w.relSess[ks+"/"+id] = g.Session
 	return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: rel, Rev: w.rev})
 }
 
@@ -280,8 +299,14 @@ func (w *world) apply() []coordinator.Action {
 			qttl := w.checkRevoke(a)
 			if len(a.Quarantine) > 0 && qttl > 0 {
 				w.rev++
+				until := w.now.Add(qttl)
+				if _, ok := w.quar[a.Keyspace][a.ID]; ok {
+					// The server keeps the expiry of the quarantine it
+					// replaces if that is later.
+					until = maxTime(until, w.quarUntil[a.Keyspace][a.ID])
+				}
 				w.quar[a.Keyspace][a.ID] = slices.Clone(a.Quarantine)
-				w.quarUntil[a.Keyspace][a.ID] = w.now.Add(qttl)
+				w.quarUntil[a.Keyspace][a.ID] = until
 				next = append(next, w.step(coordinator.QuarantinePut{Keyspace: a.Keyspace, ID: a.ID, Buckets: a.Quarantine})...)
 			}
 			next = append(next, w.expire(a.Keyspace, a.ID, a.Session)...)
@@ -290,6 +315,13 @@ func (w *world) apply() []coordinator.Action {
 	}
 	w.pending = append(w.pending[:0], next...)
 	return next
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // revokedHold is a bucket a revoked session held without releasing it.

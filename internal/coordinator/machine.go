@@ -351,11 +351,25 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 			return
 		}
 		k.revokeInflight[session] = true
+		// Quarantine what the session holds and has not released: a
+		// released bucket is acted on by nobody, so its new owner need not
+		// wait out the old lease.
 		var q []int
 		if g, ok := k.grants[id]; ok && g.Session == session {
 			for _, bt := range g.Buckets {
-				q = append(q, bt.Bucket)
+				if k.releases[id][bt.Bucket] != bt.Token {
+					q = append(q, bt.Bucket)
+				}
 			}
+		}
+		// The member's quarantine key holds one quarantine: a second one
+		// before the first is over must keep the first one's buckets (and
+		// the server keeps its expiry if later), or they would be granted
+		// while an earlier session of the member may still act on them.
+		if len(q) > 0 && len(k.quar[id]) > 0 {
+			q = append(q, k.quar[id]...)
+			sort.Ints(q)
+			q = slices.Compact(q)
 		}
 		acts = append(acts,
 			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Superseded: superseded, Reason: reason},

@@ -105,10 +105,21 @@ func TestRandomHistories(t *testing.T) {
 		}
 		// Faults stop: members release what moved, quarantines expire,
 		// drains are withdrawn... and the map converges.
-		for range 20 {
+		// 45 s: a drain timeout (30 s) and a quarantine (TTL, 10 s) fit.
+		for range 45 {
 			for _, id := range ids {
 				w.keepAlive("ks", id)
 				w.release("ks", id)
+				// A session that holds grants with no member record on it
+				// (its successor crashed before the leader revoked it) is
+				// kept alive by nobody: its lease expires a TTL after it
+				// was replaced.
+				if g, ok := w.grants["ks"][id]; ok {
+					_, joined := w.members["ks"][id]
+					if at, replaced := w.replacedAt[g.Session]; !joined && replaced && !w.now.Before(at.Add(10*time.Second)) {
+						w.expire("ks", id, g.Session)
+					}
+				}
 			}
 			w.expireQuarantines("ks")
 			w.now = w.now.Add(time.Second)

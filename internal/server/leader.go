@@ -400,6 +400,15 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			return 0, err
 		}
 		if len(a.Quarantine) > 0 && qttl > 0 {
+			// The quarantine replaces the member's earlier one, if any
+			// (a.Quarantine includes its buckets): keep its expiry if later.
+			left, err := s.store.QuarantineLeft(ctx, a.Keyspace, a.ID)
+			if err != nil {
+				return 0, err
+			}
+			if left > 0 {
+				qttl = max(qttl, left+time.Second)
+			}
 			qlease, _, err := s.store.Grant(ctx, qttl)
 			if err != nil {
 				return 0, err

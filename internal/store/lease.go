@@ -128,3 +128,28 @@ func (s *Store) Revoke(ctx context.Context, id LeaseID) error {
 	_, err := s.client.Revoke(ctx, clientv3.LeaseID(id))
 	return s.err(fmt.Sprintf("revoke lease %v", id), err)
 }
+
+// QuarantineLeft returns how long the quarantine of member id in ks has
+// left (its lease's remaining TTL, rounded down to whole seconds), or 0
+// if there is none.
+func (s *Store) QuarantineLeft(ctx context.Context, ks, id string) (time.Duration, error) {
+	if s.closed() {
+		return 0, errClosed("read quarantine")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	key := QuarantineKey(ks, id)
+	resp, err := s.client.Get(ctx, key)
+	if err != nil {
+		return 0, s.err("read "+key, err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+		return 0, nil
+	}
+	info, err := s.TimeToLive(ctx, LeaseID(resp.Kvs[0].Lease))
+	if errors.Is(err, ErrLeaseNotFound) {
+		return 0, nil
+	}
+	return info.TTL, err
+}
