@@ -125,6 +125,7 @@ not run), 3 on liveness bound misses only. Replay a run with the same --seed
 	fl.Int64Var(&seed, "seed", 0, "seed of the fault schedule (default: random, printed)")
 	fl.StringVar(&faults, "faults", "all", "comma-separated fault kinds: "+faultKindNames()+"; all is every kind but netns (all,netns adds it)")
 	fl.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "the keyspace's lease TTL")
+	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", 0, "the replicas' election TTL (default TTL - 1s in whole seconds, at least 2s)")
 	fl.IntVar(&cfg.Workers, "workers", cfg.Workers, "number of worker processes")
 	fl.IntVar(&cfg.Buckets, "buckets", cfg.Buckets, "buckets in the keyspace")
 	fl.DurationVar(&cfg.Bound, "bound", 0, "longest a bucket may stay unserved after a fault (default TTL + 1s)")

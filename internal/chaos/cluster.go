@@ -206,7 +206,7 @@ func (c *cluster) startReplica(ctx context.Context, r *replica) error {
 		eps = append(eps, px.URL())
 	}
 	pr, err := StartProc(r.name, c.cfg.Log, c.cfg.Binary, "serve", "--replica", r.name, "--listen", r.addr,
-		"--etcd-endpoints", strings.Join(eps, ","))
+		"--etcd-endpoints", strings.Join(eps, ","), "--election-ttl", c.cfg.ElectionTTL.String())
 	if err != nil {
 		return err
 	}

@@ -73,6 +73,10 @@ type Config struct {
 	Faults []string
 	// TTL is the keyspace's lease TTL; DrainTimeout its drain timeout.
 	TTL, DrainTimeout time.Duration
+	// ElectionTTL is the replicas' election_ttl (default: TTL - 1 s in
+	// whole seconds, at least 2 s), so that a crashed leader is replaced
+	// within the bound.
+	ElectionTTL time.Duration
 	// Workers, Members and Buckets size the cluster.
 	Workers, Members, Buckets int
 	// Interval is the time between two writes of one held bucket.
@@ -131,6 +135,9 @@ func (c *Config) validate() error {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
+	if c.ElectionTTL <= 0 {
+		c.ElectionTTL = max((c.TTL - time.Second).Truncate(time.Second), 2*time.Second)
+	}
 	if c.Bound <= 0 {
 		c.Bound = c.TTL + time.Second
 	}
@@ -164,6 +171,7 @@ type Report struct {
 	Duration time.Duration `json:"duration_ns"`
 	Faults   []string      `json:"faults"`
 	TTL      time.Duration `json:"ttl_ns"`
+	Election time.Duration `json:"election_ttl_ns"`
 	Bound    time.Duration `json:"bound_ns"`
 	Workers  int           `json:"workers"`
 	Buckets  int           `json:"buckets"`
@@ -215,11 +223,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	p := newProgress(cfg.Progress)
 	defer p.stop()
-	rep := &Report{Seed: cfg.Seed, Duration: cfg.Duration, Faults: cfg.Faults, TTL: cfg.TTL, Bound: cfg.Bound,
-		Workers: cfg.Workers, Buckets: cfg.Buckets, Skipped: map[string]string{}}
-	rep.Replay = fmt.Sprintf("keyshard chaos --seed %d --duration %v --faults %s --ttl %v --workers %d",
-		cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.Workers)
-	p.printf("seed %d; faults %s; TTL %v; bound %v; replay: %s", cfg.Seed, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.Bound, rep.Replay)
+	rep := &Report{Seed: cfg.Seed, Duration: cfg.Duration, Faults: cfg.Faults, TTL: cfg.TTL, Election: cfg.ElectionTTL,
+		Bound: cfg.Bound, Workers: cfg.Workers, Buckets: cfg.Buckets, Skipped: map[string]string{}}
+	rep.Replay = fmt.Sprintf("keyshard chaos --seed %d --duration %v --faults %s --ttl %v --election-ttl %v --workers %d",
+		cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.Workers)
+	p.printf("seed %d; faults %s; TTL %v; election TTL %v; bound %v; replay: %s", cfg.Seed, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.Bound, rep.Replay)
 
 	kinds := slices.Clone(cfg.Faults)
 	if slices.Contains(kinds, Netns) {
