@@ -165,10 +165,10 @@ func (w *world) expire(ks, id string, session int64) []coordinator.Action {
 	if mem, ok := w.members[ks][id]; ok && mem.Session == session {
 		delete(w.members[ks], id)
 		evs = append(evs, coordinator.MemberDeleted{Keyspace: ks, ID: id})
-		if _, ok := w.drains[ks][id]; ok {
-			delete(w.drains[ks], id)
-			evs = append(evs, coordinator.DrainDeleted{Keyspace: ks, ID: id})
-		}
+	}
+	if d, ok := w.drains[ks][id]; ok && d.Session == session {
+		delete(w.drains[ks], id)
+		evs = append(evs, coordinator.DrainDeleted{Keyspace: ks, ID: id})
 	}
 	if _, ok := w.releases[ks][id]; ok && w.relSess[ks+"/"+id] == session {
 		delete(w.releases[ks], id)
@@ -193,6 +193,7 @@ func (w *world) drain(ks, id string, d coordinator.Drain) []coordinator.Action {
 	if _, ok := w.members[ks][id]; !ok {
 		return nil // the API refuses to drain a member that is not joined
 	}
+	d.Session = w.members[ks][id].Session
 	w.drains[ks][id] = d
 	return w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
 }

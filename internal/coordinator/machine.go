@@ -272,7 +272,7 @@ func (k *keyspace) effectiveMembers() []placement.Member {
 			}
 		}
 		w := mem.Weight
-		if d, draining := k.drains[id]; draining {
+		if d, draining := k.drainOf(id); draining {
 			if d.Leave {
 				continue
 			}
@@ -321,6 +321,16 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		}
 	}
 	return acts
+}
+
+// drainOf returns member id's drain request, if one applies to its
+// current session.
+func (k *keyspace) drainOf(id string) (Drain, bool) {
+	d, ok := k.drains[id]
+	if !ok || (d.Session != 0 && d.Session != k.members[id].Session) {
+		return Drain{}, false
+	}
+	return d, true
 }
 
 // holders returns, per bucket, the member holding it and its token.
@@ -432,8 +442,8 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 
 	// Members that asked to leave and hold and own nothing.
 	leaving := make([]string, 0)
-	for id, d := range k.drains {
-		if d.Leave {
+	for id := range k.drains {
+		if d, ok := k.drainOf(id); ok && d.Leave {
 			leaving = append(leaving, id)
 		}
 	}

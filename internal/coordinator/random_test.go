@@ -137,13 +137,14 @@ func TestRandomHistories(t *testing.T) {
 		counts := w.maps["ks"].Assignment.Counts()
 		active, weights := 0, 0.0
 		for id, mem := range w.members["ks"] {
-			if _, draining := w.drains["ks"][id]; !draining {
+			if d, draining := w.drains["ks"][id]; !draining || d.Session != mem.Session {
 				active++
 				weights += mem.Weight
 			}
 		}
 		for id, mem := range w.members["ks"] {
 			d, draining := w.drains["ks"][id]
+			draining = draining && d.Session == mem.Session
 			switch {
 			case draining && d.Leave:
 				t.Fatalf("member %s asked to leave but is still joined", id)

@@ -63,9 +63,13 @@ type Map struct {
 }
 
 // Drain is a request to move every bucket away from a member. Leave means
-// the member's session ends once it holds nothing.
+// the member's session ends once it holds nothing. Session is the session
+// the request is attached to (it vanishes with it); 0 means the member's
+// current one. A request of a session the member has replaced does not
+// apply to the new one.
 type Drain struct {
-	Leave bool
+	Leave   bool
+	Session int64
 }
 
 // Rev is the etcd modification revision at which a value was read; the

@@ -120,7 +120,8 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 					st.ReleasingBuckets++
 				}
 			}
-			_, st.Draining = ks.Drains[id]
+			d, ok := ks.Drains[id]
+			st.Draining = ok && d.Lease == m.Lease // a replaced session's drain ends with it
 			resp.Members = append(resp.Members, st)
 		}
 	})

@@ -110,7 +110,7 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 			evs = append(evs, coordinator.MemberPut{Keyspace: name, Member: coordMember(m.Value, m.Lease)})
 		}
 		for id, d := range ks.Drains {
-			evs = append(evs, coordinator.DrainPut{Keyspace: name, ID: id, Drain: coordinator.Drain{Leave: d.Value.Leave}})
+			evs = append(evs, coordinator.DrainPut{Keyspace: name, ID: id, Drain: coordinator.Drain{Leave: d.Value.Leave, Session: int64(d.Lease)}})
 		}
 		if ks.Map.Exists() {
 			evs = append(evs, coordinator.MapPut{Keyspace: name, Map: coordinator.Map{Epoch: ks.Map.Value.Epoch, Assignment: ks.Map.Value.Assignment()}, Rev: ks.Map.ModRevision})
@@ -152,7 +152,7 @@ func changeEvent(c store.Change) coordinator.Event {
 		if c.Deleted {
 			return coordinator.DrainDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		return coordinator.DrainPut{Keyspace: c.Keyspace, ID: c.ID, Drain: coordinator.Drain{Leave: c.Value.(store.DrainRequest).Leave}}
+		return coordinator.DrainPut{Keyspace: c.Keyspace, ID: c.ID, Drain: coordinator.Drain{Leave: c.Value.(store.DrainRequest).Leave, Session: int64(c.Lease)}}
 	case store.KindMap:
 		if c.Deleted {
 			return nil
