@@ -239,12 +239,15 @@ type session struct {
 	hasher   placement.Hasher
 	fenced   bool // (mu) no grant of the session may start
 	released map[int]uint64
-	pending  []Grant       // (mu) released, to tell the server
-	held     []Grant       // (mu) what it held when it was fenced, to hand back
-	kick     chan struct{} // cap 1: pending is not empty
-	rev      uint64        // (mu) newest grants revision seen
-	minRev   uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
-	actors   sync.WaitGroup
+	pending  []Grant // (mu) released, to tell the server
+	held     []Grant // (mu) what it held when it was fenced, to hand back
+	// handedBack: after the fence, the server still knew the session as
+	// the member's and took back what it held (set once runSession ended).
+	handedBack bool
+	kick       chan struct{} // cap 1: pending is not empty
+	rev        uint64        // (mu) newest grants revision seen
+	minRev     uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
+	actors     sync.WaitGroup
 
 	clock    clock.Clock
 	leaseMu  sync.Mutex
@@ -446,8 +449,9 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 	// exponentially with jitter, up to the lease TTL (at least 1s, at
 	// most 10s), so that they do not turn into a tight loop of Joins.
 	var rejoin backoff
+	replace := false // the session just lost was ours and handed back: replace it
 	for first := true; ; first = false {
-		s, err := w.join(ctx, pm, first)
+		s, err := w.join(ctx, pm, first, replace)
 		if err != nil {
 			return err
 		}
@@ -471,6 +475,7 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
+		replace = s.handedBack
 		lost := fmt.Errorf("session %s: %w: %w", s.id, cause, ErrSessionLost)
 		w.log.Error("keyshard: session lost; re-joining", "session", s.id, "err", cause)
 		w.emit(Event{Kind: EventSessionLost, Session: s.id, Err: lost})
@@ -541,9 +546,10 @@ func permanent(err error, first bool) bool {
 // replica): an answer that comes later would start a session whose fence
 // deadline has already passed. A Join abandoned that way, or failed
 // without a clear refusal, may still have created a session at the
-// server, so the next Join asks to replace it.
-func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first bool) (*session, error) {
-	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace}
+// server, so the next Join asks to replace it. So does the Join after a
+// fence whose session the server still knew and took back (handBack).
+func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first, replace bool) (*session, error) {
+	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace || replace}
 	var b backoff
 	for !w.draining() {
 		w.mu.Lock()
@@ -683,22 +689,25 @@ func (w *Worker) runSession(ctx context.Context, s *session) error {
 		return nil
 	}
 	if ctx.Err() == nil && !errors.Is(cause, errSessionGone) {
-		w.handBack(ctx, s)
+		s.handedBack = w.handBack(ctx, s)
 	}
 	return cause
 }
 
 // handBack gives the server back every bucket session s held when the
-// worker fenced itself, and then leaves with it. Nothing acts on them any
-// more (the fence deadline passed and every handler has returned), so
+// worker fenced itself. Nothing acts on them any more (the fence deadline
+// passed, every handler has returned, and no grant of s starts again), so
 // they need not wait for the session's lease to expire at etcd, which
 // comes later than the fence deadline, and a full TTL later if etcd
-// changed leaders meanwhile. Leaving ends the session, so the next Join
-// is not refused as a duplicate while its lease lives. It is best effort
-// (the lease's expiry hands the buckets over anyway): it stops when the
-// server says the session is gone (expired, or replaced by another
-// process), when the calls succeed, or after one TTL.
-func (w *Worker) handBack(ctx context.Context, s *session) {
+// changed leaders meanwhile. It asks the server what the session holds
+// (grants whose news the fence cut off included) and releases all of it.
+// It is best effort, for at most one TTL: the lease's expiry hands the
+// buckets over anyway. It reports whether the server still knew the
+// session as the member's and took the release, so that the next Join
+// may replace it at once instead of being refused as a duplicate while
+// its lease lives; a session that is gone (expired, or replaced by
+// another process) is left alone.
+func (w *Worker) handBack(ctx context.Context, s *session) bool {
 	w.mu.Lock()
 	held := map[int]uint64{}
 	for b, tok := range s.released {
@@ -708,11 +717,23 @@ func (w *Worker) handBack(ctx context.Context, s *session) {
 		held[g.Bucket] = g.Token
 	}
 	s.pending, s.held = nil, nil
+	minRev := max(s.rev, s.minRev)
 	w.mu.Unlock()
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	t := w.clock.AfterFunc(s.ttl, cancel)
 	defer t.Stop()
+	resp, err := callWithin(hctx, w.c, memberAPI.GetGrants, &keyshardv1.GetGrantsRequest{Session: s.id, MinRevision: minRev}, budget{within: s.ttl})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return false
+	case err != nil:
+		w.log.Warn("keyshard: cannot read the fenced session's grants; handing back the ones it knew", "session", s.id, "err", err)
+	default:
+		for _, g := range resp.GetGrants() {
+			held[int(g.GetBucket())] = g.GetToken()
+		}
+	}
 	if len(held) > 0 {
 		batch := make([]Grant, 0, len(held))
 		for b, tok := range held {
@@ -721,10 +742,10 @@ func (w *Worker) handBack(ctx context.Context, s *session) {
 		slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
 		w.log.Info("keyshard: handing back the buckets of the fenced session", "session", s.id, "buckets", len(batch))
 		if !w.sendRelease(hctx, s, batch) {
-			return
+			return false
 		}
 	}
-	_ = w.leave(hctx, s) // an error says the session is gone already
+	return err == nil
 }
 
 // keep renews the session and self-fences when its fence deadline

@@ -322,17 +322,19 @@ func TestWorkerSelfFence(t *testing.T) {
 			if got := w.Held(); len(got) != 0 {
 				t.Errorf("Held after the fence = %v", got)
 			}
-			// Once every handler has returned, it hands the bucket back and
-			// leaves with the fenced session, so that neither waits for the
-			// lease to expire; then it re-joins with a new session.
+			// Once every handler has returned, it hands the bucket back, so
+			// that it does not wait for the lease to expire, and re-joins
+			// with a new session replacing the old one, which the server
+			// still knew as its own.
 			if r := recv(t, f.releases, "the Release of the fenced session's buckets"); r.GetSession() != sid || len(r.GetBuckets()) != 1 || r.GetBuckets()[0].GetBucket() != 5 || r.GetBuckets()[0].GetToken() != a.g.Token {
 				t.Errorf("Release after the fence = %v; want bucket 5 at token %d of session %s", r, a.g.Token, sid)
 			}
-			if got := recv(t, f.leaves, "the Leave of the fenced session"); got != sid {
-				t.Errorf("Leave of session %q after the fence; want %q", got, sid)
+			if j := recv(t, f.joins, "Join"); j.GetReplace() {
+				t.Errorf("first Join with replace")
 			}
-			recv(t, f.joins, "Join")
-			recv(t, f.joins, "re-Join")
+			if j := recv(t, f.joins, "re-Join"); !j.GetReplace() {
+				t.Errorf("re-Join after handing the fenced session's buckets back without replace")
+			}
 			if ev := w.waitEvent(t, EventRejoined); ev.Session == sid || ev.Session == "" {
 				t.Errorf("rejoined with session %q", ev.Session)
 			}
