@@ -143,3 +143,39 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigLimits: limits come from the file under limits:, zero means
+// the default, and a bad value is refused naming its key.
+func TestConfigLimits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keyshard.yaml")
+	os.WriteFile(path, []byte(`
+limits:
+  max_request_bytes: 1048576
+  max_long_polls: 0
+`), 0o644)
+	c := DefaultConfig()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := Limits{MaxRequestBytes: 1 << 20, MaxReportBytes: 8 << 20, MaxLookupKeys: 10000, MaxLookupKeyBytes: 1024, MaxLongPolls: 2048}
+	if c.Limits != want {
+		t.Fatalf("limits %+v, want %+v", c.Limits, want)
+	}
+	for _, tc := range []struct {
+		set  func(*Limits)
+		want string
+	}{
+		{func(l *Limits) { l.MaxLongPolls = -1 }, "limits.max_long_polls: -1; want 1 to"},
+		{func(l *Limits) { l.MaxRequestBytes = 2 << 30 }, "limits.max_request_bytes: 2147483648; want 1 to 1073741824 (0 means 4194304)"},
+		{func(l *Limits) { l.MaxLookupKeyBytes = -5 }, "limits.max_lookup_key_bytes"},
+	} {
+		c := DefaultConfig()
+		tc.set(&c.Limits)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("error %v, want one containing %q", err, tc.want)
+		}
+	}
+}

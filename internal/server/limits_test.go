@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/server"
 )
 
 // stalledBody sends head, then blocks until done is closed: a client that
@@ -107,6 +109,130 @@ func header(key, value string) connect.UnaryInterceptorFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			req.Header().Set(key, value)
 			return next(ctx, req)
+		}
+	}
+}
+
+// postJSON posts body to procedure with the admin token and returns the
+// status and the answer.
+func postJSON(t *testing.T, c *http.Client, url, procedure string, body io.Reader, length int64) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+procedure, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = length
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	msg, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(msg)
+}
+
+// TestRequestSizeLimits: a body over its method's limit is refused with
+// RESOURCE_EXHAUSTED (HTTP 429) naming the flag and the config key,
+// whether its Content-Length announces it or not; the methods that carry
+// lists have the larger limit.
+func TestRequestSizeLimits(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) {
+		c.Limits.MaxRequestBytes = 1000
+		c.Limits.MaxReportBytes = 3000
+	})
+	// 2000 bytes of valid JSON: spaces, then {}.
+	body := func() string { return strings.Repeat(" ", 1998) + "{}" }
+	for _, tc := range []struct {
+		name      string
+		client    *http.Client
+		procedure string
+		length    int64
+		want      int
+		msg       string
+	}{
+		{"announced", http.DefaultClient, keyshardv1connect.AdminServiceListKeyspacesProcedure, 2000, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
+		{"chunked", http.DefaultClient, keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
+		{"h2 unannounced", h2cClient(), keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
+		{"list method", http.DefaultClient, keyshardv1connect.MapServiceLookupProcedure, 2000, http.StatusBadRequest, "keyspace name is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, msg := postJSON(t, tc.client, ts.url, tc.procedure, strings.NewReader(body()), tc.length)
+			if status != tc.want || !strings.Contains(msg, tc.msg) {
+				t.Fatalf("status %d %s, want %d mentioning %q", status, msg, tc.want, tc.msg)
+			}
+		})
+	}
+	status, msg := postJSON(t, http.DefaultClient, ts.url, keyshardv1connect.MapServiceLookupProcedure, strings.NewReader(strings.Repeat(" ", 4000)+"{}"), -1)
+	if status != http.StatusTooManyRequests || !strings.Contains(msg, "at most 3000 (--max-report-bytes, limits.max_report_bytes)") {
+		t.Fatalf("lookup of 4000 bytes: status %d %s", status, msg)
+	}
+}
+
+// TestLookupLimits: too many keys is RESOURCE_EXHAUSTED naming the limit;
+// a key too long is INVALID_ARGUMENT naming the key.
+func TestLookupLimits(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) {
+		c.Limits.MaxLookupKeys = 3
+		c.Limits.MaxLookupKeyBytes = 8
+		c.Keyspaces = []server.KeyspaceConfig{{Name: "rooms", Buckets: 16}}
+	})
+	ctx := ctxT(t)
+	_, err := ts.maps.Lookup(ctx, connect.NewRequest(&v1.LookupRequest{Keyspace: "rooms", Keys: []string{"a", "b", "c", "d"}}))
+	wantCode(t, err, connect.CodeResourceExhausted, "4 keys in one Lookup; this replica takes at most 3 (--max-lookup-keys, limits.max_lookup_keys)")
+	_, err = ts.maps.Lookup(ctx, connect.NewRequest(&v1.LookupRequest{Keyspace: "rooms", Keys: []string{"a", "123456789"}}))
+	wantCode(t, err, connect.CodeInvalidArgument, "keys[1]: \"123456789\"... is 9 bytes; this replica takes keys of at most 8 (--max-lookup-key-bytes, limits.max_lookup_key_bytes)")
+	_, err = ts.maps.Lookup(ctx, connect.NewRequest(&v1.LookupRequest{Keyspace: "rooms", Keys: []string{"a", "12345678", "c"}}))
+	if connect.CodeOf(err) != connect.CodeUnavailable { // no member yet: no map
+		t.Fatalf("lookup within the limits: %v", err)
+	}
+}
+
+// TestLongPollLimit: beyond limits.max_long_polls, long polls and watches
+// are refused with RESOURCE_EXHAUSTED, and counted; a poll without a wait
+// takes no place.
+func TestLongPollLimit(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) {
+		c.Limits.MaxLongPolls = 2
+		c.Keyspaces = []server.KeyspaceConfig{{Name: "rooms", Buckets: 16}}
+		c.HotKeyPools = []server.HotKeyPoolConfig{{Name: "ingest", Threshold: 100}}
+	})
+	ctx := ctxT(t)
+	for range 2 {
+		watch, err := ts.hot.WatchOverflowSet(ctx, connect.NewRequest(&v1.WatchOverflowSetRequest{Pool: "ingest"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { watch.Close() })
+		watch.ResponseHeader() // the server sends headers first; no set yet
+		if err := watch.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const msg = "holds 2 long polls and watches, its limit (--max-long-polls, limits.max_long_polls)"
+	maps := keyshardv1connect.NewMapServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearerToken(memberToken)))
+	watch, err := maps.WatchMap(ctx, connect.NewRequest(&v1.WatchMapRequest{Keyspace: "rooms"}))
+	if err == nil {
+		watch.Receive()
+		err = watch.Err()
+		watch.Close()
+	}
+	wantCode(t, err, connect.CodeResourceExhausted, msg)
+	_, err = ts.maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms", Wait: durationpb.New(time.Second)}))
+	wantCode(t, err, connect.CodeResourceExhausted, msg)
+	if _, err := ts.hot.GetOverflowSet(ctx, connect.NewRequest(&v1.GetOverflowSetRequest{Pool: "ingest"})); err != nil {
+		t.Fatalf("a poll without a wait: %v", err)
+	}
+	res, err := http.Get(ts.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	metrics, _ := io.ReadAll(res.Body)
+	for _, want := range []string{"keyshard_api_long_polls 2\n", "keyshard_api_long_polls_refused_total 2\n"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %q", want)
 		}
 	}
 }

@@ -34,6 +34,7 @@ type Server struct {
 	reg     *prometheus.Registry
 	metrics *metrics
 	auth    *authenticator
+	polls   *longPolls
 	view    *view
 	rounds  *roundLog // the leader's hot-key aggregation rounds, for tests
 
@@ -73,6 +74,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		reg:     reg,
 		metrics: m,
 		auth:    newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
+		polls:   &longPolls{most: int64(cfg.Limits.MaxLongPolls), m: m},
 		view:    newView(log, m),
 		ready:   make(chan struct{}),
 		rounds:  newRoundLog(),
@@ -217,7 +219,14 @@ func (s *Server) createKeyspaces(ctx context.Context) error {
 }
 
 func (s *Server) httpServer() (*http.Server, error) {
-	opts := []connect.HandlerOption{connect.WithRequestGate(s.auth.gate)}
+	opts := []connect.HandlerOption{
+		connect.WithRequestGate(s.auth.gate),
+		connect.WithRequestGate(s.sizeGate),
+		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
+			most, _ := s.cfg.Limits.readMax(spec.Procedure)
+			return []connect.HandlerOption{connect.WithReadMaxBytes(most)}
+		}),
+	}
 	mux := http.NewServeMux()
 	mux.Handle(keyshardv1connect.NewAdminServiceHandler(&adminService{s}, opts...))
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
@@ -245,7 +254,7 @@ func (s *Server) httpServer() (*http.Server, error) {
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           s.limitBodies(mux),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return base },
 		Protocols:         protocols,
