@@ -222,6 +222,8 @@ func (s *Server) httpServer() (*http.Server, error) {
 	opts := []connect.HandlerOption{
 		connect.WithRequestGate(s.auth.gate),
 		connect.WithRequestGate(s.sizeGate),
+		connect.WithCodec(strictJSONCodecs[0]),
+		connect.WithCodec(strictJSONCodecs[1]),
 		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
 			most, _ := s.cfg.Limits.readMax(spec.Procedure)
 			return []connect.HandlerOption{connect.WithReadMaxBytes(most)}
@@ -254,7 +256,7 @@ func (s *Server) httpServer() (*http.Server, error) {
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           s.limitBodies(mux),
+		Handler:           s.limitBodies(jsonErrors(mux)),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return base },
 		Protocols:         protocols,
