@@ -126,15 +126,13 @@ func (l Limits) readMax(procedure string) (int, Limit) {
 // a body may be that much larger than its one message.
 const envelopeBytes = 5
 
+// tooLarge refuses a body of size bytes (-1: not known, only that it
+// passed the limit).
 func tooLarge(procedure string, size int64, most int, lim Limit) error {
-	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("request body of %s is %s bytes; this replica takes at most %d (%s)", procedure, sizeText(size), most, lim.Names()))
-}
-
-func sizeText(n int64) string {
-	if n < 0 {
-		return "more than that"
+	if size < 0 {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("request body of %s is over %d bytes, the most this replica takes (%s)", procedure, most, lim.Names()))
 	}
-	return strconv.FormatInt(n, 10)
+	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("request body of %s is %d bytes; this replica takes at most %d (%s)", procedure, size, most, lim.Names()))
 }
 
 // sizeGate refuses, before reading it, a body whose Content-Length is over

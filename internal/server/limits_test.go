@@ -153,8 +153,8 @@ func TestRequestSizeLimits(t *testing.T) {
 		msg       string
 	}{
 		{"announced", http.DefaultClient, keyshardv1connect.AdminServiceListKeyspacesProcedure, 2000, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
-		{"chunked", http.DefaultClient, keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
-		{"h2 unannounced", h2cClient(), keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "at most 1000 (--max-request-bytes, limits.max_request_bytes)"},
+		{"chunked", http.DefaultClient, keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "is over 1000 bytes, the most this replica takes (--max-request-bytes, limits.max_request_bytes)"},
+		{"h2 unannounced", h2cClient(), keyshardv1connect.AdminServiceListKeyspacesProcedure, -1, http.StatusTooManyRequests, "is over 1000 bytes, the most this replica takes (--max-request-bytes, limits.max_request_bytes)"},
 		{"list method", http.DefaultClient, keyshardv1connect.MapServiceLookupProcedure, 2000, http.StatusBadRequest, "keyspace name is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,7 +165,7 @@ func TestRequestSizeLimits(t *testing.T) {
 		})
 	}
 	status, msg := postJSON(t, http.DefaultClient, ts.url, keyshardv1connect.MapServiceLookupProcedure, strings.NewReader(strings.Repeat(" ", 4000)+"{}"), -1)
-	if status != http.StatusTooManyRequests || !strings.Contains(msg, "at most 3000 (--max-report-bytes, limits.max_report_bytes)") {
+	if status != http.StatusTooManyRequests || !strings.Contains(msg, "over 3000 bytes, the most this replica takes (--max-report-bytes, limits.max_report_bytes)") {
 		t.Fatalf("lookup of 4000 bytes: status %d %s", status, msg)
 	}
 }
