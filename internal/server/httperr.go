@@ -67,6 +67,9 @@ func (w *jsonErrorWriter) Write(p []byte) (int, error) {
 }
 
 func (w *jsonErrorWriter) Flush() {
+	if !w.wrote { // flushing sends the headers, with 200
+		w.WriteHeader(http.StatusOK)
+	}
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
