@@ -66,11 +66,16 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 
 // waitFor waits until the output contains s.
 func (b *syncBuffer) waitFor(ctx context.Context, s string) (string, bool) {
+	return b.waitUntil(ctx, func(out string) bool { return strings.Contains(out, s) })
+}
+
+// waitUntil waits until done holds on the output.
+func (b *syncBuffer) waitUntil(ctx context.Context, done func(out string) bool) (string, bool) {
 	for {
 		b.mu.Lock()
 		out, changed := b.buf.String(), b.changed
 		b.mu.Unlock()
-		if strings.Contains(out, s) {
+		if done(out) {
 			return out, true
 		}
 		select {
@@ -164,7 +169,12 @@ ingest  1600       800            10s       25                30s             10
 			t.Fatal(err)
 		}
 	}
-	out, ok := watchOut.waitFor(ctx, "version 1")
+	// The table comes in several writes: wait for the whole of it, the
+	// title line, the header and two rows.
+	out, ok := watchOut.waitUntil(ctx, func(out string) bool {
+		_, v1, ok := strings.Cut(out, "version 1")
+		return ok && strings.Count(v1, "\n") >= 4
+	})
 	if !ok {
 		t.Fatalf("watch did not print version 1: %q", out)
 	}

@@ -17,6 +17,7 @@ func newServe() *cobra.Command {
 		adminToks  []string
 		memberToks []string
 		endpoints  []string
+		limits     = make([]int, len(server.LimitSettings))
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -77,6 +78,11 @@ variables, then --config (YAML), then defaults.`,
 			if fl.Changed("log-level") {
 				cfg.LogLevel = f.LogLevel
 			}
+			for i, l := range server.LimitSettings {
+				if fl.Changed(l.Flag) {
+					*l.Field(&cfg.Limits) = limits[i]
+				}
+			}
 			log := newLogger(cmd, cfg.LogLevel)
 			slog.SetDefault(log)
 			srv, err := server.New(cfg, server.Options{Logger: log})
@@ -101,6 +107,9 @@ variables, then --config (YAML), then defaults.`,
 	fl.StringSliceVar(&adminToks, "admin-token", nil, "bearer token(s) of the admin role (prefer KEYSHARD_ADMIN_TOKENS)")
 	fl.StringSliceVar(&memberToks, "member-token", nil, "bearer token(s) of the member role (prefer KEYSHARD_MEMBER_TOKENS)")
 	fl.StringVar(&f.LogLevel, "log-level", "info", "debug, info, warn or error")
+	for i, l := range server.LimitSettings {
+		fl.IntVar(&limits[i], l.Flag, l.Default, l.Help+" ("+l.Key+")")
+	}
 	return cmd
 }
 

@@ -32,7 +32,7 @@ type world struct {
 	// relSess is, per "ks/id", the session whose lease the member's
 	// releases record is on: the one that wrote it. It goes with that
 	// lease, not with the member record's.
-	relSess map[string]int64
+	relSess   map[string]int64
 	tokens    map[string]uint64
 	tokenRev  map[string]coordinator.Rev
 	quar      map[string]map[string][]int

@@ -25,7 +25,9 @@ const (
 // authenticator checks bearer tokens against the roles each service needs:
 // admin for AdminService, member for MemberService, either for MapService
 // and HotKeyService (routers and producers may run with either token).
-// It implements connect.Interceptor for unary and streaming handlers.
+// Its gate runs once the request headers are in, before any byte of the
+// body is read: a caller without a valid token costs no more than its
+// headers.
 type authenticator struct {
 	open    bool // no tokens configured on loopback, or auth disabled
 	admin   [][]byte
@@ -77,8 +79,8 @@ func (a *authenticator) check(procedure string, header http.Header) error {
 		return nil
 	}
 	auth := header.Get("Authorization")
-	token, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok || token == "" {
+	token, ok := bearerToken(auth)
+	if !ok {
 		a.refused.WithLabelValues(procedure, "missing").Inc()
 		return connect.NewError(connect.CodeUnauthenticated, errors.New(`missing bearer token: send "Authorization: Bearer <token>" with an admin or member token`))
 	}
@@ -98,24 +100,20 @@ func (a *authenticator) check(procedure string, header http.Header) error {
 	return nil
 }
 
-func (a *authenticator) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if err := a.check(req.Spec().Procedure, req.Header()); err != nil {
-			return nil, err
-		}
-		return next(ctx, req)
-	}
+// gate is a connect.RequestGateFunc: it refuses the call before its
+// message is read.
+func (a *authenticator) gate(ctx context.Context, spec connect.Spec, _ connect.Peer, header http.Header) (context.Context, error) {
+	return ctx, a.check(spec.Procedure, header)
 }
 
-func (a *authenticator) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (a *authenticator) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if err := a.check(conn.Spec().Procedure, conn.RequestHeader()); err != nil {
-			return err
-		}
-		return next(ctx, conn)
+// bearerToken returns the token of an Authorization header value. The
+// scheme is case-insensitive and may be followed by several spaces, as RFC
+// 7235 has it.
+func bearerToken(auth string) (string, bool) {
+	scheme, token, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
 	}
+	token = strings.TrimLeft(token, " ")
+	return token, token != ""
 }

@@ -47,6 +47,8 @@ type Config struct {
 	HotKeyPools []HotKeyPoolConfig `yaml:"hotkey_pools"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+	// Limits bound request sizes, lookups and long polls.
+	Limits Limits `yaml:"limits"`
 }
 
 // TLSFiles names PEM files.
@@ -163,6 +165,7 @@ func DefaultConfig() Config {
 		ElectionTTL: DefaultElectionTTL,
 		Etcd:        EtcdConfig{DataDir: "keyshard-data"},
 		LogLevel:    "info",
+		Limits:      DefaultLimits(),
 	}
 }
 
@@ -272,6 +275,9 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return configErr("log_level", "%q; want debug, info, warn or error", c.LogLevel)
+	}
+	if err := c.Limits.normalize(); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for i := range c.Keyspaces {

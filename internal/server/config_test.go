@@ -10,8 +10,7 @@ import (
 )
 
 func TestConfigFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keyshard.yaml")
-	os.WriteFile(path, []byte(`
+	c := loadValid(t, `
 listen: 127.0.0.1:7411
 etcd:
   data_dir: /tmp/ks
@@ -21,14 +20,7 @@ keyspaces:
     lease_ttl: 5s
   - name: senders
     hash: synapse-sha256
-`), 0o644)
-	c := DefaultConfig()
-	if err := c.LoadFile(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
+`)
 	if c.ElectionTTL != DefaultElectionTTL {
 		t.Fatalf("election_ttl %v, want the default %v", c.ElectionTTL, DefaultElectionTTL)
 	}
@@ -45,8 +37,7 @@ keyspaces:
 }
 
 func TestConfigHotKeyPools(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keyshard.yaml")
-	os.WriteFile(path, []byte(`
+	c := loadValid(t, `
 hotkey_pools:
   - name: ingest
     threshold: 6400
@@ -57,14 +48,7 @@ hotkey_pools:
     report_threshold: 5
     report_max_age: 10s
     max_keys: 2048
-`), 0o644)
-	c := DefaultConfig()
-	if err := c.LoadFile(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
+`)
 	want := []HotKeyPoolConfig{
 		{Name: "ingest", Threshold: 6400, LowThreshold: 3200, Cooldown: 30 * time.Second, ReportThreshold: 100, ReportMaxAge: 30 * time.Second, MaxKeys: 1024},
 		{Name: "api", Threshold: 100, LowThreshold: 80, Cooldown: time.Minute, ReportThreshold: 5, ReportMaxAge: 10 * time.Second, MaxKeys: 2048},
@@ -148,4 +132,49 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConfigLimits: limits come from the file under limits:, zero means
+// the default, and a bad value is refused naming its key.
+func TestConfigLimits(t *testing.T) {
+	c := loadValid(t, `
+limits:
+  max_request_bytes: 1048576
+  max_long_polls: 0
+`)
+	want := Limits{MaxRequestBytes: 1 << 20, MaxReportBytes: 8 << 20, MaxLookupKeys: 10000, MaxLookupKeyBytes: 1024, MaxLongPolls: 2048}
+	if c.Limits != want {
+		t.Fatalf("limits %+v, want %+v", c.Limits, want)
+	}
+	for _, tc := range []struct {
+		set  func(*Limits)
+		want string
+	}{
+		{func(l *Limits) { l.MaxLongPolls = -1 }, "limits.max_long_polls: -1; want 1 to"},
+		{func(l *Limits) { l.MaxRequestBytes = 2 << 30 }, "limits.max_request_bytes: 2147483648; want 1 to 1073741824 (0 means 4194304)"},
+		{func(l *Limits) { l.MaxLookupKeyBytes = -5 }, "limits.max_lookup_key_bytes"},
+	} {
+		c := DefaultConfig()
+		tc.set(&c.Limits)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("error %v, want one containing %q", err, tc.want)
+		}
+	}
+}
+
+// loadValid loads the YAML text onto DefaultConfig and validates it.
+func loadValid(t *testing.T, text string) Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keyshard.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -91,6 +91,11 @@ func (h *hotKeyService) GetOverflowSet(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
+	release, err := h.s.polls.holdIf(wait > 0)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	since := req.Msg.GetSinceVersion()
 	timer := h.s.clock.NewTimer(wait)
 	defer timer.Stop()
@@ -114,6 +119,11 @@ func (h *hotKeyService) WatchOverflowSet(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return err
 	}
+	release, err := h.s.polls.hold()
+	if err != nil {
+		return err
+	}
+	defer release()
 	sent := req.Msg.GetSinceVersion()
 	for first := true; ; first = false {
 		set, changed := h.s.view.overflowSet(pool.Name)

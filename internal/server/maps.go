@@ -9,9 +9,6 @@ import (
 	"github.com/keyshard/keyshard/internal/store"
 )
 
-// maxLookupKeys bounds one Lookup call.
-const maxLookupKeys = 10000
-
 // mapService serves MapService: maps for routers, and lookups for clients
 // that do not hash locally.
 type mapService struct{ s *Server }
@@ -33,6 +30,11 @@ func (a *mapService) GetMap(ctx context.Context, req *connect.Request[v1.GetMapR
 	if err != nil {
 		return nil, err
 	}
+	release, err := a.s.polls.holdIf(wait > 0)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	timer := a.s.clock.NewTimer(wait)
 	defer timer.Stop()
 	for {
@@ -59,6 +61,11 @@ func (a *mapService) WatchMap(ctx context.Context, req *connect.Request[v1.Watch
 	if _, err := a.s.keyspace(ctx, name); err != nil {
 		return err
 	}
+	release, err := a.s.polls.hold()
+	if err != nil {
+		return err
+	}
+	defer release()
 	sent := req.Msg.GetSinceEpoch()
 	for {
 		mv, changed := a.s.currentMap(name)
@@ -82,8 +89,8 @@ func (a *mapService) Lookup(ctx context.Context, req *connect.Request[v1.LookupR
 		return nil, err
 	}
 	keys := req.Msg.GetKeys()
-	if len(keys) > maxLookupKeys {
-		return nil, invalid("keys: %d keys in one call; send at most %d", len(keys), maxLookupKeys)
+	if err := a.s.cfg.Limits.checkLookup(keys); err != nil {
+		return nil, err
 	}
 	mv, _ := a.s.currentMap(name)
 	if mv == nil {

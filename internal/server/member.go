@@ -269,6 +269,11 @@ func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.G
 	if err != nil {
 		return nil, err
 	}
+	release, err := m.s.polls.holdIf(wait > 0)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
 		return nil, err
 	}
@@ -298,6 +303,11 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	if err != nil {
 		return err
 	}
+	release, err := m.s.polls.hold()
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
 		return err
 	}

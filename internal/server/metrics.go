@@ -20,6 +20,10 @@ type metrics struct {
 	hotKeyFailures   *prometheus.CounterVec // failed aggregations and writes of the leader, per pool
 	hotKeyLastRound  prometheus.Gauge       // when this replica, as leader, last aggregated
 	hotReportsPruned *prometheus.CounterVec // stale reports the leader deleted, per pool
+
+	// API limits.
+	longPolls        prometheus.Gauge   // long polls and watch streams held now
+	longPollsRefused prometheus.Counter // refused over limits.max_long_polls
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -63,8 +67,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		hotReportsPruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_hotkey_reports_pruned_total", Help: "Stale hot-key reports (older than twice report_max_age) deleted by this replica as leader.",
 		}, []string{"pool"}),
+		longPolls: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keyshard_api_long_polls", Help: "Long polls (GetGrants, GetMap, GetOverflowSet with a wait) and watch streams this replica holds now.",
+		}),
+		longPollsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keyshard_api_long_polls_refused_total", Help: "Long polls and watch streams refused because this replica held limits.max_long_polls already.",
+		}),
 	}
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
-		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned)
+		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
+		m.longPolls, m.longPollsRefused)
 	return m
 }

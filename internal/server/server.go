@@ -17,8 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
@@ -36,6 +34,7 @@ type Server struct {
 	reg     *prometheus.Registry
 	metrics *metrics
 	auth    *authenticator
+	polls   *longPolls
 	view    *view
 	rounds  *roundLog    // the leader's hot-key aggregation rounds, for tests
 	seams   seams        // nil fields: the store's
@@ -78,6 +77,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		reg:     reg,
 		metrics: m,
 		auth:    newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
+		polls:   &longPolls{most: int64(cfg.Limits.MaxLongPolls), m: m},
 		view:    newView(log, m),
 		ready:   make(chan struct{}),
 		rounds:  newRoundLog(),
@@ -226,7 +226,17 @@ func (s *Server) createKeyspaces(ctx context.Context) error {
 }
 
 func (s *Server) httpServer() (*http.Server, error) {
-	opts := []connect.HandlerOption{connect.WithInterceptors(s.auth, reachGate{s})}
+	opts := []connect.HandlerOption{
+		connect.WithRequestGate(s.auth.gate),
+		connect.WithRequestGate(s.sizeGate),
+		connect.WithInterceptors(reachGate{s}),
+		connect.WithCodec(strictJSONCodecs[0]),
+		connect.WithCodec(strictJSONCodecs[1]),
+		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
+			most, _ := s.cfg.Limits.readMax(spec.Procedure)
+			return []connect.HandlerOption{connect.WithReadMaxBytes(most)}
+		}),
+	}
 	mux := http.NewServeMux()
 	mux.Handle(keyshardv1connect.NewAdminServiceHandler(&adminService{s}, opts...))
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
@@ -248,10 +258,20 @@ func (s *Server) httpServer() (*http.Server, error) {
 	// Streams and long polls end when shutdown begins, so clients move to
 	// another replica at once instead of holding Shutdown for its timeout.
 	base, endStreams := context.WithCancel(context.Background())
+	// HTTP/2 without TLS is served with prior knowledge only (as gRPC
+	// clients and the Go SDK speak it). An HTTP/1.1 request asking to
+	// upgrade to h2c is served as HTTP/1.1: an upgrade would have to read
+	// its whole body into memory before any handler, or the token check,
+	// could see it.
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           h2c.NewHandler(mux, &http2.Server{}),
+		Handler:           s.limitBodies(jsonErrors(mux)),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return base },
+		Protocols:         protocols,
 	}
 	srv.RegisterOnShutdown(endStreams)
 	if s.cfg.TLS.CertFile != "" {
@@ -259,7 +279,6 @@ func (s *Server) httpServer() (*http.Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: tls: load %s and %s: %v", ErrConfig, s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile, err)
 		}
-		srv.Handler = mux
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 	}
 	return srv, nil
