@@ -241,9 +241,10 @@ type session struct {
 	released map[int]uint64
 	pending  []Grant // (mu) released, to tell the server
 	held     []Grant // (mu) what it held when it was fenced, to hand back
-	// handedBack: after the fence, the server still knew the session as
-	// the member's and took back what it held (set once runSession ended).
-	handedBack bool
+	// selfFenced: the worker fenced the session itself (its deadline
+	// passed; the server had not ended it), so it acts on none of its
+	// buckets any more (set once runSession ended).
+	selfFenced bool
 	kick       chan struct{} // cap 1: pending is not empty
 	rev        uint64        // (mu) newest grants revision seen
 	minRev     uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
@@ -449,9 +450,9 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 	// exponentially with jitter, up to the lease TTL (at least 1s, at
 	// most 10s), so that they do not turn into a tight loop of Joins.
 	var rejoin backoff
-	replace := false // the session just lost was ours and handed back: replace it
+	fenced := "" // the session just lost, if the worker fenced it itself
 	for first := true; ; first = false {
-		s, err := w.join(ctx, pm, first, replace)
+		s, err := w.join(ctx, pm, first, fenced)
 		if err != nil {
 			return err
 		}
@@ -475,7 +476,10 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
-		replace = s.handedBack
+		fenced = ""
+		if s.selfFenced {
+			fenced = s.id
+		}
 		lost := fmt.Errorf("session %s: %w: %w", s.id, cause, ErrSessionLost)
 		w.log.Error("keyshard: session lost; re-joining", "session", s.id, "err", cause)
 		w.emit(Event{Kind: EventSessionLost, Session: s.id, Err: lost})
@@ -546,10 +550,15 @@ func permanent(err error, first bool) bool {
 // replica): an answer that comes later would start a session whose fence
 // deadline has already passed. A Join abandoned that way, or failed
 // without a clear refusal, may still have created a session at the
-// server, so the next Join asks to replace it. So does the Join after a
-// fence whose session the server still knew and took back (handBack).
-func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first, replace bool) (*session, error) {
-	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace || replace}
+// server, so the next Join asks to replace it.
+//
+// After the worker fenced its session itself, fenced is that session: the
+// Join replaces it and names it (fenced_session), so the leader revokes it
+// without quarantine and its buckets are granted again at once, instead
+// of after what remained of its lease (which etcd extends by a whole TTL
+// when it changes leaders).
+func (w *Worker) join(ctx context.Context, pm *keyshardv1.Member, first bool, fenced string) (*session, error) {
+	req := &keyshardv1.JoinRequest{Keyspace: w.keyspace, Member: pm, Replace: w.opts.replace || fenced != "", FencedSession: fenced}
 	var b backoff
 	for !w.draining() {
 		w.mu.Lock()
@@ -689,25 +698,24 @@ func (w *Worker) runSession(ctx context.Context, s *session) error {
 		return nil
 	}
 	if ctx.Err() == nil && !errors.Is(cause, errSessionGone) {
-		s.handedBack = w.handBack(ctx, s)
+		s.selfFenced = true
+		if w.draining() {
+			// No Join follows: give back what the session held now.
+			w.handBack(ctx, s)
+		}
 	}
 	return cause
 }
 
 // handBack gives the server back every bucket session s held when the
-// worker fenced itself. Nothing acts on them any more (the fence deadline
-// passed, every handler has returned, and no grant of s starts again), so
-// they need not wait for the session's lease to expire at etcd, which
-// comes later than the fence deadline, and a full TTL later if etcd
-// changed leaders meanwhile. It asks the server what the session holds
-// (grants whose news the fence cut off included) and releases all of it.
-// It is best effort, for at most one TTL: the lease's expiry hands the
-// buckets over anyway. It reports whether the server still knew the
-// session as the member's and took the release, so that the next Join
-// may replace it at once instead of being refused as a duplicate while
-// its lease lives; a session that is gone (expired, or replaced by
-// another process) is left alone.
-func (w *Worker) handBack(ctx context.Context, s *session) bool {
+// worker fenced itself while leaving: no Join follows to name the session
+// as fenced, and nothing acts on its buckets any more (the fence deadline
+// passed, every handler has returned, no grant of s starts again), so
+// they need not wait for the session's lease to expire at etcd. It asks
+// the server what the session holds (grants whose news the fence cut off
+// included) and releases all of it. It is best effort, for at most one
+// TTL: the lease's expiry hands the buckets over anyway.
+func (w *Worker) handBack(ctx context.Context, s *session) {
 	w.mu.Lock()
 	held := map[int]uint64{}
 	for b, tok := range s.released {
@@ -726,7 +734,7 @@ func (w *Worker) handBack(ctx context.Context, s *session) bool {
 	resp, err := callWithin(hctx, w.c, memberAPI.GetGrants, &keyshardv1.GetGrantsRequest{Session: s.id, MinRevision: minRev}, budget{within: s.ttl})
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return false
+		return // the session is gone: so are its grants
 	case err != nil:
 		w.log.Warn("keyshard: cannot read the fenced session's grants; handing back the ones it knew", "session", s.id, "err", err)
 	default:
@@ -741,11 +749,8 @@ func (w *Worker) handBack(ctx context.Context, s *session) bool {
 		}
 		slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
 		w.log.Info("keyshard: handing back the buckets of the fenced session", "session", s.id, "buckets", len(batch))
-		if !w.sendRelease(hctx, s, batch) {
-			return false
-		}
+		w.sendRelease(hctx, s, batch)
 	}
-	return err == nil
 }
 
 // keep renews the session and self-fences when its fence deadline

@@ -322,24 +322,21 @@ func TestWorkerSelfFence(t *testing.T) {
 			if got := w.Held(); len(got) != 0 {
 				t.Errorf("Held after the fence = %v", got)
 			}
-			// Once every handler has returned, it hands the bucket back, so
-			// that it does not wait for the lease to expire, and re-joins
-			// with a new session replacing the old one, which the server
-			// still knew as its own.
-			if r := recv(t, f.releases, "the Release of the fenced session's buckets"); r.GetSession() != sid || len(r.GetBuckets()) != 1 || r.GetBuckets()[0].GetBucket() != 5 || r.GetBuckets()[0].GetToken() != a.g.Token {
-				t.Errorf("Release after the fence = %v; want bucket 5 at token %d of session %s", r, a.g.Token, sid)
+			// It re-joins replacing the session it fenced and naming it,
+			// so that the leader revokes it without quarantine; it does
+			// not release (the new session may be granted the buckets
+			// back at once).
+			if j := recv(t, f.joins, "Join"); j.GetReplace() || j.GetFencedSession() != "" {
+				t.Errorf("first Join = %v; want no replace", j)
 			}
-			if j := recv(t, f.joins, "Join"); j.GetReplace() {
-				t.Errorf("first Join with replace")
-			}
-			if j := recv(t, f.joins, "re-Join"); !j.GetReplace() {
-				t.Errorf("re-Join after handing the fenced session's buckets back without replace")
+			if j := recv(t, f.joins, "re-Join"); !j.GetReplace() || j.GetFencedSession() != sid {
+				t.Errorf("re-Join after the fence = %v; want replace with fenced_session %s", j, sid)
 			}
 			if ev := w.waitEvent(t, EventRejoined); ev.Session == sid || ev.Session == "" {
 				t.Errorf("rejoined with session %q", ev.Session)
 			}
 			if n := len(f.releases); n != 0 {
-				t.Errorf("%d more Release RPCs after the fence", n)
+				t.Errorf("%d Release RPCs after a fence", n)
 			}
 			f.setKA("")
 			if err := w.Close(context.Background()); err != nil {
@@ -576,6 +573,44 @@ func TestWorkerCloseDrains(t *testing.T) {
 		t.Errorf("Run = %v", err)
 	}
 	w.waitEvent(t, EventLeft)
+	h.heldNone()
+}
+
+// TestWorkerFenceWhileLeaving: a worker that fences itself while it drains
+// (its keep-alives fail) does not re-join, so it hands back what the
+// session held: once every handler has returned, it releases every bucket
+// the server lists for the session, so that they do not wait for the
+// lease to expire.
+func TestWorkerFenceWhileLeaving(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	f.leaveIgnored = true // the server does not move the buckets away
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	recv(t, w.renewed, "the first keep-alive")
+	tok := f.grant(sid, 3)
+	recv(t, h.acquires, "Acquire")
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(context.Background()) }()
+	recv(t, f.leaves, "Leave")
+	f.setKA("fail")
+	f.clock.MustBlockUntil(t, 2) // the keep-alive and fence timers
+	f.clock.Advance(testTTL)
+	if rel := recv(t, h.releases, "Release after the fence"); rel.bucket != 3 || rel.grantCtxErr == nil {
+		t.Errorf("Release(%d) with grant ctx err %v; want bucket 3, fenced", rel.bucket, rel.grantCtxErr)
+	}
+	r := recv(t, f.releases, "the Release RPC handing the bucket back")
+	if r.GetSession() != sid || len(r.GetBuckets()) != 1 || r.GetBuckets()[0].GetBucket() != 3 || r.GetBuckets()[0].GetToken() != tok {
+		t.Errorf("Release RPC %v; want bucket 3 at token %d of %s", r, tok, sid)
+	}
+	if err := recv(t, w.runErr, "Run"); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	recv(t, closed, "Close")
+	if n := len(f.joins); n != 1 {
+		t.Errorf("%d Joins; a leaving worker must not re-join", n)
+	}
 	h.heldNone()
 }
 

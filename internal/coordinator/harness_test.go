@@ -32,13 +32,16 @@ type world struct {
 	// relSess is, per "ks/id", the session whose lease the member's
 	// releases record is on: the one that wrote it. It goes with that
 	// lease, not with the member record's.
-	relSess   map[string]int64
-	tokens    map[string]uint64
-	tokenRev  map[string]coordinator.Rev
-	quar      map[string]map[string][]int
-	quarUntil map[string]map[string]time.Time // when each quarantine's lease expires
-	drains    map[string]map[string]coordinator.Drain
-	nextSess  int64
+	relSess map[string]int64
+	// fencedSess are the sessions whose holder fenced itself and said so
+	// when it replaced them: it acts on nothing any more.
+	fencedSess map[int64]bool
+	tokens     map[string]uint64
+	tokenRev   map[string]coordinator.Rev
+	quar       map[string]map[string][]int
+	quarUntil  map[string]map[string]time.Time // when each quarantine's lease expires
+	drains     map[string]map[string]coordinator.Drain
+	nextSess   int64
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
@@ -56,23 +59,24 @@ type world struct {
 
 func newWorld() *world {
 	return &world{
-		m:         coordinator.New(),
-		now:       time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		keyspaces: map[string]coordinator.Keyspace{},
-		members:   map[string]map[string]coordinator.Member{},
-		maps:      map[string]coordinator.Map{},
-		mapRev:    map[string]coordinator.Rev{},
-		grants:    map[string]map[string]coordinator.Grants{},
-		grantRev:  map[string]map[string]coordinator.Rev{},
-		releases:  map[string]map[string][]coordinator.BucketToken{},
-		relSess:   map[string]int64{},
-		tokens:    map[string]uint64{},
-		tokenRev:  map[string]coordinator.Rev{},
-		quar:      map[string]map[string][]int{},
-		drains:    map[string]map[string]coordinator.Drain{},
-		lastToken: map[string]map[int]uint64{},
-		quarUntil: map[string]map[string]time.Time{},
-		mayAct:    map[string]map[int]revokedHold{},
+		m:          coordinator.New(),
+		now:        time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		keyspaces:  map[string]coordinator.Keyspace{},
+		members:    map[string]map[string]coordinator.Member{},
+		maps:       map[string]coordinator.Map{},
+		mapRev:     map[string]coordinator.Rev{},
+		grants:     map[string]map[string]coordinator.Grants{},
+		grantRev:   map[string]map[string]coordinator.Rev{},
+		releases:   map[string]map[string][]coordinator.BucketToken{},
+		relSess:    map[string]int64{},
+		fencedSess: map[int64]bool{},
+		tokens:     map[string]uint64{},
+		tokenRev:   map[string]coordinator.Rev{},
+		quar:       map[string]map[string][]int{},
+		drains:     map[string]map[string]coordinator.Drain{},
+		lastToken:  map[string]map[int]uint64{},
+		quarUntil:  map[string]map[string]time.Time{},
+		mayAct:     map[string]map[int]revokedHold{},
 
 		replacedAt: map[int64]time.Time{},
 		nextSess:   0x100,
@@ -119,12 +123,23 @@ func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
 // once, as a member that keeps alive promptly), and naming the session it
 // replaces if the id was held.
 func (w *world) join(ks, id string, weight float64, pending bool) []coordinator.Action {
+	return w.joinAs(ks, id, weight, pending, false)
+}
+
+// joinAs is join; fenced says that the process joining held the member's
+// current session and fenced itself (it acts on none of its buckets any
+// more), as the SDK's re-join after a self-fence says.
+func (w *world) joinAs(ks, id string, weight float64, pending, fenced bool) []coordinator.Action {
 	w.nextSess++
 	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000", Pending: pending}
 	if old, ok := w.members[ks][id]; ok {
 		mem.Replaces = old.Session
 		if _, seen := w.replacedAt[old.Session]; !seen {
 			w.replacedAt[old.Session] = w.now
+		}
+		if fenced {
+			mem.ReplacesFenced = true
+			w.fencedSess[old.Session] = true
 		}
 	}
 	w.members[ks][id] = mem
@@ -371,7 +386,7 @@ func (w *world) checkRevoke(a coordinator.RevokeSession) time.Duration {
 		quarantined[b] = true
 	}
 	for _, bt := range g.Buckets {
-		if w.released(a.Keyspace, a.ID, bt) {
+		if w.released(a.Keyspace, a.ID, bt) || w.fencedSess[a.Session] {
 			continue
 		}
 		if !quarantined[bt.Bucket] {

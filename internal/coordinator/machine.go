@@ -323,6 +323,14 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	return acts
 }
 
+// replacedReason says why session was revoked: mem replaced it.
+func replacedReason(mem Member, session int64) string {
+	if mem.ReplacesFenced && mem.Replaces == session {
+		return fmt.Sprintf("replaced by session %x; its holder had fenced itself", mem.Session)
+	}
+	return fmt.Sprintf("replaced by session %x", mem.Session)
+}
+
 // drainOf returns member id's drain request, if one applies to its
 // current session.
 func (k *keyspace) drainOf(id string) (Drain, bool) {
@@ -363,9 +371,12 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 		k.revokeInflight[session] = true
 		// Quarantine what the session holds and has not released: a
 		// released bucket is acted on by nobody, so its new owner need not
-		// wait out the old lease.
+		// wait out the old lease. Nor does anything of a session whose
+		// holder fenced itself and said so when it replaced it.
 		var q []int
-		if g, ok := k.grants[id]; ok && g.Session == session {
+		mem := k.members[id]
+		fenced := superseded && mem.Replaces == session && mem.ReplacesFenced
+		if g, ok := k.grants[id]; ok && g.Session == session && !fenced {
 			for _, bt := range g.Buckets {
 				if k.releases[id][bt.Bucket] != bt.Token {
 					q = append(q, bt.Bucket)
@@ -394,7 +405,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	for _, id := range ids {
 		g := k.grants[id]
 		if mem, ok := k.members[id]; ok && mem.Session != g.Session {
-			revoke(id, g.Session, true, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
+			revoke(id, g.Session, true, replacedReason(mem, g.Session), ReportReplaced)
 		}
 	}
 	// A replaced session that holds nothing (as far as the grants go: the
@@ -408,7 +419,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	sort.Strings(mids)
 	for _, id := range mids {
 		mem := k.members[id]
-		revoke(id, mem.Replaces, true, fmt.Sprintf("replaced by session %x", mem.Session), ReportReplaced)
+		revoke(id, mem.Replaces, true, replacedReason(mem, mem.Replaces), ReportReplaced)
 	}
 
 	// Drain timeouts: a holder asked to release (target moved away) for

@@ -71,7 +71,8 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 	case "join":
 		weight, _ := strconv.ParseFloat(arg(t, d, "weight", "1"), 64)
 		pending := arg(t, d, "pending", "false") == "true"
-		return each(func(id string) []coordinator.Action { return w.join(ks, id, weight, pending) })
+		fenced := arg(t, d, "fenced", "false") == "true"
+		return each(func(id string) []coordinator.Action { return w.joinAs(ks, id, weight, pending, fenced) })
 	case "keepalive":
 		return each(func(id string) []coordinator.Action { return w.keepAlive(ks, id) })
 	case "release-bucket":

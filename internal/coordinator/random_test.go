@@ -70,8 +70,11 @@ func TestRandomHistories(t *testing.T) {
 		for i := range rapid.IntRange(5, 60).Draw(t, "steps") {
 			id := rapid.SampledFrom(ids).Draw(t, "id")
 			switch op := rapid.IntRange(0, 10).Draw(t, "op"); op {
-			case 0, 1:
+			case 0:
 				w.join("ks", id, float64(rapid.IntRange(1, 3).Draw(t, "weight")), rapid.Bool().Draw(t, "pending"))
+			case 1:
+				// A process that fenced itself re-joins under its id.
+				w.joinAs("ks", id, float64(rapid.IntRange(1, 3).Draw(t, "weight")), rapid.Bool().Draw(t, "pending"), true)
 			case 9:
 				w.keepAlive("ks", id)
 			case 2:

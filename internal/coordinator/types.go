@@ -41,6 +41,9 @@ type Member struct {
 	// Replaces is the superseded session this one took the id over from,
 	// or 0; the leader revokes it.
 	Replaces int64
+	// ReplacesFenced: the process that joined this session held Replaces
+	// and fenced itself, so Replaces is revoked without quarantine.
+	ReplacesFenced bool
 }
 
 // BucketToken is a bucket and the fencing token it was granted with.

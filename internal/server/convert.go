@@ -79,7 +79,7 @@ func coordMember(m store.Member, lease store.LeaseID) coordinator.Member {
 	if m.Session == 0 {
 		m.Session = lease
 	}
-	return coordinator.Member{ID: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Session: int64(m.Session), Pending: m.Pending, Replaces: int64(m.Replaces)}
+	return coordinator.Member{ID: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Session: int64(m.Session), Pending: m.Pending, Replaces: int64(m.Replaces), ReplacesFenced: m.ReplacesFenced}
 }
 
 func coordPairs(in []store.BucketToken) []coordinator.BucketToken {

@@ -47,6 +47,13 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		w = 1
 	}
 	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
+	if tok := req.Msg.GetFencedSession(); tok != "" {
+		fenced, err := s.fencedSession(tok, k.Name, rec.ID, req.Msg.GetReplace())
+		if err != nil {
+			return nil, err
+		}
+		rec.Replaces = fenced // store.Join records whether it is the session replaced
+	}
 	var (
 		lease, old store.LeaseID
 		ttl        time.Duration
@@ -90,6 +97,26 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		LeaseTtl: durationpb.New(ttl),
 		Keyspace: keyspaceProto(k),
 	}), nil
+}
+
+// fencedSession checks a Join's fenced_session: a session of the same
+// keyspace and member, issued by this cluster, sent with replace.
+func (s *Server) fencedSession(tok, ks, id string, replace bool) (store.LeaseID, error) {
+	if !replace {
+		return 0, invalid("fenced_session: set, but replace is not; a process re-joining after fencing itself sends both")
+	}
+	sess, err := s.sessions.parse(tok)
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			err = errors.New(ce.Message())
+		}
+		return 0, invalid("fenced_session: %v", err)
+	}
+	if sess.keyspace != ks || sess.member != id {
+		return 0, invalid("fenced_session: a session of member %q in %q, not of %q in %q; pass the session this process held", sess.member, sess.keyspace, id, ks)
+	}
+	return sess.lease, nil
 }
 
 func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error) {

@@ -58,6 +58,20 @@ func withStore(t *testing.T, s *Server) *store.Store {
 	return st
 }
 
+// withRooms returns a detached server on the real clock with a store
+// holding keyspace "rooms" (4 buckets, lease TTL 10s).
+func withRooms(t *testing.T) (*Server, *store.Store) {
+	t.Helper()
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	return s, st
+}
+
 // roomsChanges is keyspace "rooms" (4 buckets) at revisions 1-5: members
 // a (session testLease) and b, a map that targets buckets 0-1 at a and 2-3
 // at b, and a holding all four.
@@ -185,13 +199,9 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 // would free its buckets without quarantine; the record names it for the
 // leader, and the old session's keep-alives fail from then on.
 func TestJoinReplaceLeavesRevocationToLeader(t *testing.T) {
-	s := detached(t, clock.Real{})
-	st := withStore(t, s)
+	s, st := withRooms(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
 	old, _, err := st.Grant(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -307,5 +317,47 @@ func TestMemberStoreDeadline(t *testing.T) {
 	}
 	if err := s.memberStore(t.Context(), "rooms", func(context.Context) error { return store.ErrFenced }); !errors.Is(err, store.ErrFenced) {
 		t.Fatalf("an error of its own: %v", err)
+	}
+}
+
+// TestJoinFencedSession: a process that fenced itself re-joins naming the
+// session it held; the record says so, for the leader to revoke that
+// session without quarantine. A fenced_session of another member, a forged
+// one, or one without replace is refused, naming the field.
+func TestJoinFencedSession(t *testing.T) {
+	s, st := withRooms(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ms := &memberService{s}
+	first, err := ms.Join(ctx, connect.NewRequest(&v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.sessions.parse(first.Msg.Session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		req     *v1.JoinRequest
+		wantErr string
+	}{
+		{"without replace", &v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, FencedSession: first.Msg.Session}, "fenced_session: set, but replace is not"},
+		{"of another member", &v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, Replace: true, FencedSession: s.sessions.token("rooms", "b", old.lease)}, `fenced_session: a session of member "b"`},
+		{"forged", &v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, Replace: true, FencedSession: "rooms/a/51/00"}, "fenced_session: session token does not verify"},
+	} {
+		if _, err := ms.Join(ctx, connect.NewRequest(tc.req)); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: %v; want invalid_argument mentioning %q", tc.name, err, tc.wantErr)
+		}
+	}
+	if _, err := ms.Join(ctx, connect.NewRequest(&v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, Replace: true, FencedSession: first.Msg.Session})); err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := st.LoadKeyspace(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := snap.Keyspaces["rooms"].Members["a"].Value; m.Replaces != old.lease || !m.ReplacesFenced {
+		t.Fatalf("record %+v; want replacing %v, fenced", m, old.lease)
 	}
 }

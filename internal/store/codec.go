@@ -72,8 +72,9 @@ type Keyspace struct {
 // Member is the record stored at members/<ks>/<id>, on the member's lease.
 //
 // JSON: {"id","address","weight","zone","metadata","session","joined_at",
-// "pending","replaces"}; "pending" is omitted when false and "replaces"
-// when 0, so records written before they existed read as active.
+// "pending","replaces","replaces_fenced"}; "pending" and
+// "replaces_fenced" are omitted when false and "replaces" when 0, so
+// records written before they existed read as active.
 type Member struct {
 	ID       string
 	Address  string            // where routers send work; up to MaxAddressLen bytes
@@ -91,6 +92,10 @@ type Member struct {
 	// replace), or 0. The leader revokes it, after quarantining what it
 	// held.
 	Replaces LeaseID
+	// ReplacesFenced: the process that joined this session held Replaces
+	// and fenced itself (it no longer acts on it), so the leader revokes
+	// Replaces without quarantine.
+	ReplacesFenced bool
 }
 
 // DrainRequest is stored at drain/<ks>/<id>, on the member's lease: the
@@ -275,6 +280,9 @@ func (m Member) validate() *fieldError {
 	}
 	if m.Replaces < 0 || m.Replaces == m.Session {
 		return ferr("replaces", "%d is not a lease id other than the session's", int64(m.Replaces))
+	}
+	if m.ReplacesFenced && m.Replaces == 0 {
+		return ferr("replaces_fenced", "set without a session it replaces")
 	}
 	if e := checkTime("joined_at", m.JoinedAt); e != nil {
 		return e
@@ -504,9 +512,10 @@ type memberJSON struct {
 	JoinedAt string            `json:"joined_at"` // RFC 3339
 	Pending  bool              `json:"pending,omitempty"`
 	Replaces int64             `json:"replaces,omitempty"`
+	Fenced   bool              `json:"replaces_fenced,omitempty"`
 }
 
-var memberFields = []string{"id", "address", "weight", "zone", "metadata", "session", "joined_at", "pending", "replaces"}
+var memberFields = []string{"id", "address", "weight", "zone", "metadata", "session", "joined_at", "pending", "replaces", "replaces_fenced"}
 
 type drainJSON struct {
 	RequestedAt string `json:"requested_at"` // RFC 3339
@@ -745,6 +754,7 @@ func EncodeMember(m Member) ([]byte, error) {
 		JoinedAt: formatTime(m.JoinedAt),
 		Pending:  m.Pending,
 		Replaces: int64(m.Replaces),
+		Fenced:   m.ReplacesFenced,
 	})
 }
 
@@ -760,15 +770,16 @@ func DecodeMember(key string, data []byte) (Member, error) {
 		return Member{}, err
 	}
 	m := Member{
-		ID:       w.ID,
-		Address:  w.Address,
-		Weight:   w.Weight,
-		Zone:     w.Zone,
-		Metadata: w.Metadata,
-		Session:  LeaseID(w.Session),
-		JoinedAt: joined,
-		Pending:  w.Pending,
-		Replaces: LeaseID(w.Replaces),
+		ID:             w.ID,
+		Address:        w.Address,
+		Weight:         w.Weight,
+		Zone:           w.Zone,
+		Metadata:       w.Metadata,
+		Session:        LeaseID(w.Session),
+		JoinedAt:       joined,
+		Pending:        w.Pending,
+		Replaces:       LeaseID(w.Replaces),
+		ReplacesFenced: w.Fenced,
 	}
 	if len(m.Metadata) == 0 {
 		m.Metadata = nil

@@ -47,7 +47,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 	})
 	t.Run("member", func(t *testing.T) {
-		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}, {ID: "y", Session: 9, JoinedAt: testTime, Pending: true, Replaces: 7}} {
+		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}, {ID: "y", Session: 9, JoinedAt: testTime, Pending: true, Replaces: 7}, {ID: "z", Session: 9, JoinedAt: testTime, Replaces: 7, ReplacesFenced: true}} {
 			b, err := EncodeMember(m)
 			if err != nil {
 				t.Fatal(err)
@@ -200,6 +200,7 @@ func TestEncodeRejectsInvalid(t *testing.T) {
 		{"member session", func() error { m := sampleMember; m.Session = 0; _, err := EncodeMember(m); return err }},
 		{"member joined", func() error { m := sampleMember; m.JoinedAt = time.Time{}; _, err := EncodeMember(m); return err }},
 		{"member replaces itself", func() error { m := sampleMember; m.Replaces = m.Session; _, err := EncodeMember(m); return err }},
+		{"member replaces a fenced nothing", func() error { m := sampleMember; m.ReplacesFenced = true; _, err := EncodeMember(m); return err }},
 		{"member metadata key", func() error {
 			m := sampleMember
 			m.Metadata = map[string]string{"": "x"}

@@ -215,8 +215,28 @@ func TestJoinConflictAndReplace(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := snap.Keyspaces["join"].Members["w1"]
-	if got.Value.Session != b.LeaseID() || got.Lease != b.LeaseID() {
-		t.Fatalf("member after replace: %+v, want session %v", got, b.LeaseID())
+	if got.Value.Session != b.LeaseID() || got.Lease != b.LeaseID() || got.Value.Replaces != a.LeaseID() || got.Value.ReplacesFenced {
+		t.Fatalf("member after replace: %+v, want session %v replacing %v, not fenced", got, b.LeaseID(), a.LeaseID())
+	}
+	// A process that fenced itself replaces its own session: the record
+	// says so, and only when the session it names is the one replaced.
+	c, d := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
+	for _, tc := range []struct {
+		lease, fenced LeaseID
+		want          bool
+	}{{c.LeaseID(), a.LeaseID(), false}, {d.LeaseID(), c.LeaseID(), true}} {
+		m := member("w1")
+		m.Replaces = tc.fenced
+		if _, _, err := s.Join(ctx, "join", m, tc.lease, true); err != nil {
+			t.Fatal(err)
+		}
+		snap, _, err := s.LoadKeyspace(ctx, "join")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := snap.Keyspaces["join"].Members["w1"].Value; got.ReplacesFenced != tc.want {
+			t.Fatalf("replace naming fenced session %v: record %+v, want ReplacesFenced %v", tc.fenced, got, tc.want)
+		}
 	}
 	// Joining with a dead lease fails clearly.
 	if _, _, err := s.Join(ctx, "join", member("w2"), old, false); !errors.Is(err, ErrLeaseNotFound) {

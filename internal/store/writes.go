@@ -30,8 +30,11 @@ func checkNames(ks, id string) error {
 
 // Join writes member m's record in keyspace ks, attached to lease (its
 // session), and returns the revision of the write. m.Session is set to
-// lease (it must be zero or equal to lease); m.Pending and m.Replaces are
-// set by Join, whatever the caller passed.
+// lease (it must be zero or equal to lease); m.Pending, m.Replaces and
+// m.ReplacesFenced are set by Join. The caller's m.Replaces, if not 0,
+// names a session the caller held and fenced itself on: if the record
+// replaces exactly that session, ReplacesFenced is set, and the leader
+// revokes it without quarantine.
 //
 // A new session's record is Pending until its first keep-alive
 // (Activate). If the id is already held by a live session other than
@@ -55,6 +58,7 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		return 0, 0, invalidf("join %q: member session %v differs from the lease %v", m.ID, m.Session, lease)
 	}
 	m.Session = lease
+	fenced := m.Replaces // the session the caller fenced, if any
 	op := fmt.Sprintf("join %s/%s", ks, m.ID)
 	ksKey, key := KeyspaceKey(ks), MemberKey(ks, m.ID)
 	for range maxRetries {
@@ -68,18 +72,18 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		}
 		var curRev int64
 		old = 0
-		m.Pending, m.Replaces = true, 0
+		m.Pending, m.Replaces, m.ReplacesFenced = true, 0, false
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			curRev = kvs[0].ModRevision
 			switch cur := LeaseID(kvs[0].Lease); {
 			case cur == lease:
 				if prev, err := DecodeMember(key, kvs[0].Value); err == nil {
-					m.Pending, m.Replaces = prev.Pending, prev.Replaces
+					m.Pending, m.Replaces, m.ReplacesFenced = prev.Pending, prev.Replaces, prev.ReplacesFenced
 				}
 			case !replace:
 				return 0, 0, fmt.Errorf("store: %s: %w: member id %q is held by live session %v", op, ErrExists, m.ID, cur)
 			default:
-				old, m.Replaces = cur, cur
+				old, m.Replaces, m.ReplacesFenced = cur, cur, fenced != 0 && cur == fenced
 			}
 		}
 		val, err := EncodeMember(m)

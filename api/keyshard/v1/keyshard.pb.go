@@ -1112,7 +1112,16 @@ type JoinRequest struct {
 	// revokes the old session; the buckets it held are quarantined (granted
 	// to nobody) for what remained of its lease, at most lease_ttl. From the
 	// Join on, the old session's keep-alives fail with NOT_FOUND.
-	Replace       bool `protobuf:"varint,3,opt,name=replace,proto3" json:"replace,omitempty"`
+	Replace bool `protobuf:"varint,3,opt,name=replace,proto3" json:"replace,omitempty"`
+	// With replace: the session this process held until it fenced itself
+	// (no keep-alive acknowledged before its deadline), which it no longer
+	// acts on. If the member is still on that session, the leader revokes it
+	// without quarantine, so its buckets go to their next owners at once
+	// instead of after what remained of its lease. Only the process that
+	// joined with that session has its token; a token of another keyspace or
+	// member is refused (invalid_argument), and one the member has moved on
+	// from is ignored (the replaced session is quarantined as usual).
+	FencedSession string `protobuf:"bytes,4,opt,name=fenced_session,json=fencedSession,proto3" json:"fenced_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1166,6 +1175,13 @@ func (x *JoinRequest) GetReplace() bool {
 		return x.Replace
 	}
 	return false
+}
+
+func (x *JoinRequest) GetFencedSession() string {
+	if x != nil {
+		return x.FencedSession
+	}
+	return ""
 }
 
 type JoinResponse struct {
@@ -3039,11 +3055,12 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\";\n" +
 	"\vBucketGrant\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\rR\x06bucket\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\x04R\x05token\"p\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\"\x97\x01\n" +
 	"\vJoinRequest\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12+\n" +
 	"\x06member\x18\x02 \x01(\v2\x13.keyshard.v1.MemberR\x06member\x12\x18\n" +
-	"\areplace\x18\x03 \x01(\bR\areplace\"\x93\x01\n" +
+	"\areplace\x18\x03 \x01(\bR\areplace\x12%\n" +
+	"\x0efenced_session\x18\x04 \x01(\tR\rfencedSession\"\x93\x01\n" +
 	"\fJoinResponse\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x126\n" +
 	"\tlease_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x121\n" +
