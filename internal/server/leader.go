@@ -113,7 +113,7 @@ func (s *Server) term(ctx context.Context) error {
 // buckets only extends it, and revoking a revoked lease is a no-op.
 func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 	m := coordinator.New()
-	snap, err := s.store.LoadAll(ctx)
+	snap, err := s.loadAll(ctx)
 	if err != nil {
 		return fmt.Errorf("load state: %w", err)
 	}
@@ -237,6 +237,29 @@ func maxValue(counts map[string]int) int {
 		n = max(n, c)
 	}
 	return n
+}
+
+// loadAll reads the whole store for a new term, each attempt bounded by
+// the longest write deadline and retried while the term lasts: a read
+// sent to an etcd member that is paused (its connection looks alive) would
+// otherwise hold the term up until the member resumes.
+func (s *Server) loadAll(ctx context.Context) (*store.Snapshot, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, maxWriteDeadline)
+		snap, err := s.store.LoadAll(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return snap, err
+		}
+		s.log.Warn("could not load the store for the new term; retrying", "err", err)
+		t := s.clock.NewTimer(minWriteBackoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C():
+		}
+	}
 }
 
 // actionKeyspace is the keyspace an action writes to, or "" for actions

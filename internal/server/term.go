@@ -70,8 +70,8 @@ func leaseMargin(ttl time.Duration) time.Duration {
 // reporting and acting as leader although etcd may be unreachable and
 // the session has not noticed (its keep-alives time out only after the
 // TTL). It returns errNotLeader if etcd says the lease is gone, and nil
-// once ctx is done. Renewals run one at a time in a goroutine, exited
-// before holdLease returns.
+// once ctx is done. Each renewal runs in a goroutine, exited before
+// holdLease returns; one still in flight at the next renewal is abandoned.
 func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Duration, renewed time.Time) error {
 	deadline := renewed.Add(ttl - leaseMargin(ttl))
 	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
@@ -80,14 +80,16 @@ func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Du
 	defer next.Stop()
 
 	type result struct {
+		seq  int
 		sent time.Time
 		err  error
 	}
-	results := make(chan result, 1) // one renewal in flight at most
+	results := make(chan result, 1)
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	inFlight := false
+	seq := 0
+	abandon := func() {}
 	for {
 		select {
 		case <-ctx.Done():
@@ -100,29 +102,36 @@ func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Du
 			s.log.Warn("election lease deadline passed without an acknowledged renewal; stopping leading", "deadline", deadline, "ttl", ttl)
 			return errLeaseDeadline
 		case r := <-results:
-			inFlight = false
 			switch {
 			case errors.Is(r.err, store.ErrLeaseNotFound):
 				return fmt.Errorf("%w: election lease gone: %v", errNotLeader, r.err)
-			case r.err != nil:
+			case r.err != nil && r.seq == seq:
 				s.log.Warn("could not renew the election lease; retrying", "err", r.err, "deadline", deadline)
+			case r.err != nil: // abandoned for a newer renewal
 			case r.sent.Add(ttl - leaseMargin(ttl)).After(deadline):
 				deadline = r.sent.Add(ttl - leaseMargin(ttl))
 				expire.Reset(deadline.Sub(s.clock.Now()))
 			}
 		case <-next.C():
 			next.Reset(ttl / 3)
-			if inFlight { // the previous renewal still waits on etcd
-				continue
-			}
-			inFlight = true
+			// A renewal still in flight is stuck (on an etcd member that is
+			// paused, say, whose connection looks alive): abandon it and
+			// send another, which may reach another member.
+			abandon()
+			seq++
 			sent := s.clock.Now()
+			one, stop := context.WithCancel(rctx)
+			abandon = stop
 			wg.Add(1)
-			go func() { // exits when the renewal answers or rctx ends
+			go func(seq int) { // exits when the renewal answers, or is abandoned, and its result is taken or holdLease returns
 				defer wg.Done()
-				_, err := s.renewLease(rctx, lease)
-				results <- result{sent, err}
-			}()
+				defer stop()
+				_, err := s.renewLease(one, lease)
+				select {
+				case results <- result{seq, sent, err}:
+				case <-rctx.Done():
+				}
+			}(seq)
 		}
 	}
 }

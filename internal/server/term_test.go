@@ -102,6 +102,50 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 	}
 }
 
+// TestTermAbandonsStuckRenewal: a renewal that etcd does not answer (sent
+// to a paused member whose connection looks alive) is abandoned when the
+// next one is due, and the next one is sent, so that one stuck call does
+// not end the term while other members answer.
+func TestTermAbandonsStuckRenewal(t *testing.T) {
+	ctx, s, clk := fakeReplica(t)
+	st := withStore(t, s)
+	s.cfg.ElectionTTL = 3 * time.Second
+	var calls atomic.Int32
+	stuck, abandoned, next := make(chan struct{}), make(chan struct{}), make(chan struct{}, 8)
+	s.seams.renew = func(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+		switch calls.Add(1) {
+		case 1: // the renewal right after winning
+		case 2:
+			close(stuck)
+			<-ctx.Done()
+			close(abandoned)
+			return 0, ctx.Err()
+		default:
+			next <- struct{}{}
+		}
+		return st.KeepAliveOnce(ctx, id)
+	}
+	done := startTerm(t, ctx, s, clk)
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("no %s", what)
+		}
+	}
+	clk.Advance(time.Second) // TTL/3: the second renewal is sent, and sticks
+	wait(stuck, "second renewal")
+	clk.Advance(time.Second) // the next renewal is due
+	wait(abandoned, "abandoning of the stuck renewal")
+	wait(next, "renewal sent in its place")
+	select {
+	case err := <-done:
+		t.Fatalf("term ended: %v", err)
+	default:
+	}
+}
+
 // TestTermWaitsForItsWatch: once term returns, the store watch its
 // coordinator followed has exited. The watch here is slow to exit: after
 // its ctx ends it still sends one last update before it closes its
