@@ -417,39 +417,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
 		return rev, nil
 	case coordinator.RevokeSession:
-		lease := store.LeaseID(a.Session)
-		qttl, err := s.quarantineTTL(ctx, a)
-		if err != nil {
-			return 0, err
-		}
-		if len(a.Quarantine) > 0 && qttl > 0 {
-			// The quarantine replaces the member's earlier one, if any
-			// (a.Quarantine includes its buckets): keep its expiry if later.
-			left, err := s.store.QuarantineLeft(ctx, a.Keyspace, a.ID)
-			if err != nil {
-				return 0, err
-			}
-			if left > 0 {
-				qttl = max(qttl, left+time.Second)
-			}
-			qlease, _, err := s.store.Grant(ctx, qttl)
-			if err != nil {
-				return 0, err
-			}
-			q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
-			if _, err := s.committer().Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxWriteDeadline)
-				if rerr := s.store.Revoke(rctx, qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
-					s.log.Warn("could not revoke the lease of an unwritten quarantine; it expires on its own", "keyspace", a.Keyspace, "member", a.ID, "lease", qlease, "ttl", qttl, "err", rerr)
-				}
-				cancel()
-				return 0, err
-			}
-		}
-		if err := s.store.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
-			return 0, err
-		}
-		s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine), "quarantine", qttl)
+		return 0, s.revoke(ctx, fence, a)
 	case coordinator.Report:
 		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)

@@ -124,6 +124,11 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	if err != nil {
 		return nil, err
 	}
+	// A session this replica knows was replaced is not renewed: the
+	// leader may have put its quarantine on its lease (see revoke).
+	if m.s.replaced(sess) {
+		return nil, sessionReplaced(sess)
+	}
 	// Renew, then check that the member record is still on this session,
 	// and activate it on its first keep-alive. A session that was replaced
 	// so never has a renewal acknowledged after its replacement was
@@ -155,6 +160,21 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 		m.s.view.waitRev(ctx, rev)
 	}
 	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+}
+
+// replaced reports whether this replica's view has member sess.member on
+// another session than sess. (A view that is behind says false; the check
+// after the renewal catches that.)
+func (s *Server) replaced(sess session) bool {
+	var cur store.LeaseID
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
+			if m, ok := ks.Members[sess.member]; ok {
+				cur = m.Lease
+			}
+		}
+	})
+	return cur != 0 && cur != sess.lease
 }
 
 func sessionEnded(sess session) error {

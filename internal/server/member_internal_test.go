@@ -361,3 +361,81 @@ func TestJoinFencedSession(t *testing.T) {
 		t.Fatalf("record %+v; want replacing %v, fenced", m, old.lease)
 	}
 }
+
+// TestReplacedSessionQuarantinedOnItsLease: the leader ends a replaced
+// session that holds buckets by putting their quarantine on the session's
+// own lease and deleting its grants, without revoking it, so that the
+// quarantine ends exactly when etcd expires that lease; KeepAlive does not
+// renew a session the replica knows was replaced.
+func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
+	s, st := withRooms(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	old, _, err := st.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := st.NewSession(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Close()
+	fence, err := st.NewElection(leader).Campaign(ctx, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cur, _, err := st.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, cur, true); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := st.LoadKeyspace(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := snap.Keyspaces["rooms"]
+	if q := ks.Quarantines["a"]; q.Lease != old || !slices.Equal(q.Value.Buckets, []int{0, 1}) {
+		t.Fatalf("quarantine %+v; want buckets [0 1] on the replaced session's lease %v", q, old)
+	}
+	if g, ok := ks.Grants["a"]; ok {
+		t.Fatalf("grants %+v of the replaced session still there", g)
+	}
+	if _, err := st.TimeToLive(ctx, old); err != nil {
+		t.Fatalf("the replaced session's lease was revoked: %v", err)
+	}
+	// A new leader, which sees the replaced session holding nothing, plans
+	// its revocation again: it must not revoke the lease, which carries
+	// the quarantine.
+	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), TTL: 10 * time.Second, Superseded: true}); err != nil {
+		t.Fatal(err)
+	}
+	if qi, err := st.QuarantineOf(ctx, "rooms", "a"); err != nil || qi.Lease != old {
+		t.Fatalf("quarantine after a second revocation: %+v, %v; want it still on lease %v", qi, err, old)
+	}
+	// The lease expires (here: at once): the quarantine ends with it.
+	if err := st.Revoke(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if qi, err := st.QuarantineOf(ctx, "rooms", "a"); err != nil || qi.Lease != 0 {
+		t.Fatalf("quarantine after the lease ended: %+v, %v", qi, err)
+	}
+
+	// A replica that knows of the replacement does not renew the old
+	// session; one that does not know it yet lets the renewal through.
+	apply(s, 9, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: store.Member{ID: "a", Weight: 1, Session: cur, JoinedAt: time.Now()}, Lease: cur, ModRevision: 9})
+	if !s.replaced(session{keyspace: "rooms", member: "a", lease: old}) || s.replaced(session{keyspace: "rooms", member: "a", lease: cur}) || s.replaced(session{keyspace: "rooms", member: "b", lease: old}) {
+		t.Fatal("replaced() does not follow the view's member record")
+	}
+}

@@ -129,27 +129,34 @@ func (s *Store) Revoke(ctx context.Context, id LeaseID) error {
 	return s.err(fmt.Sprintf("revoke lease %v", id), err)
 }
 
-// QuarantineLeft returns how long the quarantine of member id in ks has
-// left (its lease's remaining TTL, rounded down to whole seconds), or 0
-// if there is none.
-func (s *Store) QuarantineLeft(ctx context.Context, ks, id string) (time.Duration, error) {
+// QuarantineInfo is where member id's quarantine lives and how long it
+// has left.
+type QuarantineInfo struct {
+	Lease LeaseID       // 0: there is none
+	Left  time.Duration // the lease's remaining TTL, rounded down to whole seconds
+}
+
+// QuarantineOf returns member id's quarantine in ks: its lease and how
+// long it has left (zero if there is none).
+func (s *Store) QuarantineOf(ctx context.Context, ks, id string) (QuarantineInfo, error) {
 	if s.closed() {
-		return 0, errClosed("read quarantine")
+		return QuarantineInfo{}, errClosed("read quarantine")
 	}
 	if err := checkNames(ks, id); err != nil {
-		return 0, err
+		return QuarantineInfo{}, err
 	}
 	key := QuarantineKey(ks, id)
 	resp, err := s.client.Get(ctx, key)
 	if err != nil {
-		return 0, s.err("read "+key, err)
+		return QuarantineInfo{}, s.err("read "+key, err)
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
-		return 0, nil
+		return QuarantineInfo{}, nil
 	}
-	info, err := s.TimeToLive(ctx, LeaseID(resp.Kvs[0].Lease))
+	lease := LeaseID(resp.Kvs[0].Lease)
+	info, err := s.TimeToLive(ctx, lease)
 	if errors.Is(err, ErrLeaseNotFound) {
-		return 0, nil
+		return QuarantineInfo{}, nil
 	}
-	return info.TTL, err
+	return QuarantineInfo{Lease: lease, Left: info.TTL}, err
 }

@@ -795,8 +795,8 @@ func TestQuarantineLivesOnItsOwnLease(t *testing.T) {
 	}
 	// The leader quarantines w1's buckets on a lease of one TTL, then
 	// revokes w1's session.
-	if left, err := s.QuarantineLeft(ctx, "quar", "w1"); err != nil || left != 0 {
-		t.Fatalf("QuarantineLeft before any quarantine = %v, %v; want 0", left, err)
+	if qi, err := s.QuarantineOf(ctx, "quar", "w1"); err != nil || qi != (QuarantineInfo{}) {
+		t.Fatalf("QuarantineOf before any quarantine = %+v, %v; want none", qi, err)
 	}
 	ql, _, err := s.Grant(ctx, k.LeaseTTL)
 	if err != nil {
@@ -809,8 +809,8 @@ func TestQuarantineLivesOnItsOwnLease(t *testing.T) {
 	if _, err := s.Commit(ctx, f, []Write{PutQuarantine("quar", "w1", q, ql)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if left, err := s.QuarantineLeft(ctx, "quar", "w1"); err != nil || left <= 0 || left > k.LeaseTTL {
-		t.Fatalf("QuarantineLeft = %v, %v; want (0, %v]", left, err, k.LeaseTTL)
+	if qi, err := s.QuarantineOf(ctx, "quar", "w1"); err != nil || qi.Lease != ql || qi.Left <= 0 || qi.Left > k.LeaseTTL {
+		t.Fatalf("QuarantineOf = %+v, %v; want lease %v with (0, %v] left", qi, err, ql, k.LeaseTTL)
 	}
 	if err := s.Revoke(ctx, w.LeaseID()); err != nil {
 		t.Fatal(err)
@@ -834,8 +834,8 @@ func TestQuarantineLivesOnItsOwnLease(t *testing.T) {
 	if n := len(snap.Keyspaces["quar"].Quarantines); n != 0 {
 		t.Fatalf("%d quarantines after their lease ended", n)
 	}
-	if left, err := s.QuarantineLeft(ctx, "quar", "w1"); err != nil || left != 0 {
-		t.Fatalf("QuarantineLeft after its lease ended = %v, %v; want 0", left, err)
+	if qi, err := s.QuarantineOf(ctx, "quar", "w1"); err != nil || qi != (QuarantineInfo{}) {
+		t.Fatalf("QuarantineOf after its lease ended = %+v, %v; want none", qi, err)
 	}
 }
 
