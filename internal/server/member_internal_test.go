@@ -72,6 +72,32 @@ func withRooms(t *testing.T) (*Server, *store.Store) {
 	return s, st
 }
 
+// memberHolding joins member "a" to "rooms" on a new session and, as a
+// leader elected meanwhile, grants it buckets 0 and 1 at token 1.
+func memberHolding(ctx context.Context, t *testing.T, st *store.Store) (store.LeaseID, store.Fence) {
+	t.Helper()
+	old, _, err := st.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := st.NewSession(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { leader.Close() })
+	fence, err := st.NewElection(leader).Campaign(ctx, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return old, fence
+}
+
 // roomsChanges is keyspace "rooms" (4 buckets) at revisions 1-5: members
 // a (session testLease) and b, a map that targets buckets 0-1 at a and 2-3
 // at b, and a holding all four.
@@ -202,25 +228,7 @@ func TestJoinReplaceLeavesRevocationToLeader(t *testing.T) {
 	s, st := withRooms(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	old, _, err := st.Grant(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
-		t.Fatal(err)
-	}
-	leader, err := st.NewSession(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Close()
-	fence, err := st.NewElection(leader).Campaign(ctx, "other-replica")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
-		t.Fatal(err)
-	}
+	old, _ := memberHolding(ctx, t, st)
 
 	ms := &memberService{s}
 	if _, err := ms.Join(ctx, connect.NewRequest(&v1.JoinRequest{Keyspace: "rooms", Member: &v1.Member{Id: "a"}, Replace: true})); err != nil {
@@ -371,25 +379,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	s, st := withRooms(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	old, _, err := st.Grant(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
-		t.Fatal(err)
-	}
-	leader, err := st.NewSession(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Close()
-	fence, err := st.NewElection(leader).Campaign(ctx, "leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
-		t.Fatal(err)
-	}
+	old, fence := memberHolding(ctx, t, st)
 	cur, _, err := st.Grant(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
