@@ -33,9 +33,13 @@ func (s *Server) within(ctx context.Context, d time.Duration, cause error, f fun
 // write sent to etcd while its leader dies otherwise waits for etcd's
 // whole request timeout (7 s): a release stuck that long leaves its
 // buckets unserved, and a keep-alive stuck that long fences its worker.
-// Past the deadline the call answers Unavailable, and the member retries,
-// through another replica if it has several; every member call is safe to
-// retry.
+// Within the deadline, f is tried in attempts of a third of it: the etcd
+// client sends each request over one of its connections, and one to a
+// paused etcd member hangs while the others answer, so a stuck attempt is
+// abandoned for another. (Every member call's store operations are safe
+// to repeat: they are idempotent or compare-and-set.) Past the deadline
+// the call answers Unavailable, and the member retries, through another
+// replica if it has several.
 func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Context) error) error {
 	ttl := time.Duration(0)
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
@@ -47,9 +51,16 @@ func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Cont
 	if ttl > 0 {
 		d = writeDeadline(ttl)
 	}
-	timedOut, err := s.within(ctx, d, errStoreDeadline, f)
-	if timedOut {
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: no answer within %v; retry, through another replica if you have one", errStoreDeadline, d))
+	attempt := d / 3
+	start := s.clock.Now()
+	for {
+		left := d - s.clock.Since(start)
+		if left <= 0 {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: no answer within %v; retry, through another replica if you have one", errStoreDeadline, d))
+		}
+		timedOut, err := s.within(ctx, min(attempt, left), errStoreDeadline, f)
+		if !timedOut {
+			return err
+		}
 	}
-	return err
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,9 +285,10 @@ func TestQuarantineTTL(t *testing.T) {
 }
 
 // TestMemberStoreDeadline: a member call's store operation that etcd does
-// not answer (a write sent as its leader died) is abandoned at the
-// keyspace's write deadline, TTL/3, and answers Unavailable, so that the
-// member retries at once instead of waiting out etcd's request timeout.
+// not answer (a write sent as its leader died, or to a paused member) is
+// tried again after a third of the keyspace's write deadline (TTL/3), and
+// the call answers Unavailable at the deadline, so that the member retries
+// at once instead of waiting out etcd's request timeout.
 func TestMemberStoreDeadline(t *testing.T) {
 	clk := keyshardtest.NewFakeClock(time.Unix(0, 0))
 	s := detached(t, clk)
@@ -295,21 +297,27 @@ func TestMemberStoreDeadline(t *testing.T) {
 		ks   string
 		want time.Duration
 	}{{"rooms", 2 * time.Second}, {"unknown", maxWriteDeadline}} {
-		started := make(chan struct{})
+		attempts := make(chan struct{}, 8)
 		done := make(chan error, 1)
 		go func() { // exits when memberStore returns
 			done <- s.memberStore(t.Context(), tc.ks, func(ctx context.Context) error {
-				close(started)
+				attempts <- struct{}{}
 				<-ctx.Done() // etcd never answers
 				return ctx.Err()
 			})
 		}()
-		<-started
-		clk.MustBlockUntil(t, 1)
-		clk.Advance(tc.want - time.Nanosecond)
+		for i := range 3 {
+			<-attempts
+			clk.MustBlockUntil(t, 1)
+			step := tc.want / 3
+			if i == 2 {
+				step = tc.want - 2*(tc.want/3) - time.Nanosecond
+			}
+			clk.Advance(step)
+		}
 		select {
 		case err := <-done:
-			t.Fatalf("%s: abandoned before its deadline %v: %v", tc.ks, tc.want, err)
+			t.Fatalf("%s: gave up before its deadline %v: %v", tc.ks, tc.want, err)
 		default:
 		}
 		clk.Advance(time.Nanosecond)
@@ -317,14 +325,34 @@ func TestMemberStoreDeadline(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "no answer within "+tc.want.String()) {
 			t.Fatalf("%s: %v; want Unavailable after %v", tc.ks, err, tc.want)
 		}
+		if n := len(attempts); n != 0 {
+			t.Fatalf("%s: %d attempts more than 3", tc.ks, n)
+		}
 	}
 
-	// An answer in time, or an error of its own, passes through.
+	// An answer in time, or an error of its own, passes through; an attempt
+	// that times out is followed by one that answers.
 	if err := s.memberStore(t.Context(), "rooms", func(context.Context) error { return nil }); err != nil {
 		t.Fatalf("answer in time: %v", err)
 	}
 	if err := s.memberStore(t.Context(), "rooms", func(context.Context) error { return store.ErrFenced }); !errors.Is(err, store.ErrFenced) {
 		t.Fatalf("an error of its own: %v", err)
+	}
+	second := make(chan error, 1)
+	var n atomic.Int32
+	go func() { // exits when memberStore returns
+		second <- s.memberStore(t.Context(), "rooms", func(ctx context.Context) error {
+			if n.Add(1) == 1 {
+				<-ctx.Done() // the first attempt is stuck on a paused member
+				return ctx.Err()
+			}
+			return nil
+		})
+	}()
+	clk.MustBlockUntil(t, 1)
+	clk.Advance(2 * time.Second / 3)
+	if err := <-second; err != nil || n.Load() != 2 {
+		t.Fatalf("after a stuck attempt: %v after %d attempts; want success on the second", err, n.Load())
 	}
 }
 
