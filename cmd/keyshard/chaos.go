@@ -126,6 +126,7 @@ not run), 3 on liveness bound misses only. Replay a run with the same --seed
 	fl.StringVar(&faults, "faults", "all", "comma-separated fault kinds: "+faultKindNames()+"; all is every kind but netns (all,netns adds it)")
 	fl.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "the keyspace's lease TTL")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", 0, "the replicas' election TTL (default TTL - 1s in whole seconds, at least 2s)")
+	fl.DurationVar(&cfg.EtcdElection, "etcd-election-timeout", 0, "the etcd members' election timeout (default TTL/6, at most 1s, at least 100ms)")
 	fl.IntVar(&cfg.Workers, "workers", cfg.Workers, "number of worker processes")
 	fl.IntVar(&cfg.Buckets, "buckets", cfg.Buckets, "buckets in the keyspace")
 	fl.DurationVar(&cfg.Bound, "bound", 0, "longest a bucket may stay unserved after a fault (default TTL + 1s)")
@@ -180,6 +181,7 @@ func newChaosEtcd() *cobra.Command {
 	fl.StringVar(&cfg.PeerURL, "peer-url", "", "peer URL (http://127.0.0.1:port)")
 	fl.StringVar(&cfg.InitialCluster, "initial-cluster", "", "every member as name=peerURL, comma-separated")
 	fl.StringVar(&cfg.ClusterToken, "cluster-token", "keyshard", "initial cluster token")
+	fl.DurationVar(&cfg.ElectionTimeout, "election-timeout", 0, "etcd election timeout; heartbeats every tenth of it (default etcd's 1s)")
 	return cmd
 }
 

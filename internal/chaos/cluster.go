@@ -43,11 +43,11 @@ type replica struct {
 	proc       *Proc
 }
 
-// worker is one chaos worker process and the fault proxy it reaches
-// the replicas through.
+// worker is one chaos worker process and the fault proxies it reaches
+// the replicas through, one per replica.
 type worker struct {
 	id    string
-	proxy *Proxy
+	proxy Proxies
 	proc  *Proc
 	netns bool // runs in the cluster's network namespace
 }
@@ -155,7 +155,7 @@ func (c *cluster) start(ctx context.Context, p *progress, netns bool) error {
 	if err := c.createKeyspace(ctx); err != nil {
 		return err
 	}
-	p.printf("starting %d workers (each through its own fault proxy to both replicas)", c.cfg.Workers)
+	p.printf("starting %d workers (each given both replicas' URLs, each through a fault proxy of its own)", c.cfg.Workers)
 	if netns {
 		if c.netns, err = newNetnsLink(strings.TrimPrefix(c.sink.URL(), "http://")); err != nil {
 			return err
@@ -169,11 +169,13 @@ func (c *cluster) start(ctx context.Context, p *progress, netns bool) error {
 		if w.netns {
 			listen = c.netns.ctlIP + ":0"
 		}
-		px, err := NewProxy(listen, backends...)
-		if err != nil {
-			return err
+		for _, b := range backends {
+			px, err := NewProxy(listen, b)
+			if err != nil {
+				return err
+			}
+			w.proxy = append(w.proxy, px)
 		}
-		w.proxy = px
 		c.workers = append(c.workers, w)
 		if err := c.startWorker(w, false); err != nil {
 			return err
@@ -187,7 +189,7 @@ var replicaNames = []string{"r1", "r2"}
 func (c *cluster) startMember(ctx context.Context, m *member) error {
 	pr, err := StartProc(m.name, c.cfg.Log, c.cfg.Binary, "chaos", "etcd",
 		"--name", m.name, "--dir", m.dir, "--client-url", m.clientURL, "--peer-url", m.peerURL,
-		"--initial-cluster", m.initial, "--cluster-token", "keyshard-chaos")
+		"--initial-cluster", m.initial, "--cluster-token", "keyshard-chaos", "--election-timeout", c.cfg.EtcdElection.String())
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 )
@@ -266,5 +267,66 @@ func (p *Proxy) copy(dst, src net.Conn) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// Proxies are a worker's ways to the replicas, one proxy in front of each,
+// so that the worker is given every replica's URL as a user's worker is;
+// a fault on the worker's link applies to all of them.
+type Proxies []*Proxy
+
+// URL is the proxies' URLs, comma-separated, as client.Dial takes them.
+func (ps Proxies) URL() string {
+	urls := make([]string, len(ps))
+	for i, p := range ps {
+		urls[i] = p.URL()
+	}
+	return strings.Join(urls, ",")
+}
+
+// Partition partitions every proxy; Heal heals them.
+func (ps Proxies) Partition() {
+	for _, p := range ps {
+		p.Partition()
+	}
+}
+
+// Heal ends a partition of every proxy.
+func (ps Proxies) Heal() {
+	for _, p := range ps {
+		p.Heal()
+	}
+}
+
+// SetDelay sets every proxy's delay.
+func (ps Proxies) SetDelay(d time.Duration) {
+	for _, p := range ps {
+		p.SetDelay(d)
+	}
+}
+
+// Reset resets every proxy's connections and returns how many it closed.
+func (ps Proxies) Reset() int {
+	n := 0
+	for _, p := range ps {
+		n += p.Reset()
+	}
+	return n
+}
+
+// Stats sums the proxies' counters.
+func (ps Proxies) Stats() ProxyStats {
+	var s ProxyStats
+	for _, p := range ps {
+		t := p.Stats()
+		s.Conns, s.Open, s.Held, s.Delayed, s.Resets, s.Bytes = s.Conns+t.Conns, s.Open+t.Open, s.Held+t.Held, s.Delayed+t.Delayed, s.Resets+t.Resets, s.Bytes+t.Bytes
+	}
+	return s
+}
+
+// Close closes every proxy.
+func (ps Proxies) Close() {
+	for _, p := range ps {
+		p.Close()
 	}
 }

@@ -77,6 +77,11 @@ type Config struct {
 	// whole seconds, at least 2 s), so that a crashed leader is replaced
 	// within the bound.
 	ElectionTTL time.Duration
+	// EtcdElection is the etcd members' election timeout (default TTL/6,
+	// at most etcd's default 1s, at least 100ms), so that a lost etcd
+	// leader is replaced well within the TTL, as the README advises for
+	// short lease TTLs.
+	EtcdElection time.Duration
 	// Workers, Members and Buckets size the cluster.
 	Workers, Members, Buckets int
 	// Interval is the time between two writes of one held bucket.
@@ -135,6 +140,9 @@ func (c *Config) validate() error {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
+	if c.EtcdElection <= 0 {
+		c.EtcdElection = min(max(c.TTL/6, 100*time.Millisecond), time.Second)
+	}
 	if c.ElectionTTL <= 0 {
 		c.ElectionTTL = max((c.TTL - time.Second).Truncate(time.Second), 2*time.Second)
 	}
@@ -167,17 +175,18 @@ type KindStats struct {
 
 // Report is the outcome of a run.
 type Report struct {
-	Seed     uint64        `json:"seed"`
-	Duration time.Duration `json:"duration_ns"`
-	Faults   []string      `json:"faults"`
-	TTL      time.Duration `json:"ttl_ns"`
-	Election time.Duration `json:"election_ttl_ns"`
-	Bound    time.Duration `json:"bound_ns"`
-	Workers  int           `json:"workers"`
-	Buckets  int           `json:"buckets"`
-	Records  int           `json:"records"`
-	Kinds    []KindStats   `json:"kinds"`
-	Analysis *Analysis     `json:"analysis"`
+	Seed         uint64        `json:"seed"`
+	Duration     time.Duration `json:"duration_ns"`
+	Faults       []string      `json:"faults"`
+	TTL          time.Duration `json:"ttl_ns"`
+	Election     time.Duration `json:"election_ttl_ns"`
+	EtcdElection time.Duration `json:"etcd_election_timeout_ns"`
+	Bound        time.Duration `json:"bound_ns"`
+	Workers      int           `json:"workers"`
+	Buckets      int           `json:"buckets"`
+	Records      int           `json:"records"`
+	Kinds        []KindStats   `json:"kinds"`
+	Analysis     *Analysis     `json:"analysis"`
 	// Skipped names fault kinds that cannot run here, and why.
 	Skipped map[string]string `json:"skipped,omitempty"`
 	// Replay is the command line that replays the run's schedule.
@@ -223,11 +232,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	p := newProgress(cfg.Progress)
 	defer p.stop()
-	rep := &Report{Seed: cfg.Seed, Duration: cfg.Duration, Faults: cfg.Faults, TTL: cfg.TTL, Election: cfg.ElectionTTL,
+	rep := &Report{Seed: cfg.Seed, Duration: cfg.Duration, Faults: cfg.Faults, TTL: cfg.TTL, Election: cfg.ElectionTTL, EtcdElection: cfg.EtcdElection,
 		Bound: cfg.Bound, Workers: cfg.Workers, Buckets: cfg.Buckets, Skipped: map[string]string{}}
-	rep.Replay = fmt.Sprintf("keyshard chaos --seed %d --duration %v --faults %s --ttl %v --election-ttl %v --workers %d",
-		cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.Workers)
-	p.printf("seed %d; faults %s; TTL %v; election TTL %v; bound %v; replay: %s", cfg.Seed, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.Bound, rep.Replay)
+	rep.Replay = fmt.Sprintf("keyshard chaos --seed %d --duration %v --faults %s --ttl %v --election-ttl %v --etcd-election-timeout %v --workers %d",
+		cfg.Seed, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.EtcdElection, cfg.Workers)
+	p.printf("seed %d; faults %s; TTL %v; election TTL %v; etcd election timeout %v; bound %v; replay: %s", cfg.Seed, strings.Join(cfg.Faults, ","), cfg.TTL, cfg.ElectionTTL, cfg.EtcdElection, cfg.Bound, rep.Replay)
 
 	kinds := slices.Clone(cfg.Faults)
 	if slices.Contains(kinds, Netns) {
