@@ -163,18 +163,22 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 }
 
 // replaced reports whether this replica's view has member sess.member on
-// another session than sess. (A view that is behind says false; the check
-// after the renewal catches that.)
+// another session than sess, or the member's quarantine on sess's lease
+// (which only a replaced session carries). (A view that is behind says
+// false; the check after the renewal catches that.)
 func (s *Server) replaced(sess session) bool {
-	var cur store.LeaseID
+	var cur, quar store.LeaseID
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
 			if m, ok := ks.Members[sess.member]; ok {
 				cur = m.Lease
 			}
+			if q, ok := ks.Quarantines[sess.member]; ok {
+				quar = q.Lease
+			}
 		}
 	})
-	return cur != 0 && cur != sess.lease
+	return (cur != 0 && cur != sess.lease) || quar == sess.lease
 }
 
 func sessionEnded(sess session) error {

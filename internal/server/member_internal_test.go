@@ -456,4 +456,12 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	if !s.replaced(session{keyspace: "rooms", member: "a", lease: old}) || s.replaced(session{keyspace: "rooms", member: "a", lease: cur}) || s.replaced(session{keyspace: "rooms", member: "b", lease: old}) {
 		t.Fatal("replaced() does not follow the view's member record")
 	}
+	// With the member record gone (the new session ended too), the
+	// quarantine on the old session's lease still marks it replaced.
+	apply(s, 10,
+		store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Deleted: true, ModRevision: 10},
+		store.Change{Kind: store.KindQuarantine, Keyspace: "rooms", ID: "a", Key: store.QuarantineKey("rooms", "a"), Value: store.Quarantine{Session: old, Buckets: []int{0, 1}}, Lease: old, ModRevision: 10})
+	if !s.replaced(session{keyspace: "rooms", member: "a", lease: old}) || s.replaced(session{keyspace: "rooms", member: "a", lease: cur}) {
+		t.Fatal("replaced() does not follow the quarantine's lease")
+	}
 }
