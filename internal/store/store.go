@@ -47,6 +47,7 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	checker   sync.WaitGroup // checkEndpoints, exited before Close returns
 }
 
 // Open connects to etcd. It waits, bounded by ctx and cfg.DialTimeout, for
@@ -103,13 +104,19 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		c.Close()
 		return nil, etcdErr(fmt.Sprintf("store: open %v", cfg.Endpoints), err)
 	}
+	if len(cfg.Endpoints) > 1 {
+		s.checker.Go(func() { s.checkEndpoints(cfg.Endpoints) }) // exits when the client is closed
+	}
 	return s, nil
 }
 
 // Close closes the connection. It is idempotent. Leases are not revoked:
 // close sessions first if their keys should vanish at once.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.client.Close() })
+	s.closeOnce.Do(func() {
+		s.closeErr = s.client.Close()
+		s.checker.Wait()
+	})
 	return s.closeErr
 }
 
