@@ -127,11 +127,16 @@ func (p *Proxy) SetDelay(d time.Duration) {
 func (p *Proxy) Reset() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
+	// Every connection gets linger 0 before any is closed: closing one
+	// side ends its copier, which closes the other side itself, and that
+	// close must be an RST too.
 	for c := range p.conns {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0)
 		}
+	}
+	n := 0
+	for c := range p.conns {
 		c.Close()
 		delete(p.conns, c)
 		n++
