@@ -782,7 +782,7 @@ func TestWorkerBadInput(t *testing.T) {
 // GetGrants.
 func TestWorkerGrantsLongPoll(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.addKeyspace("rooms", 256, testTTL)
 	f.watchGrantsUnimpl = true
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
@@ -805,8 +805,10 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 	// replica that has not seen it yet cannot list the bucket again.
 	// Each new grant answers the pending poll, so the worker polls again;
 	// once the Release call has returned, the poll carries its revision.
+	// (When that is depends on the scheduler: the loop grants up to 248
+	// more buckets, each answering the pending poll, to wait for it.)
 	for b := 8; ; b++ {
-		if b == 16 {
+		if b == 256 {
 			t.Fatal("no GetGrants carried the release's revision as min_revision")
 		}
 		req := recv(t, f.getGrants, "a GetGrants")
