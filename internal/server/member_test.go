@@ -225,18 +225,23 @@ func TestReleaseReadYourWritesAcrossReplicas(t *testing.T) {
 		t.Fatalf("WatchGrants through r2: %v %v", stream.Msg(), stream.Err())
 	}
 	stream.Close()
-	// ...and through the one that took the release, without it: every
-	// answer until a holds only its share leaves the released buckets out.
+	// ...and through each replica, with the newest release's revision
+	// (through the replica that took a release, its own answers already
+	// include it): every answer until a holds only its share leaves the
+	// released buckets out.
+	minRev := rr.Msg.Revision
 	for _, ts := range []*testServer{r1, r2} {
-		pollGrants(t, ctx, ts, a, rr.Msg.Revision, notListed, func(r *v1.GetGrantsResponse) bool {
+		pollGrants(t, ctx, ts, a, minRev, notListed, func(r *v1.GetGrantsResponse) bool {
 			keepAlive(t, ctx, ts, a)
 			for _, g := range r.Grants {
 				if slices.Contains(r.Release, g.Bucket) {
 					// Asked to release more (c's share): release it too.
-					if _, err := ts.member.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{Session: a, Buckets: []*v1.BucketGrant{g}})); err != nil {
+					more, err := ts.member.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{Session: a, Buckets: []*v1.BucketGrant{g}}))
+					if err != nil {
 						t.Fatal(err)
 					}
 					released[g.Bucket] = g.Token
+					minRev = max(minRev, more.Msg.Revision)
 				}
 			}
 			return len(r.Grants) > 0 && len(r.Release) == 0 && len(r.Grants) <= 6
