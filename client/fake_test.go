@@ -550,8 +550,9 @@ func (m fakeMember) KeepAlive(ctx context.Context, r *connect.Request[keyshardv1
 	f.mu.Lock()
 	mode := f.kaMode
 	s := f.sessions[r.Msg.GetSession()]
+	gone := s == nil || s.gone
 	f.mu.Unlock()
-	if s == nil || s.gone || mode == "notfound" {
+	if gone || mode == "notfound" {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("session %q does not exist", r.Msg.GetSession()))
 	}
 	switch mode {
