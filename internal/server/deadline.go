@@ -33,7 +33,7 @@ func (s *Server) within(ctx context.Context, d time.Duration, cause error, f fun
 // write sent to etcd while its leader dies otherwise waits for etcd's
 // whole request timeout (7 s): a release stuck that long leaves its
 // buckets unserved, and a keep-alive stuck that long fences its worker.
-// Within the deadline, f is tried in attempts of a third of it: the etcd
+// Within the deadline, f is tried in three attempts of a third of it: the etcd
 // client sends each request over one of its connections, and one to a
 // paused etcd member hangs while the others answer, so a stuck attempt is
 // abandoned for another. (Every member call's store operations are safe
@@ -51,16 +51,21 @@ func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Cont
 	if ttl > 0 {
 		d = writeDeadline(ttl)
 	}
-	attempt := d / 3
 	start := s.clock.Now()
-	for {
+	for n := memberAttempts; n > 0; n-- {
 		left := d - s.clock.Since(start)
 		if left <= 0 {
-			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: no answer within %v; retry, through another replica if you have one", errStoreDeadline, d))
+			break
 		}
-		timedOut, err := s.within(ctx, min(attempt, left), errStoreDeadline, f)
+		// This attempt gets an equal share of what is left.
+		timedOut, err := s.within(ctx, left/time.Duration(n), errStoreDeadline, f)
 		if !timedOut {
 			return err
 		}
 	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: no answer within %v; retry, through another replica if you have one", errStoreDeadline, d))
 }
+
+// memberAttempts is how many attempts a member call's store operation
+// gets within its deadline.
+const memberAttempts = 3

@@ -306,13 +306,12 @@ func TestMemberStoreDeadline(t *testing.T) {
 				return ctx.Err()
 			})
 		}()
-		for i := range 3 {
+		// Each attempt gets an equal share of what is left.
+		a1 := tc.want / 3
+		a2 := (tc.want - a1) / 2
+		for _, step := range []time.Duration{a1, a2, tc.want - a1 - a2 - time.Nanosecond} {
 			<-attempts
 			clk.MustBlockUntil(t, 1)
-			step := tc.want / 3
-			if i == 2 {
-				step = tc.want - 2*(tc.want/3) - time.Nanosecond
-			}
 			clk.Advance(step)
 		}
 		select {
