@@ -20,6 +20,7 @@ import (
 
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/internal/chaos"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
 
 const (
@@ -162,7 +163,7 @@ func TestServeMemoryUnderAbuse(t *testing.T) {
 			}
 		}
 	}()
-	if got := metric(t, url, "keyshard_api_long_polls"); got != polls {
+	if got := keyshardtest.Metric(t, url, "keyshard_api_long_polls"); got != polls {
 		t.Errorf("keyshard_api_long_polls = %v, want %d", got, polls)
 	}
 	if hwm, rss := mem(fmt.Sprintf("with %d watches held", polls)); hwm > 150<<10 || rss > 150<<10 {
@@ -208,25 +209,6 @@ func procMemKB(t *testing.T, pid int) (hwm, rss int) {
 		}
 	}
 	return hwm, rss
-}
-
-// metric reads one unlabelled series from the server's /metrics.
-func metric(t *testing.T, url, name string) float64 {
-	t.Helper()
-	res, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	t.Fatalf("no series %s in /metrics", name)
-	return 0
 }
 
 // spaces is a body of n spaces (valid JSON whitespace) made as it is read.

@@ -1,12 +1,8 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,29 +10,8 @@ import (
 
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
-
-// metric returns the value of the unlabelled series name on ts's /metrics.
-func metric(t *testing.T, ts *testServer, name string) float64 {
-	t.Helper()
-	res, err := http.Get(ts.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no series %s on /metrics", name)
-	return 0
-}
 
 // TestRebalanceWritesDoNotConflict: members join and leave in bursts while
 // one leader hands their buckets over. Every leader write it plans is
@@ -88,7 +63,7 @@ func TestRebalanceWritesDoNotConflict(t *testing.T) {
 	join("w6")
 	leave("w2", "w3")
 	log.waitHeld(ctx, 64, "w4", "w5", "w6")
-	if n := metric(t, ts, "keyshard_leader_write_failures_total"); n != 0 {
+	if n := keyshardtest.Metric(t, ts.url, "keyshard_leader_write_failures_total"); n != 0 {
 		t.Errorf("%v leader writes failed during the rebalances, want 0", n)
 	}
 }
