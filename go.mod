@@ -12,7 +12,7 @@ require (
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
-	github.com/twmb/franz-go/pkg/kmsg v1.15.1
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
@@ -78,4 +78,23 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
+)
+
+// Keyshard's own modules, from this repository (see "Modules" in the README).
+require (
+	github.com/keyshard/keyshard/api v0.0.0-00010101000000-000000000000
+	github.com/keyshard/keyshard/client v0.0.0-00010101000000-000000000000
+	github.com/keyshard/keyshard/clock v0.0.0-00010101000000-000000000000
+	github.com/keyshard/keyshard/hotkey v0.0.0-00010101000000-000000000000
+	github.com/keyshard/keyshard/kafka v0.0.0-00010101000000-000000000000
+	github.com/keyshard/keyshard/placement v0.0.0-00010101000000-000000000000
+)
+
+replace (
+	github.com/keyshard/keyshard/api => ./api
+	github.com/keyshard/keyshard/client => ./client
+	github.com/keyshard/keyshard/clock => ./clock
+	github.com/keyshard/keyshard/hotkey => ./hotkey
+	github.com/keyshard/keyshard/kafka => ./kafka
+	github.com/keyshard/keyshard/placement => ./placement
 )

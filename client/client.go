@@ -144,7 +144,7 @@ func (s sharedOpt) applyHotKeys(o *hotKeysOptions) {
 
 // Clock sets the clock used for keep-alives, self-fencing, backoff,
 // polling and hot-key reports (default: the system clock). Tests pass a
-// *keyshardtest.FakeClock.
+// *clocktest.Fake.
 func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 
 // Logger sets the logger (default: discard). Reconnects and retried

@@ -18,7 +18,7 @@ import (
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
-	"github.com/keyshard/keyshard/keyshardtest"
+	"github.com/keyshard/keyshard/clock/clocktest"
 )
 
 // fakeServer is a small stateful stand-in for `keyshard serve`: the four
@@ -27,7 +27,7 @@ import (
 // GetOverflowSet long polls) use the fake clock.
 type fakeServer struct {
 	t     *testing.T
-	clock *keyshardtest.FakeClock
+	clock *clocktest.Fake
 	srv   *httptest.Server
 	token string // if set, every call must carry it
 	quit  chan struct{}
@@ -90,7 +90,7 @@ func newFake(t *testing.T) *fakeServer {
 	t.Helper()
 	f := &fakeServer{
 		t:          t,
-		clock:      keyshardtest.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		clock:      clocktest.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		quit:       make(chan struct{}),
 		changed:    make(chan struct{}),
 		keyspaces:  map[string]*keyshardv1.Keyspace{},

@@ -1,9 +1,9 @@
 // Package clock is the time source that Keyshard's servers and SDK read
-// through, so that tests can drive time (keyshardtest.FakeClock) and fault
+// through, so that tests can drive time (clocktest.Fake) and fault
 // tests can skew it. Go does not read time through libc, so this interface
 // is the only place time can be replaced.
 //
-//	var c clock.Clock = clock.Real{} // or a *keyshardtest.FakeClock
+//	var c clock.Clock = clock.Real{} // or a *clocktest.Fake
 //	t := c.NewTimer(ttl)
 //	defer t.Stop()
 //	select { case <-t.C(): ...; case <-ctx.Done(): ... }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/hotkey"
-	"github.com/keyshard/keyshard/keyshardtest"
 )
 
 // processing records what the two consumer groups do, and checks as it
@@ -192,7 +192,7 @@ func consume(ctx context.Context, cl *kgo.Client, lane Lane, wait, other *Barrie
 type lanes struct {
 	pr               *processing
 	mainHold, ovHold gate
-	barrierClock     *keyshardtest.FakeClock
+	barrierClock     *clocktest.Fake
 	stop             func() // stops the consumers and waits for them; idempotent
 }
 
@@ -201,7 +201,7 @@ type lanes struct {
 // by Notify, which each consumer calls after it commits.
 func startLanes(t *testing.T, e *testEnv, ctx context.Context) *lanes {
 	t.Helper()
-	l := &lanes{pr: newProcessing(), barrierClock: keyshardtest.NewFakeClock(t0)}
+	l := &lanes{pr: newProcessing(), barrierClock: clocktest.NewFake(t0)}
 	mainBar, err := NewBarrier(e.adm, BarrierConfig{Lane: Main, Topic: overflowTopic, Group: overflowGroup, Clock: l.barrierClock})
 	if err != nil {
 		t.Fatal(err)

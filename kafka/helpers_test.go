@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/hotkey"
-	"github.com/keyshard/keyshard/keyshardtest"
 )
 
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -40,7 +40,7 @@ type testEnv struct {
 	addrs []string
 	cl    *kgo.Client
 	adm   *kadm.Client
-	clk   *keyshardtest.FakeClock
+	clk   *clocktest.Fake
 }
 
 // newEnv starts a one-broker kfake cluster with the main and overflow
@@ -54,7 +54,7 @@ func newEnv(t *testing.T, opts ...kgo.Opt) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	e := &testEnv{c: c, addrs: c.ListenAddrs(), clk: keyshardtest.NewFakeClock(t0)}
+	e := &testEnv{c: c, addrs: c.ListenAddrs(), clk: clocktest.NewFake(t0)}
 	e.cl = e.client(t, opts...)
 	e.adm = kadm.NewClient(e.cl)
 	return e

@@ -22,24 +22,37 @@ var forbiddenDeps = []string{
 var clockFuncs = map[string]bool{"Now": true, "Since": true, "Until": true, "Sleep": true, "After": true,
 	"AfterFunc": true, "NewTimer": true, "NewTicker": true, "Tick": true}
 
-// CheckPureCore fails t if the package in the test's working directory
-// depends, even indirectly, on a network, storage or RPC package, or if
-// its non-test source reads the clock or starts a goroutine. It runs
-// `go list -deps` and parses the package's files.
-func CheckPureCore(t testing.TB) {
+// CheckPureCore fails t if a package depends, even indirectly, on a
+// network, storage or RPC package, or if its non-test source reads the
+// clock or starts a goroutine. It checks the packages in dirs, or the one
+// in the test's working directory if there are none. It runs
+// `go list -deps` and parses the packages' files.
+func CheckPureCore(t testing.TB, dirs ...string) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if len(dirs) == 0 {
+		dirs = []string{"."}
+	}
+	for _, dir := range dirs {
+		checkPureCore(t, dir)
+	}
+}
+
+func checkPureCore(t testing.TB, dir string) {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", ".")
+	cmd.Dir = dir
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
+		t.Fatalf("%s: go list -deps: %v", dir, err)
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		for _, f := range forbiddenDeps {
 			if dep == f || strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f) {
-				t.Errorf("the package depends on %s; a pure core takes IO results as arguments", dep)
+				t.Errorf("%s depends on %s; a pure core takes IO results as arguments", dir, dep)
 			}
 		}
 	}
-	files, err := filepath.Glob("*.go")
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package kafka
+package e2e_test
 
 import (
 	"bufio"
@@ -22,9 +22,10 @@ import (
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/server"
-	"github.com/keyshard/keyshard/keyshardtest"
+	"github.com/keyshard/keyshard/kafka"
 )
 
 // serveProcess is an in-process `keyshard serve` (embedded etcd, real
@@ -33,12 +34,12 @@ import (
 type serveProcess struct {
 	t    *testing.T
 	dir  string
-	clk  *keyshardtest.FakeClock
+	clk  *clocktest.Fake
 	srv  *server.Server
 	stop func()
 }
 
-func startServe(t *testing.T, dir string, clk *keyshardtest.FakeClock, listen string) *serveProcess {
+func startServe(t *testing.T, dir string, clk *clocktest.Fake, listen string) *serveProcess {
 	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.Listen = listen
@@ -150,18 +151,18 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 		t.Fatalf("report threshold %v, want the default %v", pool.ReportThreshold, threshold/64)
 	}
 
-	newRouter := func(i int) *Router {
+	newRouter := func(i int) *kafka.Router {
 		cfg := testConfig(e)
 		// Locally, nothing here is ever hot: only the sum can catch a key.
 		cfg.Policy.Detector = hotkey.DetectorConfig{Threshold: 1000, HalfLife: 2 * time.Second, Capacity: 256}
-		cfg.ClusterHotKeys = &ClusterHotKeysConfig{Client: cl, Pool: "ingest", Producer: fmt.Sprintf("ingest-%02d", i)}
-		r, err := NewRouter(ctx, e.cl, e.adm, cfg)
+		cfg.ClusterHotKeys = &kafka.ClusterHotKeysConfig{Client: cl, Pool: "ingest", Producer: fmt.Sprintf("ingest-%02d", i)}
+		r, err := kafka.NewRouter(ctx, e.cl, e.adm, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	routers := make([]*Router, producers)
+	routers := make([]*kafka.Router, producers)
 	for i := range routers {
 		routers[i] = newRouter(i)
 	}

@@ -1,4 +1,4 @@
-package keyshardtest_test
+package clocktest_test
 
 import (
 	"context"
@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyshard/keyshard/keyshardtest"
+	"github.com/keyshard/keyshard/clock/clocktest"
 )
 
 func TestFakeClock(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	c := keyshardtest.NewFakeClock(start)
+	c := clocktest.NewFake(start)
 	timer := c.NewTimer(10 * time.Second)
 	ticker := c.NewTicker(3 * time.Second)
 	fired := make(chan time.Time, 1)
@@ -66,7 +66,7 @@ func TestFakeClock(t *testing.T) {
 // TestBlockUntilContext: the wait ends with an error when ctx does, and
 // returns nil once enough timers wait.
 func TestBlockUntilContext(t *testing.T) {
-	c := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	c := clocktest.NewFake(time.Unix(0, 0))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := c.BlockUntilContext(ctx, 1); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "0 timers waiting, want 1") {

@@ -1,9 +1,0 @@
-package placement_test
-
-import (
-	"testing"
-
-	"github.com/keyshard/keyshard/keyshardtest"
-)
-
-func TestPureCore(t *testing.T) { keyshardtest.CheckPureCore(t) }
