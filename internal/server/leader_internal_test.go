@@ -9,9 +9,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
-	"github.com/keyshard/keyshard/keyshardtest"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -142,7 +142,7 @@ func (c *hangingCommitter) Commit(ctx context.Context, f store.Fence, writes []s
 // the server's clock; the failure is counted, and the round is replanned
 // and lands once the backoff has passed.
 func TestLeaderWriteDeadline(t *testing.T) {
-	clk := keyshardtest.NewFakeClock(time.Unix(1_700_000_000, 0))
+	clk := clocktest.NewFake(time.Unix(1_700_000_000, 0))
 	s := detached(t, clk)
 	st := withStore(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -14,9 +14,9 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/store"
-	"github.com/keyshard/keyshard/keyshardtest"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -130,7 +130,7 @@ func apply(s *Server, rev int64, cs ...store.Change) {
 // timerSet closes once the code under test waits on a timer of clk. Its
 // goroutine exits then, or when the test ends if the code under test
 // answers instead.
-func timerSet(t *testing.T, clk *keyshardtest.FakeClock) <-chan struct{} {
+func timerSet(t *testing.T, clk *clocktest.Fake) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() { // exits once a timer waits, or when the test ends
 		if clk.BlockUntilContext(t.Context(), 1) == nil {
@@ -152,7 +152,7 @@ func grantsOf(r *v1.GetGrantsResponse) (grants []store.BucketToken, release []ui
 // record still does until the leader hands it over; a release at an older
 // token does not hide the current grant.
 func TestGetGrantsLeavesOutReleased(t *testing.T) {
-	s := detached(t, keyshardtest.NewFakeClock(time.Unix(0, 0)))
+	s := detached(t, clocktest.NewFake(time.Unix(0, 0)))
 	apply(s, 6, append(roomsChanges(), releaseChange(6))...)
 	ms := &memberService{s}
 	r, err := ms.GetGrants(context.Background(), connect.NewRequest(&v1.GetGrantsRequest{Session: s.sessions.token("rooms", "a", testLease)}))
@@ -176,7 +176,7 @@ func TestGetGrantsLeavesOutReleased(t *testing.T) {
 // replica) waits for it before answering, and gives up with UNAVAILABLE
 // rather than answer from the past.
 func TestGetGrantsWaitsForMinRevision(t *testing.T) {
-	clk := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	clk := clocktest.NewFake(time.Unix(0, 0))
 	s := detached(t, clk)
 	apply(s, 5, roomsChanges()...)
 	ms := &memberService{s}
@@ -290,7 +290,7 @@ func TestQuarantineTTL(t *testing.T) {
 // the call answers Unavailable at the deadline, so that the member retries
 // at once instead of waiting out etcd's request timeout.
 func TestMemberStoreDeadline(t *testing.T) {
-	clk := keyshardtest.NewFakeClock(time.Unix(0, 0))
+	clk := clocktest.NewFake(time.Unix(0, 0))
 	s := detached(t, clk)
 	apply(s, 5, roomsChanges()...) // rooms: lease TTL 10s, so a deadline of 2s (the most)
 	for _, tc := range []struct {

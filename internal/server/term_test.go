@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/store"
-	"github.com/keyshard/keyshard/keyshardtest"
 )
 
 // metricValue reads an unlabelled series of s's registry (0 if absent).
@@ -29,17 +29,17 @@ func metricValue(t *testing.T, s *Server, name string) float64 {
 
 // fakeReplica is a detached server on a fake clock, with a context that
 // bounds the test.
-func fakeReplica(t *testing.T) (context.Context, *Server, *keyshardtest.FakeClock) {
+func fakeReplica(t *testing.T) (context.Context, *Server, *clocktest.Fake) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	clk := keyshardtest.NewFakeClock(time.Unix(1000, 0))
+	clk := clocktest.NewFake(time.Unix(1000, 0))
 	return ctx, detached(t, clk), clk
 }
 
 // startTerm runs s.term on its own store until it leads with every timer
 // of the term set: the coordinator's and the hot-key aggregation's
 // tickers, and holdLease's renewal and deadline timers.
-func startTerm(t *testing.T, ctx context.Context, s *Server, clk *keyshardtest.FakeClock) <-chan error {
+func startTerm(t *testing.T, ctx context.Context, s *Server, clk *clocktest.Fake) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- s.term(ctx) }() // exits when the term ends
