@@ -1,12 +1,38 @@
 // Package keyshardtest is Keyshard's public test kit, named like httptest:
-// helpers that Keyshard's own tests use and that applications can use to
-// test their code against Keyshard.
+// a real keyshard serve to test a handler, a router or a producer
+// against, and the helpers that Keyshard's own tests use.
 //
-// CheckPureCore asserts that a package is a pure core (no network, no
-// storage clients, no clock reads, no goroutines), the rule that keeps
-// placement, hotkey and the coordinator deterministic.
+// NewServer runs the real server in process, with its etcd embedded in
+// t.TempDir(), on loopback, and returns once it serves:
+//
+//	ts := keyshardtest.NewServer(t, keyshardtest.Options{
+//		Keyspaces: []client.KeyspaceConfig{{Name: "rooms", Buckets: 64}},
+//	})
+//	w := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1"}, handler)
+//	go w.Run(ctx)
+//	m, err := ts.WaitEpoch(ctx, "rooms", 1) // the map once a member has joined
+//
+// # Lifecycle
+//
+// A Server is ready when NewServer returns. Stop stops it as keyshard
+// serve shuts down, Restart stops it and starts it again on the same data
+// directory and address (clients and workers reconnect by themselves),
+// and Close, registered with t.Cleanup, closes the clients from Client and
+// stops it for good. A stop that does not finish within 30 s fails the
+// test and lists the server's goroutines that are still running. Start is
+// the same server for code that is not a test (a benchmark, a demo), and
+// NewReplicas starts several replicas on one etcd.
+//
+// The waits follow the server instead of sleeping: WaitEpoch long-polls
+// the map, WaitLeading and WaitHotKeyRound return when the leader's
+// hot-key aggregation has started or finished a round, which makes a
+// FakeClock (Options.Clock) drive hot keys, leases and drain timeouts
+// step by step.
 //
 // FakeClock drives timers by hand (BlockUntilContext and MustBlockUntil
-// wait, bounded, until the code under test sleeps on it), and Metric
-// reads one series from a running keyshard serve's /metrics.
+// wait, bounded, until the code under test sleeps on it); Metric reads one
+// series from a running server's /metrics; CheckPureCore asserts that a
+// package is a pure core (no network, no storage clients, no clock reads,
+// no goroutines), the rule that keeps placement, hotkey and the
+// coordinator deterministic.
 package keyshardtest

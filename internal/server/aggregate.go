@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/keyshard/keyshard/hotkey"
@@ -32,7 +31,7 @@ const maxLoggedKeys = 16
 func (s *Server) aggregateHotKeys(ctx context.Context, fence store.Fence) error {
 	tick := s.clock.NewTicker(hotKeyInterval)
 	defer tick.Stop()
-	s.rounds.armed()
+	s.onTerm()
 	warned := map[string]bool{} // pools whose stored set is corrupt, logged once a term
 	for {
 		select {
@@ -68,7 +67,7 @@ func (s *Server) aggregateHotKeys(ctx context.Context, fence store.Fence) error 
 			}
 		}
 		s.metrics.hotKeyLastRound.Set(float64(now.UnixNano()) / 1e9)
-		s.rounds.done(now)
+		s.onRound(now)
 	}
 }
 
@@ -208,46 +207,5 @@ func (s *Server) logSetChange(pool string, prev, next hotkey.OverflowSet) {
 	}
 	if entered > maxLoggedKeys || left > maxLoggedKeys {
 		s.log.Info("overflow set changed", "pool", pool, "entered", entered, "left", left, "keys", len(next.Entries), "version", next.Version)
-	}
-}
-
-// roundLog records the terms in which this replica's hot-key aggregation
-// started (its ticker set) and the time of its last finished round, so
-// that a test driving a fake clock can wait for either instead of
-// sleeping.
-type roundLog struct {
-	mu      sync.Mutex
-	terms   int
-	last    time.Time
-	changed chan struct{} // closed and replaced at every change
-}
-
-func newRoundLog() *roundLog { return &roundLog{changed: make(chan struct{})} }
-
-func (r *roundLog) update(f func()) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	f()
-	close(r.changed)
-	r.changed = make(chan struct{})
-}
-
-func (r *roundLog) armed()            { r.update(func() { r.terms++ }) }
-func (r *roundLog) done(at time.Time) { r.update(func() { r.last = at }) }
-
-// wait returns once cond holds on (terms, last), or ctx's error.
-func (r *roundLog) wait(ctx context.Context, cond func(terms int, last time.Time) bool) error {
-	for {
-		r.mu.Lock()
-		ok, changed := cond(r.terms, r.last), r.changed
-		r.mu.Unlock()
-		if ok {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
 	}
 }

@@ -130,7 +130,7 @@ func TestReplicasAndEtcdCluster(t *testing.T) {
 	if st.Msg.Leader == "r2" {
 		leader, other = r2, r1
 	}
-	leader.stop()
+	leader.Stop()
 	joinMember(t, other, "rooms", "c")
 	waitConverged(t, ctx, other, "rooms", 3)
 	if st, _ := other.admin.Status(ctx, connect.NewRequest(&v1.StatusRequest{})); st.Msg.Leader != st.Msg.Replica {
@@ -149,30 +149,28 @@ func TestReplicasAndEtcdCluster(t *testing.T) {
 }
 
 // TestRestartFromDataDir stops a replica with an embedded etcd and starts
-// another on the same data directory: the keyspace and its map survive.
+// it again on the same data directory: the keyspace and its map survive.
 func TestRestartFromDataDir(t *testing.T) {
 	ctx := ctxT(t)
-	dir := t.TempDir()
-	first := startServer(t, func(c *server.Config) { c.Etcd.DataDir = dir })
-	if _, err := first.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 16}})); err != nil {
+	ts := startServer(t, nil)
+	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 16}})); err != nil {
 		t.Fatal(err)
 	}
-	m := joinMember(t, first, "rooms", "a")
-	waitConverged(t, ctx, first, "rooms", 1)
-	epoch, err := first.maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"}))
+	m := joinMember(t, ts, "rooms", "a")
+	waitConverged(t, ctx, ts, "rooms", 1)
+	epoch, err := ts.maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.stop()
 	<-m.done
-	first.stop()
 
-	second := startServer(t, func(c *server.Config) { c.Etcd.DataDir = dir })
-	k, err := second.admin.GetKeyspace(ctx, connect.NewRequest(&v1.GetKeyspaceRequest{Name: "rooms"}))
+	ts.Restart()
+	k, err := ts.admin.GetKeyspace(ctx, connect.NewRequest(&v1.GetKeyspaceRequest{Name: "rooms"}))
 	if err != nil || k.Msg.Keyspace.Buckets != 16 {
 		t.Fatalf("keyspace after restart: %v %v", k, err)
 	}
-	again, err := second.maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"}))
+	again, err := ts.maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"}))
 	if err != nil || again.Msg.Map.Epoch < epoch.Msg.Map.Epoch {
 		t.Fatalf("map after restart: epoch %v, before %d (%v)", again.Msg.GetMap().GetEpoch(), epoch.Msg.Map.Epoch, err)
 	}

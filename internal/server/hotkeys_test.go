@@ -61,7 +61,7 @@ func newHotEnv(t *testing.T) *hotEnv {
 
 func (e *hotEnv) start(mutate func(*server.Config)) *testServer {
 	e.t.Helper()
-	return startServerWith(e.t, mutate, server.Options{Clock: e.clk})
+	return startServerWith(e.t, mutate, e.clk)
 }
 
 // leader waits until one of servers leads with its aggregation armed.
@@ -72,7 +72,7 @@ func (e *hotEnv) leader(servers ...*testServer) *testServer {
 	won := make(chan *testServer, len(servers))
 	for _, ts := range servers {
 		go func() { // exits when ts leads or ctx ends
-			if ts.srv.WaitHotKeyTerms(ctx, 1) == nil {
+			if ts.WaitLeading(ctx) == nil {
 				won <- ts
 			}
 		}()
@@ -91,7 +91,7 @@ func (e *hotEnv) step(leader *testServer) time.Time {
 	e.t.Helper()
 	e.clk.Advance(time.Second)
 	now := e.clk.Now()
-	if err := leader.srv.WaitHotKeyRound(e.ctx, now); err != nil {
+	if err := leader.WaitHotKeyRound(e.ctx, now); err != nil {
 		e.t.Fatalf("no aggregation round at %v: %v", now.Sub(hkT0), err)
 	}
 	return now
@@ -435,8 +435,8 @@ func TestHotKeysFailover(t *testing.T) {
 		t.Fatalf("the cooldown did not reach the other replica: %v", err)
 	}
 
-	leader.stop()
-	if err := other.srv.WaitHotKeyTerms(e.ctx, 1); err != nil {
+	leader.Stop()
+	if err := other.WaitLeading(e.ctx); err != nil {
 		t.Fatalf("the other replica did not take over: %v", err)
 	}
 	if s := e.set(other, "fail"); s.Version != 1 || len(s.Keys) != 1 || !s.Keys[0].CoolingSince.AsTime().Equal(cooling) {
@@ -589,12 +589,9 @@ func TestHotKeyReportErrors(t *testing.T) {
 // and keep their stored settings afterwards.
 func TestHotKeyRoles(t *testing.T) {
 	ctx := ctxT(t)
-	dir := t.TempDir()
-	cfgPools := func(c *server.Config) {
-		c.Etcd.DataDir = dir
+	ts := startServer(t, func(c *server.Config) {
 		c.HotKeyPools = []server.HotKeyPoolConfig{{Name: "from-config", Threshold: 500, Cooldown: time.Minute}}
-	}
-	ts := startServer(t, cfgPools)
+	})
 	hotAs := func(token string) keyshardv1connect.HotKeyServiceClient {
 		return keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearerToken(token)))
 	}
@@ -637,9 +634,8 @@ func TestHotKeyRoles(t *testing.T) {
 	if _, err := ts.admin.PutHotKeyPool(ctx, connect.NewRequest(&v1.PutHotKeyPoolRequest{Pool: &v1.HotKeyPool{Name: "from-config", Threshold: 900}})); err != nil {
 		t.Fatal(err)
 	}
-	ts.stop()
-	again := startServer(t, cfgPools)
-	l, err = again.admin.ListHotKeyPools(ctx, connect.NewRequest(&v1.ListHotKeyPoolsRequest{}))
+	ts.Restart()
+	l, err = ts.admin.ListHotKeyPools(ctx, connect.NewRequest(&v1.ListHotKeyPoolsRequest{}))
 	if err != nil || len(l.Msg.Pools) != 1 || l.Msg.Pools[0].Threshold != 900 {
 		t.Fatalf("pool after a restart: %v %v", l, err)
 	}

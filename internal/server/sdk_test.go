@@ -190,6 +190,6 @@ func TestSDKCluster(t *testing.T) {
 
 	// The leader replica stops while a new member joins.
 	startWorker(t, c2, log, "w4")
-	r1.stop()
+	r1.Stop()
 	log.waitHeld(ctx, 64, "w2", "w3", "w4")
 }

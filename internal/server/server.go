@@ -36,9 +36,10 @@ type Server struct {
 	auth    *authenticator
 	polls   *longPolls
 	view    *view
-	rounds  *roundLog    // the leader's hot-key aggregation rounds, for tests
-	seams   seams        // nil fields: the store's
-	reach   reachability // whether etcd answers this replica's probe
+	onTerm  func()          // Options.OnHotKeyTerm; never nil
+	onRound func(time.Time) // Options.OnHotKeyRound; never nil
+	seams   seams           // nil fields: the store's
+	reach   reachability    // whether etcd answers this replica's probe
 
 	// Set by Run.
 	store    *store.Store
@@ -51,11 +52,19 @@ type Server struct {
 }
 
 // Options are the parts of a server that are not configuration: where it
-// logs and what time it reads. Zero values mean slog.Default and the real
-// clock.
+// logs, what time it reads, and whom it tells of its hot-key rounds. Zero
+// values mean slog.Default, the real clock and nobody.
 type Options struct {
 	Logger *slog.Logger
 	Clock  clock.Clock
+	// OnHotKeyTerm is called when this replica, as leader, has started its
+	// hot-key aggregation in a new term: its ticker is set, so advancing
+	// Clock by a second runs a round. OnHotKeyRound is called after every
+	// round, with the Clock time the round began. Both are called from
+	// the aggregation goroutine and must return at once; keyshardtest
+	// waits on them so that tests driving a fake clock need not sleep.
+	OnHotKeyTerm  func()
+	OnHotKeyRound func(at time.Time)
 }
 
 // New validates cfg and returns a server that has started nothing.
@@ -70,6 +79,12 @@ func New(cfg Config, opts Options) (*Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
+	if opts.OnHotKeyTerm == nil {
+		opts.OnHotKeyTerm = func() {}
+	}
+	if opts.OnHotKeyRound == nil {
+		opts.OnHotKeyRound = func(time.Time) {}
+	}
 	s := &Server{
 		cfg:     cfg,
 		log:     log,
@@ -80,7 +95,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 		polls:   &longPolls{most: int64(cfg.Limits.MaxLongPolls), m: m},
 		view:    newView(log, m),
 		ready:   make(chan struct{}),
-		rounds:  newRoundLog(),
+		onTerm:  opts.OnHotKeyTerm,
+		onRound: opts.OnHotKeyRound,
 	}
 	if cfg.AuthOpen() {
 		log.Warn("the API accepts requests without a token; set auth.admin_tokens and auth.member_tokens before exposing it", "listen", cfg.Listen)

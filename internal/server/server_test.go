@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
-	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,13 +14,18 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
 
-// testServer is one serve replica on loopback with an embedded etcd.
+// testServer is one serve replica on loopback with an embedded etcd
+// (keyshardtest.Server: Stop, Restart, WaitLeading, ...) and raw API
+// clients with the test tokens.
 type testServer struct {
-	srv    *server.Server
-	stop   func() // stops the replica and waits; idempotent
+	*keyshardtest.Server
+	srv    *server.Server // the current run's, for the hooks of export_test.go
 	url    string
 	admin  keyshardv1connect.AdminServiceClient
 	member keyshardv1connect.MemberServiceClient
@@ -38,63 +40,24 @@ const (
 
 func startServer(t *testing.T, mutate func(*server.Config)) *testServer {
 	t.Helper()
-	return startServerWith(t, mutate, server.Options{})
+	return startServerWith(t, mutate, nil)
 }
 
-// startServerWith is startServer with options (a fake clock, say); a nil
-// Logger logs as startServer does.
-func startServerWith(t *testing.T, mutate func(*server.Config), opts server.Options) *testServer {
+// startServerWith is startServer on clk (a fake clock, say); nil is the
+// real clock.
+func startServerWith(t *testing.T, mutate func(*server.Config), clk clock.Clock) *testServer {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Replica = "test"
-	cfg.Etcd.DataDir = t.TempDir()
-	cfg.Auth.AdminTokens = []string{adminToken}
-	cfg.Auth.MemberTokens = []string{memberToken}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	var logOut io.Writer = io.Discard
-	if os.Getenv("KEYSHARD_TEST_LOG") != "" { // to debug a failing test
-		logOut = os.Stderr
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(logOut, nil)).With("replica", cfg.Replica)
-	}
-	srv, err := server.New(cfg, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }() // exits when stop cancels ctx
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("server stopped before ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("server not ready after 30s")
-	}
-	url := "http://" + srv.Addr()
-	return &testServer{
-		srv:    srv,
-		stop:   stop,
-		url:    url,
-		admin:  keyshardv1connect.NewAdminServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(adminToken))),
-		member: keyshardv1connect.NewMemberServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(memberToken))),
-		maps:   keyshardv1connect.NewMapServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearer(memberToken))),
-		hot:    keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, url, connect.WithInterceptors(bearerToken(memberToken))),
-	}
+	ts := &testServer{}
+	ts.Server = keyshardtest.NewServer(t, keyshardtest.Options{
+		AdminToken: adminToken, MemberToken: memberToken, Clock: clk,
+		Internal: &kitseam.Options{Config: mutate, Started: func(s *server.Server) { ts.srv = s }},
+	})
+	ts.url = ts.URL()
+	ts.admin = keyshardv1connect.NewAdminServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(adminToken)))
+	ts.member = keyshardv1connect.NewMemberServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(memberToken)))
+	ts.maps = keyshardv1connect.NewMapServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(memberToken)))
+	ts.hot = keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearerToken(memberToken)))
+	return ts
 }
 
 func bearer(token string) connect.UnaryInterceptorFunc {
