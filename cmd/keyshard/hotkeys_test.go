@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -15,39 +14,8 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
-	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
-
-// startServe runs a `keyshard serve` replica in process (embedded etcd,
-// loopback, no tokens) and returns its URL.
-func startServe(t *testing.T) string {
-	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Replica = "cli-test"
-	cfg.Etcd.DataDir = t.TempDir()
-	srv, err := server.New(cfg, server.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }() // exits when the cleanup cancels ctx
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("server stopped before ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("server not ready after 30s")
-	}
-	return "http://" + srv.Addr()
-}
 
 // syncBuffer is an output that a test can wait on while a command writes.
 type syncBuffer struct {
@@ -87,7 +55,7 @@ func (b *syncBuffer) waitUntil(ctx context.Context, done func(out string) bool) 
 }
 
 func TestHotKeysCLI(t *testing.T) {
-	url := startServe(t)
+	url := keyshardtest.NewServer(t, keyshardtest.Options{}).URL()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	run := func(args ...string) (string, error) {

@@ -1,17 +1,10 @@
 package e2e_test
 
 import (
-	"bufio"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,90 +15,10 @@ import (
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
-	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/hotkey"
-	"github.com/keyshard/keyshard/internal/server"
 	"github.com/keyshard/keyshard/kafka"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
-
-// serveProcess is an in-process `keyshard serve` (embedded etcd, real
-// sockets) on the test's fake clock; stop and start again on the same data
-// directory to restart it.
-type serveProcess struct {
-	t    *testing.T
-	dir  string
-	clk  *clocktest.Fake
-	srv  *server.Server
-	stop func()
-}
-
-func startServe(t *testing.T, dir string, clk *clocktest.Fake, listen string) *serveProcess {
-	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.Listen = listen
-	cfg.Replica = "serve-1"
-	cfg.Etcd.DataDir = dir
-	var logOut io.Writer = io.Discard
-	if os.Getenv("KEYSHARD_TEST_LOG") != "" { // to debug a failing test
-		logOut = os.Stderr
-	}
-	srv, err := server.New(cfg, server.Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(logOut, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }() // exits when stop cancels ctx
-	var once sync.Once
-	p := &serveProcess{t: t, dir: dir, clk: clk, srv: srv}
-	p.stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		})
-	}
-	t.Cleanup(p.stop)
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("serve did not start: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("serve did not become ready within a minute")
-	}
-	return p
-}
-
-func (p *serveProcess) url() string { return "http://" + p.srv.Addr() }
-
-// lastAggregation reads keyshard_hotkey_last_aggregation_timestamp_seconds
-// from /metrics: the fake time of the leader's latest finished round.
-func (p *serveProcess) lastAggregation(ctx context.Context) (time.Time, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url()+"/metrics", nil)
-	if err != nil {
-		return time.Time{}, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		v, ok := strings.CutPrefix(sc.Text(), "keyshard_hotkey_last_aggregation_timestamp_seconds ")
-		if !ok {
-			continue
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return time.Time{}, err
-		}
-		sec, frac := math.Modf(f)
-		return time.Unix(int64(sec), int64(frac*1e9)), nil
-	}
-	return time.Time{}, sc.Err()
-}
 
 // TestClusterHotKeysSixteenProducers runs 16 routers against a real
 // `keyshard serve` and one Kafka (kfake). One key is spread evenly over
@@ -132,15 +45,8 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 	ctx := testCtx(t)
 	e := newEnv(t)
 	clk := e.clk
-	dir := t.TempDir()
-	sp := startServe(t, dir, clk, "127.0.0.1:0")
-	addr := sp.srv.Addr()
-
-	cl, err := client.Dial(sp.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	sp := keyshardtest.NewServer(t, keyshardtest.Options{Clock: clk})
+	cl := sp.Client()
 	pool, err := cl.Admin().PutHotKeyPool(ctx, client.HotKeyPool{
 		Name: "ingest", Threshold: threshold, Cooldown: 5 * time.Second, ReportMaxAge: 10 * time.Second,
 	})
@@ -263,22 +169,11 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 	for steps < 40*int(time.Second/step) {
 		sendStep(true)
 	}
-	until := clk.Now().Add(-time.Second)
-	for {
-		at, err := sp.lastAggregation(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !at.Before(until) {
-			break
-		}
-		select { // a round is due: the fake clock passed its tick
-		case <-ctx.Done():
-			t.Fatalf("no aggregation round at or after %v; the last one was at %v", until, at)
-		case <-time.After(10 * time.Millisecond):
-		}
+	until := clk.Now().Add(-time.Second) // a round is due: the fake clock passed its tick
+	if err := sp.WaitHotKeyRound(ctx, until); err != nil {
+		t.Fatalf("no aggregation round at or after %v: %v", until, err)
 	}
-	hot := keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, sp.url())
+	hot := keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, sp.URL())
 	got, err := hot.GetOverflowSet(ctx, connect.NewRequest(&keyshardv1.GetOverflowSetRequest{Pool: "ingest"}))
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +203,7 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 
 	// 4. The control plane goes down: every router keeps its set (fail
 	// open), reports fail and are counted, and no send fails or waits.
-	sp.stop()
+	sp.Stop()
 	failing := func() bool {
 		for _, r := range routers {
 			if r.Stats().Cluster.Sync.ReportFailures == 0 {
@@ -333,7 +228,7 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 	// threshold for the cooldown it leaves the set (version 2), while the
 	// routers keep it in overflow until its overflow records are
 	// processed (nothing consumes them here).
-	sp = startServe(t, dir, clk, addr)
+	sp.Restart()
 	got, err = hot.GetOverflowSet(ctx, connect.NewRequest(&keyshardv1.GetOverflowSetRequest{Pool: "ingest"}))
 	if err != nil {
 		t.Fatal(err)
