@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
 	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/keyshardtest"
 )
 
 // ControlOptions selects what Control measures.
@@ -232,8 +234,8 @@ func Control(ctx context.Context, opts ControlOptions, progress io.Writer) (rep 
 	}
 	defer e.close()
 	e.stepNo = 1
-	e.say("embedded etcd %s and server http://%s up in %v (keyspaces %s, %s, %s, %s, %s)",
-		e.etcdEndpoints, e.srv.Addr(), time.Since(began).Round(time.Millisecond), ksRouter, ksHandoff, ksScaleout, ksCrash, ksWatch)
+	e.say("embedded etcd %s and server %s up in %v (keyspaces %s, %s, %s, %s, %s)",
+		e.etcdEndpoints, e.url, time.Since(began).Round(time.Millisecond), ksRouter, ksHandoff, ksScaleout, ksCrash, ksWatch)
 
 	steps := []struct {
 		name string
@@ -276,9 +278,7 @@ type controlEnv struct {
 	etcdEndpoints string
 	st            *store.Store // a second etcd client: revisions and the map watch
 	obs           *etcdObserver
-	srv           *server.Server
-	stopServer    context.CancelFunc
-	served        chan error
+	srv           *keyshardtest.Server
 	url           string
 	cl            *client.Client
 	routers       []*client.Router
@@ -312,32 +312,27 @@ func startControlEnv(ctx context.Context, log *slog.Logger, sz controlSizes, run
 		return nil, err
 	}
 
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Replica = "bench"
-	cfg.Etcd = server.EtcdConfig{Endpoints: e.emb.Endpoints()}
-	cfg.Keyspaces = []server.KeyspaceConfig{
-		{Name: ksRouter, Buckets: sz.routerBuckets, LeaseTTL: benchLeaseTTL, DrainTimeout: benchDrainTimeout},
-		{Name: ksHandoff, Buckets: sz.handoffBuckets, LeaseTTL: benchLeaseTTL, DrainTimeout: benchDrainTimeout},
-		{Name: ksScaleout, Buckets: sz.scaleoutBuckets, LeaseTTL: benchLeaseTTL, DrainTimeout: benchDrainTimeout},
-		{Name: ksCrash, Buckets: sz.crashBuckets, LeaseTTL: crashLeaseTTL, DrainTimeout: benchDrainTimeout},
-		{Name: ksWatch, Buckets: sz.watchBuckets, LeaseTTL: benchLeaseTTL, DrainTimeout: benchDrainTimeout},
+	ks := func(name string, buckets int, ttl time.Duration) client.KeyspaceConfig {
+		return client.KeyspaceConfig{Name: name, Buckets: buckets, LeaseTTL: ttl, DrainTimeout: benchDrainTimeout}
 	}
-	if e.srv, err = server.New(cfg, server.Options{Logger: log}); err != nil {
-		return nil, err
-	}
-	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	e.stopServer, e.served = stop, make(chan error, 1)
-	go func() { e.served <- e.srv.Run(sctx) }() // exits when close calls stopServer
-	select {
-	case <-e.srv.Ready():
-	case err := <-e.served:
-		e.served <- err // close reads it again
+	e.srv, err = keyshardtest.Start(ctx, keyshardtest.Options{
+		Keyspaces: []client.KeyspaceConfig{
+			ks(ksRouter, sz.routerBuckets, benchLeaseTTL),
+			ks(ksHandoff, sz.handoffBuckets, benchLeaseTTL),
+			ks(ksScaleout, sz.scaleoutBuckets, benchLeaseTTL),
+			ks(ksCrash, sz.crashBuckets, crashLeaseTTL),
+			ks(ksWatch, sz.watchBuckets, benchLeaseTTL),
+		},
+		Logger: log,
+		Internal: &kitseam.Options{Config: func(c *server.Config) {
+			c.Replica = "bench"
+			c.Etcd = server.EtcdConfig{Endpoints: e.emb.Endpoints()}
+		}},
+	})
+	if err != nil {
 		return nil, fmt.Errorf("start the embedded server: %w", err)
-	case <-ctx.Done():
-		return nil, fmt.Errorf("start the embedded server: %w", ctx.Err())
 	}
-	e.url = "http://" + e.srv.Addr()
+	e.url = e.srv.URL()
 	if e.cl, err = client.Dial(e.url, client.Logger(log)); err != nil {
 		return nil, err
 	}
@@ -372,9 +367,8 @@ func (e *controlEnv) close() {
 	if e.cl != nil {
 		e.cl.Close()
 	}
-	if e.stopServer != nil {
-		e.stopServer()
-		if err := <-e.served; err != nil {
+	if e.srv != nil {
+		if err := e.srv.Close(); err != nil {
 			e.log.Warn("bench: server stopped with an error", "err", err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -22,7 +21,9 @@ import (
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/keyshardtest"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -110,36 +111,16 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	dir, err := os.MkdirTemp("", "keyshard-demo-")
+	srv, err := keyshardtest.Start(ctx, keyshardtest.Options{
+		Keyspaces: []client.KeyspaceConfig{{Name: keyspace, Buckets: opts.Buckets, LeaseTTL: leaseTTL, DrainTimeout: 10 * time.Second}},
+		Logger:    opts.Logger,
+		Internal:  &kitseam.Options{Config: func(c *server.Config) { c.Replica = "demo" }},
+	})
 	if err != nil {
-		return Report{}, err
-	}
-	defer os.RemoveAll(dir)
-
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Replica = "demo"
-	cfg.Etcd.DataDir = dir
-	cfg.Keyspaces = []server.KeyspaceConfig{{Name: keyspace, Buckets: opts.Buckets, LeaseTTL: leaseTTL, DrainTimeout: 10 * time.Second}}
-	srv, err := server.New(cfg, server.Options{Logger: opts.Logger})
-	if err != nil {
-		return Report{}, err
-	}
-	sctx, stopServer := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 1)
-	go func() { served <- srv.Run(sctx) }() // exits when stopServer is called below
-	defer func() {
-		stopServer()
-		<-served
-	}()
-	select {
-	case <-srv.Ready():
-	case err := <-served:
 		return Report{}, fmt.Errorf("start the embedded server: %w", err)
-	case <-ctx.Done():
-		return Report{}, ctx.Err()
 	}
-	url := "http://" + srv.Addr()
+	defer srv.Close()
+	url := srv.URL()
 	fmt.Fprintf(opts.Out, "keyshard demo: server on %s (embedded etcd), keyspace %q: %d buckets, lease TTL %v\n", url, keyspace, opts.Buckets, leaseTTL)
 	fmt.Fprintf(opts.Out, "%d workers, %d keyed events/s, for %v\n\n", opts.Workers, opts.Rate, opts.Duration)
 
