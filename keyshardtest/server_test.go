@@ -169,7 +169,9 @@ func TestWaitEpoch(t *testing.T) {
 		got <- err
 	}()
 	startWorker(t, ts, "w1", newEvents())
-	if err := <-got; err != nil || next.GetEpoch() <= created.GetEpoch() || len(next.GetMembers()) != 1 || next.GetMembers()[0].GetId() != "w1" {
+	err = <-got
+	t.Logf("created at epoch %d, w1 joined at epoch %d", created.GetEpoch(), next.GetEpoch())
+	if err != nil || next.GetEpoch() <= created.GetEpoch() || len(next.GetMembers()) != 1 || next.GetMembers()[0].GetId() != "w1" {
 		t.Fatalf("WaitEpoch(%d): %v, %v; want a later epoch naming w1", created.GetEpoch()+1, next, err)
 	}
 
@@ -186,6 +188,27 @@ func TestWaitEpoch(t *testing.T) {
 	_, err = ts.WaitEpoch(ctx, "nope", 1)
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("WaitEpoch of a keyspace that does not exist: %v, want not_found", err)
+	}
+}
+
+// TestWaitHotKeyRound: on a fake clock, the leader's hot-key round runs
+// when the test advances the clock a second, and WaitHotKeyRound returns
+// once it has; a round that has not run leaves it waiting until ctx ends.
+func TestWaitHotKeyRound(t *testing.T) {
+	ctx := testCtx(t)
+	clk := keyshardtest.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	ts := keyshardtest.NewServer(t, keyshardtest.Options{Clock: clk, HotKeyPools: []client.HotKeyPool{{Name: "ingest", Threshold: 100}}})
+	if err := ts.WaitLeading(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	if err := ts.WaitHotKeyRound(ctx, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := ts.WaitHotKeyRound(cctx, clk.Now().Add(time.Second)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitHotKeyRound of a round not run yet: %v, want context.Canceled", err)
 	}
 }
 
