@@ -220,9 +220,9 @@ func service[S any](e *endpoint) S {
 // least two): a worker whose only replica is paused or cut off from etcd
 // cannot renew its lease and fences, although another replica is healthy.
 // Dial does no IO: an unreachable server shows up as ErrUnavailable on the
-// first call. It returns an error wrapping ErrInvalid if a URL is not an
-// absolute http or https URL, is given twice, or the options contradict
-// each other.
+// first call. It returns an *ArgError (wrapping ErrInvalid) if a URL is
+// not an absolute http or https URL, is given twice, or the options are
+// bad or contradict each other.
 func Dial(rawURL string, opts ...Option) (*Client, error) {
 	var o clientOptions
 	for _, opt := range opts {
@@ -235,7 +235,7 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 	for _, raw := range strings.Split(rawURL, ",") {
 		raw = strings.TrimSpace(raw)
 		if raw == "" && rawURL != "" {
-			return nil, fmt.Errorf("%w: server URL list %q has an empty entry; separate replicas' URLs with single commas", ErrInvalid, rawURL)
+			return nil, argError("Dial", "server URL list", "%q has an empty entry; separate replicas' URLs with single commas", rawURL)
 		}
 		base, err := parseServerURL(raw)
 		if err != nil {
@@ -243,22 +243,22 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 		}
 		u := strings.TrimSuffix(base.String(), "/")
 		if seen[u] {
-			return nil, fmt.Errorf("%w: server URL %q is given twice", ErrInvalid, u)
+			return nil, argError("Dial", "server URL", "%q is given twice", u)
 		}
 		seen[u] = true
 		if o.tlsSet && base.Scheme != "https" {
-			return nil, fmt.Errorf("%w: TLSConfig given for %q; use an https:// URL", ErrInvalid, raw)
+			return nil, argError("Dial", "TLSConfig", "is given for %q; use an https:// URL", raw)
 		}
 		bases = append(bases, base)
 	}
 	if o.hcSet && o.tlsSet {
-		return nil, fmt.Errorf("%w: TLSConfig and HTTPClient both given; set TLS on the http.Client's transport", ErrInvalid)
+		return nil, argError("Dial", "TLSConfig", "and HTTPClient are both given; set TLS on the http.Client's transport")
 	}
 	if strings.ContainsAny(o.token, "\r\n") {
-		return nil, fmt.Errorf("%w: token contains a line break", ErrInvalid)
+		return nil, argError("Dial", "Token", "contains a line break")
 	}
 	if o.replicaTimeout < 0 {
-		return nil, fmt.Errorf("%w: ReplicaTimeout %v is negative", ErrInvalid, o.replicaTimeout)
+		return nil, argError("Dial", "ReplicaTimeout", "%v is negative (0 means the default, %v)", o.replicaTimeout, defaultReplicaTimeout)
 	}
 	if o.replicaTimeout == 0 {
 		o.replicaTimeout = defaultReplicaTimeout
@@ -314,26 +314,26 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 
 func parseServerURL(raw string) (*url.URL, error) {
 	if raw == "" {
-		return nil, fmt.Errorf("%w: server URL is empty; want for example http://127.0.0.1:7400", ErrInvalid)
+		return nil, argError("Dial", "server URL", "is empty; want for example http://127.0.0.1:7400")
 	}
 	if !strings.Contains(raw, "://") {
-		return nil, fmt.Errorf("%w: server URL %q must start with http:// or https://, for example http://%s", ErrInvalid, raw, raw)
+		return nil, argError("Dial", "server URL", "%q must start with http:// or https://, for example http://%s", raw, raw)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: server URL %q: %v", ErrInvalid, raw, err)
+		return nil, argError("Dial", "server URL", "%q: %v", raw, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%w: server URL %q must start with http:// or https://, for example http://127.0.0.1:7400", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q must start with http:// or https://, for example http://127.0.0.1:7400", raw)
 	}
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("%w: server URL %q has no host", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q has no host", raw)
 	}
 	if u.User != nil {
-		return nil, fmt.Errorf("%w: server URL %q carries user info; pass credentials with Token", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q carries user info; pass credentials with Token", raw)
 	}
 	if u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
-		return nil, fmt.Errorf("%w: server URL %q must not have a query or fragment", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q must not have a query or fragment", raw)
 	}
 	return u, nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -15,20 +14,22 @@ func TestDialBadInput(t *testing.T) {
 		name string
 		url  string
 		opts []Option
-		want string // in the error text
+		arg  string // the *ArgError's Arg
+		text string // in its Reason
 	}{
-		{"empty", "", nil, "server URL is empty"},
-		{"no scheme", "127.0.0.1:7400", nil, "must start with http:// or https://"},
-		{"host only", "localhost", nil, "must start with http:// or https://"},
-		{"other scheme", "grpc://127.0.0.1:7400", nil, "must start with http:// or https://"},
-		{"no host", "http://", nil, "has no host"},
-		{"no hostname", "http://:7400", nil, "has no host"},
-		{"user info", "http://admin:secret@127.0.0.1:7400", nil, "pass credentials with Token"},
-		{"query", "http://127.0.0.1:7400/?x=1", nil, "must not have a query"},
-		{"bad escape", "http://127.0.0.1:7400/%zz", nil, "invalid URL escape"},
-		{"tls over http", "http://127.0.0.1:7400", []Option{TLSConfig(&tls.Config{})}, "use an https:// URL"},
-		{"tls and client", "https://h", []Option{TLSConfig(&tls.Config{}), HTTPClient(http.DefaultClient)}, "TLSConfig and HTTPClient both given"},
-		{"token newline", "http://h", []Option{Token("a\nb")}, "line break"},
+		{"empty", "", nil, "server URL", "is empty"},
+		{"no scheme", "127.0.0.1:7400", nil, "server URL", "must start with http:// or https://"},
+		{"host only", "localhost", nil, "server URL", "must start with http:// or https://"},
+		{"other scheme", "grpc://127.0.0.1:7400", nil, "server URL", "must start with http:// or https://"},
+		{"no host", "http://", nil, "server URL", "has no host"},
+		{"no hostname", "http://:7400", nil, "server URL", "has no host"},
+		{"user info", "http://admin:secret@127.0.0.1:7400", nil, "server URL", "pass credentials with Token"},
+		{"query", "http://127.0.0.1:7400/?x=1", nil, "server URL", "must not have a query"},
+		{"bad escape", "http://127.0.0.1:7400/%zz", nil, "server URL", "invalid URL escape"},
+		{"tls over http", "http://127.0.0.1:7400", []Option{TLSConfig(&tls.Config{})}, "TLSConfig", "use an https:// URL"},
+		{"tls and client", "https://h", []Option{TLSConfig(&tls.Config{}), HTTPClient(http.DefaultClient)}, "TLSConfig", "and HTTPClient are both given"},
+		{"token newline", "http://h", []Option{Token("a\nb")}, "Token", "line break"},
+		{"negative replica timeout", "http://h", []Option{ReplicaTimeout(-time.Second)}, "ReplicaTimeout", "-1s is negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -37,9 +38,7 @@ func TestDialBadInput(t *testing.T) {
 				c.Close()
 				t.Fatalf("Dial(%q) succeeded; want an error", tc.url)
 			}
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Dial(%q) = %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
-			}
+			checkArgError(t, "Dial("+tc.url+")", err, "Dial", tc.arg, tc.text)
 		})
 	}
 }

@@ -144,4 +144,11 @@
 // ErrResourceExhausted) that keep the
 // server's message; test them with errors.Is. A FailedPrecondition answer
 // with a WrongOwner detail becomes a *WrongOwnerError.
+//
+// Arguments and options the package refuses before any call (at Dial, at
+// NewWorker, NewRouter and NewHotKeys, or given to an Admin method) are
+// an *ArgError, which wraps ErrInvalid and names the function and the
+// argument:
+//
+//	keyshard: invalid argument: NewHotKeys: HotKeysConfig.Pool is empty
 package client

@@ -23,7 +23,7 @@ func ExampleDial() {
 	fmt.Println(err)
 	// Output:
 	// true
-	// keyshard: invalid argument: server URL "127.0.0.1:7400" must start with http:// or https://, for example http://127.0.0.1:7400
+	// keyshard: invalid argument: Dial: server URL "127.0.0.1:7400" must start with http:// or https://, for example http://127.0.0.1:7400
 }
 
 // A worker's own RPC server answers a misrouted request with WrongOwner;

@@ -136,22 +136,24 @@ type HotKeys struct {
 }
 
 // NewHotKeys returns a HotKeys for cfg. It does no IO and starts nothing:
-// call Run. It returns an error wrapping ErrInvalid for a bad config.
+// call Run. It returns an *ArgError (wrapping ErrInvalid) for a nil
+// Client or a bad config, naming the field.
 func NewHotKeys(c *Client, cfg HotKeysConfig, opts ...HotKeysOption) (*HotKeys, error) {
+	const fn = "NewHotKeys"
 	if c == nil {
-		return nil, fmt.Errorf("%w: NewHotKeys needs a Client", ErrInvalid)
+		return nil, argError(fn, "client", "is nil; create one with Dial")
 	}
-	if err := validName("hot-key pool name", cfg.Pool); err != nil {
+	if err := validName(fn, "HotKeysConfig.Pool", cfg.Pool); err != nil {
 		return nil, err
 	}
-	if err := validName("producer name", cfg.Producer); err != nil {
+	if err := validName(fn, "HotKeysConfig.Producer", cfg.Producer); err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.Report == nil:
-		return nil, fmt.Errorf("%w: HotKeysConfig.Report is nil", ErrInvalid)
+		return nil, argError(fn, "HotKeysConfig.Report", "is nil")
 	case cfg.Interval < 0:
-		return nil, fmt.Errorf("%w: HotKeysConfig.Interval must be positive, got %v", ErrInvalid, cfg.Interval)
+		return nil, argError(fn, "HotKeysConfig.Interval", "%v is negative (0 means the default, %v)", cfg.Interval, DefaultHotKeysInterval)
 	case cfg.Interval == 0:
 		cfg.Interval = DefaultHotKeysInterval
 	}

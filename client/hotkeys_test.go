@@ -415,22 +415,21 @@ func TestNewHotKeysErrors(t *testing.T) {
 	report := func(time.Time, float64) []hotkey.KeyRate { return nil }
 	for _, tc := range []struct {
 		cfg  HotKeysConfig
-		want string
+		arg  string // the *ArgError's Arg
+		text string // in its Reason
 	}{
-		{HotKeysConfig{Producer: "p", Report: report}, "hot-key pool name is empty"},
-		{HotKeysConfig{Pool: "a/b", Producer: "p", Report: report}, "hot-key pool name \"a/b\" has '/'"},
-		{HotKeysConfig{Pool: "events", Report: report}, "producer name is empty"},
-		{HotKeysConfig{Pool: "events", Producer: "p 1", Report: report}, "producer name \"p 1\" has ' '"},
-		{HotKeysConfig{Pool: "events", Producer: "p"}, "HotKeysConfig.Report is nil"},
-		{HotKeysConfig{Pool: "events", Producer: "p", Report: report, Interval: -time.Second}, "HotKeysConfig.Interval must be positive"},
+		{HotKeysConfig{Producer: "p", Report: report}, "HotKeysConfig.Pool", "is empty"},
+		{HotKeysConfig{Pool: "a/b", Producer: "p", Report: report}, "HotKeysConfig.Pool", `"a/b" has '/'`},
+		{HotKeysConfig{Pool: "events", Report: report}, "HotKeysConfig.Producer", "is empty"},
+		{HotKeysConfig{Pool: "events", Producer: "p 1", Report: report}, "HotKeysConfig.Producer", `"p 1" has ' '`},
+		{HotKeysConfig{Pool: "events", Producer: "p"}, "HotKeysConfig.Report", "is nil"},
+		{HotKeysConfig{Pool: "events", Producer: "p", Report: report, Interval: -time.Second}, "HotKeysConfig.Interval", "-1s is negative"},
 	} {
-		if _, err := NewHotKeys(c, tc.cfg); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewHotKeys(%+v) = %v, want ErrInvalid mentioning %q", tc.cfg, err, tc.want)
-		}
+		_, err := NewHotKeys(c, tc.cfg)
+		checkArgError(t, fmt.Sprintf("NewHotKeys(%+v)", tc.cfg), err, "NewHotKeys", tc.arg, tc.text)
 	}
-	if _, err := NewHotKeys(nil, HotKeysConfig{Pool: "events", Producer: "p", Report: report}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("nil client: %v", err)
-	}
+	_, err := NewHotKeys(nil, HotKeysConfig{Pool: "events", Producer: "p", Report: report})
+	checkArgError(t, "nil client", err, "NewHotKeys", "client", "is nil")
 
 	// Run stops with the Client, and may run once.
 	f.addPool("events", 100, 1)

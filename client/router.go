@@ -47,7 +47,7 @@ type Router struct {
 // error wrapping ErrInvalid for a bad keyspace name, ErrNotFound if the
 // keyspace does not exist, or another error of the first fetch.
 func NewRouter(ctx context.Context, c *Client, keyspace string, opts ...RouterOption) (*Router, error) {
-	if err := validName("keyspace name", keyspace); err != nil {
+	if err := validName("NewRouter", "keyspace name", keyspace); err != nil {
 		return nil, err
 	}
 	o := routerOptions{clock: c.opts.clock, log: c.opts.log}

@@ -371,15 +371,15 @@ func NewWorker(c *Client, keyspace string, m Member, h Handler, opts ...WorkerOp
 // (the member id is in use; see Replace), ErrUnauthenticated,
 // ErrPermissionDenied or ErrClosed. Run may be called once.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := validName("keyspace name", w.keyspace); err != nil {
+	if err := validName("Worker.Run", "keyspace name", w.keyspace); err != nil {
 		return err
 	}
-	pm, err := memberToProto(w.member)
+	pm, err := memberToProto("Worker.Run", w.member)
 	if err != nil {
 		return err
 	}
 	if w.h == nil {
-		return fmt.Errorf("%w: nil Handler", ErrInvalid)
+		return argError("Worker.Run", "handler", "is nil")
 	}
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)

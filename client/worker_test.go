@@ -732,10 +732,10 @@ func TestWorkerBadInput(t *testing.T) {
 		text     string
 	}{
 		{"empty keyspace", "", Member{ID: "w1"}, h, ErrInvalid, "keyspace name is empty"},
-		{"empty member", "rooms", Member{}, h, ErrInvalid, "member id is empty"},
-		{"bad member", "rooms", Member{ID: "w 1"}, h, ErrInvalid, "member id \"w 1\" has ' '"},
-		{"negative weight", "rooms", Member{ID: "w1", Weight: -1}, h, ErrInvalid, "weight -1 must be positive"},
-		{"nil handler", "rooms", Member{ID: "w1"}, nil, ErrInvalid, "nil Handler"},
+		{"empty member", "rooms", Member{}, h, ErrInvalid, "Member.ID is empty"},
+		{"bad member", "rooms", Member{ID: "w 1"}, h, ErrInvalid, "Member.ID \"w 1\" has ' '"},
+		{"negative weight", "rooms", Member{ID: "w1", Weight: -1}, h, ErrInvalid, "Member.Weight -1 is not"},
+		{"nil handler", "rooms", Member{ID: "w1"}, nil, ErrInvalid, "handler is nil"},
 		{"unknown keyspace", "halls", Member{ID: "w1"}, h, ErrNotFound, `keyspace "halls" does not exist`},
 	}
 	for _, tc := range tests {
