@@ -72,11 +72,7 @@ func TestToken(t *testing.T) {
 		t.Errorf("with the token: %v", err)
 	}
 	// Streams carry the token too.
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	f.setMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
@@ -102,11 +98,7 @@ func TestGRPC(t *testing.T) {
 	if _, err := c.Admin().GetKeyspace(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetKeyspace(nope) over gRPC: %v, want ErrNotFound", err)
 	}
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	f.setMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
@@ -122,10 +114,7 @@ func TestClientClose(t *testing.T) {
 	f.addKeyspace("rooms", 16, 10*time.Second)
 	ctx := context.Background()
 	c := f.dial(t)
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -139,7 +128,11 @@ func TestClientClose(t *testing.T) {
 	if _, err := c.Admin().Status(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Status after Close = %v, want ErrClosed", err)
 	}
-	if _, err := NewRouter(ctx, c, "rooms"); !errors.Is(err, ErrClosed) {
-		t.Errorf("NewRouter after Close = %v, want ErrClosed", err)
+	r2, err := NewRouter(c, "rooms")
+	if err != nil {
+		t.Fatalf("NewRouter after Close = %v; it does no IO", err)
+	}
+	if err := r2.Start(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Router.Start after Close = %v, want ErrClosed", err)
 	}
 }

@@ -37,7 +37,8 @@
 //		return nil
 //	}
 //
-//	w := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{db})
+//	w, err := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{db})
+//	if err != nil { ... }              // an *ArgError: a bad argument or option; nothing was sent
 //	go func() { errc <- w.Run(ctx) }() // joins, keeps the session alive, re-joins after a loss
 //	...
 //	err := w.Close(shutdownCtx) // leave: hand every bucket over, then stop
@@ -93,13 +94,19 @@
 // # Routers
 //
 // A Router keeps a keyspace's map current in the background (WatchMap,
-// falling back to GetMap long polls) and answers lookups from memory:
+// falling back to GetMap long polls) and answers lookups from memory.
+// Start runs it on a goroutine of its own and returns once it has the map;
+// ctx bounds only that wait:
 //
-//	r, err := client.NewRouter(ctx, c, "rooms")
+//	r, err := client.NewRouter(c, "rooms") // checks the name; no IO
 //	if err != nil { ... }
 //	defer r.Close()
-//	member, ok := r.OwnerString(roomID) // ok is false while the bucket is unassigned
+//	if err := r.Start(ctx); err != nil { ... } // errors.Is(err, client.ErrNotFound): no such keyspace
+//	member, ok := r.OwnerString(roomID)        // ok is false while the bucket is unassigned
 //	addr := r.Address(member)
+//
+// Or run it in your own goroutine (an errgroup, say) with Run, which
+// blocks until ctx ends or Close, and wait for the map with WaitReady.
 //
 // On a *WrongOwnerError from a worker (AsWrongOwner), wait for the map
 // named in it with WaitEpoch and retry.
