@@ -52,6 +52,21 @@
 //	}
 //	// serve the request using g.Token
 //
+// # Lifecycle
+//
+// Worker, Router and HotKeys have one shape. Their constructors (NewWorker,
+// NewRouter, NewHotKeys) check every argument and option, do no IO and
+// start no goroutine; a bad one is an *ArgError. Run(ctx) does the work:
+// it blocks until ctx ends (returning ctx.Err()), Close (returning nil) or
+// the Client's Close (returning ErrClosed), retries what may pass, and
+// returns early only with an error that retrying cannot fix. Run may be
+// called once. A Router also has Start, for callers that want it running
+// in the background once it has the map. Close stops the type and waits
+// until every goroutine it started has exited; it is idempotent, and may
+// be called without Run, which then returns ErrClosed. Worker.Close takes
+// a ctx because it drains first: it hands every bucket over before it
+// stops.
+//
 // # Threading contract
 //
 // Handler.Acquire and Handler.Release are never called concurrently for
@@ -130,7 +145,9 @@
 //			policy.SetClusterKeys(s.Keys())
 //		},
 //	})
-//	go hk.Run(ctx) // until ctx ends
+//	if err != nil { ... }  // an *ArgError naming the field
+//	defer hk.Close()       // stops Run and waits for its goroutines
+//	go hk.Run(ctx)         // until ctx ends or Close
 //
 // It fails open: an unreachable control plane or an unknown pool never
 // clears the set in force; HotKeys logs what to do, retries with backoff

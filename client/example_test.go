@@ -232,8 +232,9 @@ func ExampleNewHotKeys() {
 		},
 	})
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // an *ArgError naming the field
 	}
+	defer hk.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	_ = hk.Run(ctx) // until SIGINT; control-plane errors never end it

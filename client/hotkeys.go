@@ -76,6 +76,13 @@ type HotKeysConfig struct {
 	// of Run, and must not block. An error never produces a call: the
 	// last set stays in force.
 	OnSet func(hotkey.OverflowSet)
+	// OnReport, if set, is called after every report with its outcome:
+	// nil if the server accepted it, or the error, which says what to do
+	// (the one logged at Warn). Calls are made from Run's goroutine, in
+	// order, before it waits for the next report, and must not block.
+	// Stats counts the same outcomes; OnReport is for acting on each, a
+	// health check say.
+	OnReport func(err error)
 }
 
 // HotKeysStats is a snapshot of a HotKeys' counters.
@@ -116,23 +123,20 @@ type HotKeysStats struct {
 // (Stats). The set lives in the control plane, so a producer that
 // restarts gets the current set with its first successful call.
 //
-// Create it with NewHotKeys and run it with Run, which owns its
-// goroutines. Its methods are safe for concurrent use.
+// Create it with NewHotKeys, which does no IO; run it with Run, which
+// owns its goroutines and blocks; stop it with Close (or by ending Run's
+// ctx). Its methods are safe for concurrent use.
 type HotKeys struct {
 	c     *Client
 	cfg   HotKeysConfig
 	clock clock.Clock
 	log   *slog.Logger
+	life  *lifecycle
 
-	mu      sync.Mutex
-	started bool
-	set     hotkey.OverflowSet
-	stats   HotKeysStats
-	probed  bool // Report was called without a threshold (see HotKeysConfig.Report)
-
-	// testReported, if set (by tests only), is called by the reporting
-	// loop after each report with its error, before it sleeps.
-	testReported func(err error)
+	mu     sync.Mutex
+	set    hotkey.OverflowSet
+	stats  HotKeysStats
+	probed bool // Report was called without a threshold (see HotKeysConfig.Report)
 }
 
 // NewHotKeys returns a HotKeys for cfg. It does no IO and starts nothing:
@@ -163,39 +167,38 @@ func NewHotKeys(c *Client, cfg HotKeysConfig, opts ...HotKeysOption) (*HotKeys, 
 			opt.applyHotKeys(&o)
 		}
 	}
-	return &HotKeys{c: c, cfg: cfg, clock: o.clock, log: o.log.With("pool", cfg.Pool, "producer", cfg.Producer)}, nil
+	return &HotKeys{c: c, cfg: cfg, clock: o.clock, log: o.log.With("pool", cfg.Pool, "producer", cfg.Producer), life: newLifecycle("HotKeys")}, nil
 }
 
 // Run reports and follows the overflow set until ctx ends (returning
-// ctx.Err()) or the Client is closed (returning ErrClosed). Server errors
-// never end it. It reports once at once, then every Interval. Run may be
-// called once (again: an error wrapping ErrInvalid); it returns after
-// every goroutine it started has exited.
+// ctx.Err()), Close (returning nil) or the Client's Close (returning
+// ErrClosed). Server errors never end it. It reports once at once, then
+// every Interval. Run may be called once (again: an error wrapping
+// ErrInvalid; after Close: ErrClosed); it returns after every goroutine
+// it started has exited.
 func (h *HotKeys) Run(ctx context.Context) error {
-	h.mu.Lock()
-	if h.started {
-		h.mu.Unlock()
-		return fmt.Errorf("%w: HotKeys.Run called twice", ErrInvalid)
-	}
-	h.started = true
-	h.mu.Unlock()
-	if h.c.closed() {
-		return ErrClosed
-	}
 	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stopWithClient := context.AfterFunc(h.c.ctx, cancel)
-	defer stopWithClient()
-	var wg sync.WaitGroup
-	wg.Go(func() { h.follow(ctx) }) // exits when ctx ends
-	h.reportLoop(ctx)
-	cancel()
-	wg.Wait()
-	if err := parent.Err(); err != nil {
+	ctx, end, err := h.life.begin(ctx, h.c)
+	if err != nil {
 		return err
 	}
-	return ErrClosed
+	defer end()
+	var wg sync.WaitGroup
+	wg.Go(func() { h.follow(ctx) }) // exits when ctx ends
+	h.reportLoop(ctx)               // returns when ctx ends
+	wg.Wait()
+	return h.life.result(parent, h.c, nil)
+}
+
+// Close stops Run, if it runs, and waits until Run returned and every
+// goroutine it started exited; a report in flight is abandoned. Set and
+// Stats keep answering with the last values. Close is idempotent, may be
+// called without Run (which then returns ErrClosed), and returns nil.
+func (h *HotKeys) Close() error {
+	if h.life.close() {
+		h.life.stop()
+	}
+	return nil
 }
 
 // Set returns the overflow set held: the newest the server sent, kept
@@ -248,8 +251,8 @@ func (h *HotKeys) reportLoop(ctx context.Context) {
 		} else {
 			b.reset()
 		}
-		if h.testReported != nil {
-			h.testReported(err)
+		if h.cfg.OnReport != nil {
+			h.cfg.OnReport(err)
 		}
 		if d := wait - h.clock.Since(start); d > 0 && !sleep(ctx, h.clock, d) {
 			return

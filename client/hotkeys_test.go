@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/hotkey"
 )
 
@@ -41,7 +42,7 @@ func (b *syncBuffer) String() string {
 type hotRun struct {
 	hk       *HotKeys
 	sets     chan hotkey.OverflowSet // OnSet
-	reported chan error              // after each report
+	reported chan error              // OnReport
 	minRates chan float64            // Report's minRate, per call
 	logs     *syncBuffer
 }
@@ -65,12 +66,12 @@ func runHotKeys(t *testing.T, f *fakeServer) *hotRun {
 			hr.minRates <- minRate
 			return reportedKeys
 		},
-		OnSet: func(s hotkey.OverflowSet) { hr.sets <- s },
+		OnSet:    func(s hotkey.OverflowSet) { hr.sets <- s },
+		OnReport: func(err error) { hr.reported <- err },
 	}, Logger(slog.New(slog.NewTextHandler(hr.logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	hk.testReported = func(err error) { hr.reported <- err }
 	hr.hk = hk
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -453,6 +454,79 @@ func TestNewHotKeysErrors(t *testing.T) {
 	hk2, _ := NewHotKeys(c, HotKeysConfig{Pool: "events", Producer: "p", Report: report})
 	if err := hk2.Run(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run on a closed Client = %v, want ErrClosed", err)
+	}
+}
+
+// TestHotKeysClose: Close ends Run, which returns nil, while a report and
+// the watch are in flight; it returns only once Run's goroutines exited
+// (the report's timer is off the clock), and is idempotent.
+func TestHotKeysClose(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	fr := f.newFront(t)
+	fr.set("hang")
+	reports := make(chan float64, 16)
+	hk, err := NewHotKeys(dialFronts(t, f, []*front{fr}), HotKeysConfig{Pool: "events", Producer: "p1",
+		Report: func(_ time.Time, minRate float64) []hotkey.KeyRate { reports <- minRate; return reportedKeys }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- hk.Run(context.Background()) }() // exits when Close stops it
+	recv(t, reports, "Report")
+	held := map[string]bool{}
+	for range 2 {
+		held[recv(t, fr.arrivals, "a call held at the replica")] = true
+	}
+	if !held[keyshardv1connect.HotKeyServiceReportHotKeysProcedure] || !held[keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure] {
+		t.Fatalf("calls held: %v; want the report and the watch", held)
+	}
+	if n := f.clock.Waiters(); n != 1 {
+		t.Fatalf("%d timers on the clock; want 1, the report's deadline", n)
+	}
+	if err := hk.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if n := f.clock.Waiters(); n != 0 {
+		t.Errorf("%d timers left on the clock after Close: a goroutine of Run is still in a call", n)
+	}
+	if err := recv(t, done, "Run to return"); err != nil {
+		t.Errorf("Run after Close = %v, want nil", err)
+	}
+	if err := hk.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if st := hk.Stats(); st.Reports != 0 || st.ReportFailures != 0 || st.WatchFailures != 0 {
+		t.Errorf("Stats after Close = %+v; an abandoned call is not a failure", st)
+	}
+	if err := hk.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if len(reports) != 0 {
+		t.Errorf("Report called after Close")
+	}
+}
+
+// TestHotKeysCloseWithoutRun: Close before Run is fine and idempotent;
+// Run then returns ErrClosed without a call.
+func TestHotKeysCloseWithoutRun(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	hk, err := NewHotKeys(f.dial(t), HotKeysConfig{Pool: "events", Producer: "p1",
+		Report: func(time.Time, float64) []hotkey.KeyRate { t.Error("Report called"); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := hk.Close(); err != nil {
+			t.Errorf("Close %d = %v", i+1, err)
+		}
+	}
+	if err := hk.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if n := f.callCount(keyshardv1connect.HotKeyServiceReportHotKeysProcedure) + f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 0 {
+		t.Errorf("%d calls reached the server", n)
 	}
 }
 
