@@ -63,7 +63,8 @@ type Handler interface {
 // EventKind says what happened to a Worker.
 type EventKind int
 
-// Event kinds, in the order a worker usually sees them.
+// Event kinds, in the order a worker usually sees them; EventRenewed
+// follows every acknowledged keep-alive while a session lives.
 const (
 	// EventJoined: the worker joined its keyspace (Event.Session is new).
 	EventJoined EventKind = iota + 1
@@ -86,6 +87,10 @@ const (
 	EventRejoined
 	// EventLeft: the worker left the keyspace gracefully (Close).
 	EventLeft
+	// EventRenewed: a keep-alive was acknowledged (about every TTL/3);
+	// Event.Deadline is the session's fence deadline after it. For lease
+	// health: how far ahead the deadline stays.
+	EventRenewed
 )
 
 func (k EventKind) String() string {
@@ -104,6 +109,8 @@ func (k EventKind) String() string {
 		return "rejoined"
 	case EventLeft:
 		return "left"
+	case EventRenewed:
+		return "renewed"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -116,7 +123,10 @@ type Event struct {
 	Session string
 	// Grant is the grant concerned, for EventAcquired and EventReleased.
 	Grant Grant
-	Err   error
+	// Deadline is the session's fence deadline, for EventRenewed (see
+	// Grant.Deadline).
+	Deadline time.Time
+	Err      error
 }
 
 type workerOptions struct {
@@ -209,10 +219,6 @@ type Worker struct {
 	last    map[int]chan struct{} // bucket → done channel of its latest grant goroutine
 	changed chan struct{}         // closed and replaced when Held changes
 	actors  sync.WaitGroup        // every grant goroutine
-
-	// testRenewed, if set (by tests only), is called by the keep-alive
-	// loop with the new fence deadline after each acknowledged renewal.
-	testRenewed func(deadline time.Time)
 }
 
 // grantState is one grant's lifecycle. Fields marked (mu) are guarded by
@@ -855,9 +861,7 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 				}
 				fence.Reset(d.Sub(w.clock.Now()))
 				retry.reset()
-				if w.testRenewed != nil {
-					w.testRenewed(d)
-				}
+				w.emit(Event{Kind: EventRenewed, Session: s.id, Deadline: d})
 			case errors.Is(r.err, ErrNotFound):
 				return fmt.Errorf("keep-alive: %w: %w", errSessionGone, r.err)
 			default:

@@ -141,9 +141,9 @@ func (h *recHandler) heldNone() {
 
 type testWorker struct {
 	*Worker
-	events  chan Event
+	events  chan Event // every event but EventRenewed
 	runErr  chan error
-	renewed chan time.Time // the fence deadline after each acknowledged keep-alive
+	renewed chan time.Time // EventRenewed's deadline, after each acknowledged keep-alive
 }
 
 func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
@@ -154,13 +154,18 @@ func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption)
 func newTestWorkerOn(t *testing.T, c *Client, h Handler, opts ...WorkerOption) *testWorker {
 	t.Helper()
 	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1), renewed: make(chan time.Time, 4096)}
-	opts = append([]WorkerOption{OnEvent(func(e Event) { tw.events <- e })}, opts...)
+	opts = append([]WorkerOption{OnEvent(func(e Event) {
+		if e.Kind == EventRenewed {
+			tw.renewed <- e.Deadline
+			return
+		}
+		tw.events <- e
+	})}, opts...)
 	w, err := NewWorker(c, "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
 	if err != nil {
 		t.Fatalf("NewWorker: %v", err)
 	}
 	tw.Worker = w
-	tw.testRenewed = func(d time.Time) { tw.renewed <- d }
 	return tw
 }
 
