@@ -415,3 +415,41 @@ func (h *HotKeys) apply(m *keyshardv1.OverflowSet) {
 		h.cfg.OnSet(set)
 	}
 }
+
+// OverflowSet returns the current overflow set of hot-key pool: version 0
+// and no keys if the pool has none yet. It needs a member or admin token.
+// It returns an error wrapping ErrNotFound if the pool does not exist. A
+// producer follows the set with a HotKeys; this is for looking at it.
+func (c *Client) OverflowSet(ctx context.Context, pool string) (hotkey.OverflowSet, error) {
+	if err := validName("Client.OverflowSet", "pool name", pool); err != nil {
+		return hotkey.OverflowSet{}, err
+	}
+	resp, err := call(ctx, c, hotAPI.GetOverflowSet, &keyshardv1.GetOverflowSetRequest{Pool: pool, Wait: durationpb.New(0)})
+	if err != nil {
+		return hotkey.OverflowSet{}, fmt.Errorf("overflow set of hot-key pool %q: %w", pool, err)
+	}
+	return overflowSetFromProto(resp.GetSet()), nil
+}
+
+// WatchOverflowSet calls f with every version of pool's overflow set newer
+// than since, in order, as the server publishes them, over one stream
+// (WatchOverflowSet) to the replica that answered last. It does not
+// reconnect: it returns when ctx ends (an error wrapping ctx.Err()), when
+// the stream fails (its error; ErrUnavailable if the replica went away),
+// or nil if the server ended the stream. Calls to f are made from the
+// caller's goroutine. A HotKeys follows the set through failures; this is
+// for watching it.
+func (c *Client) WatchOverflowSet(ctx context.Context, pool string, since uint64, f func(hotkey.OverflowSet)) error {
+	if err := validName("Client.WatchOverflowSet", "pool name", pool); err != nil {
+		return err
+	}
+	req := &keyshardv1.WatchOverflowSetRequest{Pool: pool, SinceVersion: since}
+	err := stream(ctx, c, hotAPI.WatchOverflowSet, req, func(m *keyshardv1.OverflowSet) { f(overflowSetFromProto(m)) })
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("watch the overflow set of hot-key pool %q: %w", pool, ctx.Err())
+	case err != nil:
+		return fmt.Errorf("watch the overflow set of hot-key pool %q: %w", pool, err)
+	}
+	return nil
+}

@@ -530,6 +530,62 @@ func TestHotKeysCloseWithoutRun(t *testing.T) {
 	}
 }
 
+// TestClientOverflowSet: OverflowSet reads a pool's set; WatchOverflowSet
+// hands over every newer version until ctx ends or the stream fails, and
+// does not reconnect.
+func TestClientOverflowSet(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	c := f.dial(t)
+	ctx := context.Background()
+	if s, err := c.OverflowSet(ctx, "events"); err != nil || s.Version != 0 || len(s.Entries) != 0 {
+		t.Errorf("OverflowSet before any set = %+v, %v; want version 0", s, err)
+	}
+	f.setOverflow("events", 5, "a", "b")
+	s, err := c.OverflowSet(ctx, "events")
+	if err != nil || s.Version != 5 || !slices.Equal(s.Keys(), []string{"a", "b"}) {
+		t.Fatalf("OverflowSet = %+v, %v; want version 5 with a, b", s, err)
+	}
+	if e := s.Entries[1]; e.Rate != 1001 || !e.Since.Equal(f.clock.Now()) || !e.BelowSince.Equal(f.clock.Now()) {
+		t.Errorf("entry %+v: rate and times not converted", e)
+	}
+	if _, err := c.OverflowSet(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `hot-key pool "nope" does not exist`) {
+		t.Errorf("OverflowSet(unknown pool) = %v, want ErrNotFound", err)
+	}
+	_, err = c.OverflowSet(ctx, "a/b")
+	checkArgError(t, "OverflowSet", err, "Client.OverflowSet", "pool name", `"a/b" has '/'`)
+	checkArgError(t, "WatchOverflowSet", c.WatchOverflowSet(ctx, "", 0, nil), "Client.WatchOverflowSet", "pool name", "is empty")
+
+	sets := make(chan hotkey.OverflowSet, 16)
+	watch := func(ctx context.Context, since uint64) chan error {
+		done := make(chan error, 1)
+		go func() { done <- c.WatchOverflowSet(ctx, "events", since, func(s hotkey.OverflowSet) { sets <- s }) }() // exits when ctx ends or the stream does
+		if req := recv(t, f.watchSets, "WatchOverflowSet"); req.GetSinceVersion() != since {
+			t.Errorf("watch since %d, want %d", req.GetSinceVersion(), since)
+		}
+		return done
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := watch(wctx, 5)
+	f.setOverflow("events", 0, "c")
+	if s := recv(t, sets, "version 6"); s.Version != 6 || !slices.Equal(s.Keys(), []string{"c"}) {
+		t.Errorf("watched %+v, want version 6 with c", s)
+	}
+	cancel()
+	if err := recv(t, done, "WatchOverflowSet to return"); !errors.Is(err, context.Canceled) {
+		t.Errorf("WatchOverflowSet after cancel = %v, want context.Canceled", err)
+	}
+
+	done = watch(ctx, 6)
+	f.setHotDown(true)
+	if err := recv(t, done, "WatchOverflowSet to return"); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("WatchOverflowSet when the server fails = %v, want ErrUnavailable", err)
+	}
+	if n := f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 2 {
+		t.Errorf("%d WatchOverflowSet calls, want 2: it does not reconnect", n)
+	}
+}
+
 func TestAdminHotKeyPools(t *testing.T) {
 	f := newFake(t)
 	adm := f.dial(t).Admin()
