@@ -143,12 +143,14 @@ func (s sharedOpt) applyHotKeys(o *hotKeysOptions) {
 }
 
 // Clock sets the clock used for keep-alives, self-fencing, backoff,
-// polling and hot-key reports (default: the system clock). Tests pass a
-// *keyshardtest.FakeClock.
+// polling and hot-key reports (default: the system clock; for a Worker,
+// Router or HotKeys, the Client's). Tests pass a
+// *keyshardtest.FakeClock. A nil c leaves the default.
 func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 
-// Logger sets the logger (default: discard). Reconnects and retried
-// failures are logged at Warn, session loss at Error.
+// Logger sets the logger (default: discard; for a Worker, Router or
+// HotKeys, the Client's). Reconnects and retried failures are logged at
+// Warn, session loss at Error. A nil l leaves the default.
 func Logger(l *slog.Logger) SharedOption { return sharedOpt{log: l} }
 
 // Client is a connection to a Keyshard cluster: the four services of

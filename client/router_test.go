@@ -409,12 +409,11 @@ func routerForBench(tb testing.TB) *Router {
 	for b, o := range a.Owners {
 		m.Owners[b] = uint32(o + 1)
 	}
-	rt, err := routingFromProto(m)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	r := idleRouter(tb)
-	r.cur.Store(rt)
+	r.apply(m)
+	if r.Epoch() != 1 {
+		tb.Fatal("the map was not applied")
+	}
 	return r
 }
 
