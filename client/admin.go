@@ -24,7 +24,7 @@ const drainPoll = time.Second
 // defaults filled in. It returns an error wrapping ErrExists if the name
 // is taken, or ErrInvalid for a bad config.
 func (a *Admin) CreateKeyspace(ctx context.Context, cfg KeyspaceConfig) (KeyspaceConfig, error) {
-	k, err := keyspaceToProto(cfg)
+	k, err := keyspaceToProto("Admin.CreateKeyspace", cfg)
 	if err != nil {
 		return KeyspaceConfig{}, err
 	}
@@ -37,7 +37,7 @@ func (a *Admin) CreateKeyspace(ctx context.Context, cfg KeyspaceConfig) (Keyspac
 
 // GetKeyspace returns keyspace name, or an error wrapping ErrNotFound.
 func (a *Admin) GetKeyspace(ctx context.Context, name string) (KeyspaceConfig, error) {
-	if err := validName("keyspace name", name); err != nil {
+	if err := validName("Admin.GetKeyspace", "keyspace name", name); err != nil {
 		return KeyspaceConfig{}, err
 	}
 	resp, err := call(ctx, a.c, adminAPI.GetKeyspace, &keyshardv1.GetKeyspaceRequest{Name: name})
@@ -65,7 +65,7 @@ func (a *Admin) ListKeyspaces(ctx context.Context) ([]KeyspaceConfig, error) {
 // wrapping ErrImmutable if cfg sets Buckets, Hash or Mode to something
 // other than their current values, which never change.
 func (a *Admin) UpdateKeyspace(ctx context.Context, cfg KeyspaceConfig) (KeyspaceConfig, error) {
-	k, err := keyspaceToProto(cfg)
+	k, err := keyspaceToProto("Admin.UpdateKeyspace", cfg)
 	if err != nil {
 		return KeyspaceConfig{}, err
 	}
@@ -78,7 +78,7 @@ func (a *Admin) UpdateKeyspace(ctx context.Context, cfg KeyspaceConfig) (Keyspac
 
 // ListMembers returns the members of keyspace with their bucket counts.
 func (a *Admin) ListMembers(ctx context.Context, keyspace string) (Members, error) {
-	if err := validName("keyspace name", keyspace); err != nil {
+	if err := validName("Admin.ListMembers", "keyspace name", keyspace); err != nil {
 		return Members{}, err
 	}
 	resp, err := call(ctx, a.c, adminAPI.ListMembers, &keyshardv1.ListMembersRequest{Keyspace: keyspace})
@@ -96,10 +96,10 @@ func (a *Admin) ListMembers(ctx context.Context, keyspace string) (Members, erro
 // member. The member stays joined, holding nothing, until it leaves. Use
 // WaitDrained to wait for the moves to finish.
 func (a *Admin) DrainMember(ctx context.Context, keyspace, member string) error {
-	if err := validName("keyspace name", keyspace); err != nil {
+	if err := validName("Admin.DrainMember", "keyspace name", keyspace); err != nil {
 		return err
 	}
-	if err := validName("member id", member); err != nil {
+	if err := validName("Admin.DrainMember", "member id", member); err != nil {
 		return err
 	}
 	if _, err := call(ctx, a.c, adminAPI.DrainMember, &keyshardv1.DrainMemberRequest{Keyspace: keyspace, Member: member}); err != nil {
@@ -118,7 +118,10 @@ func (a *Admin) DrainMember(ctx context.Context, keyspace, member string) error 
 // The number passed to progress is max(target, granted): it falls to 0 as
 // the member releases its buckets.
 func (a *Admin) WaitDrained(ctx context.Context, keyspace, member string, progress func(left int)) error {
-	if err := validName("member id", member); err != nil {
+	if err := validName("Admin.WaitDrained", "keyspace name", keyspace); err != nil {
+		return err
+	}
+	if err := validName("Admin.WaitDrained", "member id", member); err != nil {
 		return err
 	}
 	for {
@@ -167,7 +170,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 // threshold applies from the leader's next aggregation. It returns an
 // error wrapping ErrInvalid for a bad pool.
 func (a *Admin) PutHotKeyPool(ctx context.Context, pool HotKeyPool) (HotKeyPool, error) {
-	p, err := hotKeyPoolToProto(pool)
+	p, err := hotKeyPoolToProto("Admin.PutHotKeyPool", pool)
 	if err != nil {
 		return HotKeyPool{}, err
 	}

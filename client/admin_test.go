@@ -71,28 +71,25 @@ func TestAdminBadInput(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  KeyspaceConfig
-		want string
+		arg  string // the *ArgError's Arg
+		text string // in its Reason
 	}{
-		{"empty name", KeyspaceConfig{}, "keyspace name is empty"},
-		{"bad name", KeyspaceConfig{Name: "rooms and halls"}, `has ' ' at byte 5`},
-		{"negative buckets", KeyspaceConfig{Name: "r", Buckets: -1}, "bucket count -1 is out of range"},
-		{"too many buckets", KeyspaceConfig{Name: "r", Buckets: 65537}, "bucket count 65537 is out of range"},
-		{"bad hash", KeyspaceConfig{Name: "r", Hash: "md5"}, `hash mode "md5" is unknown`},
-		{"bad mode", KeyspaceConfig{Name: "r", Mode: "shared"}, `keyspace mode "shared" is unknown`},
-		{"negative ttl", KeyspaceConfig{Name: "r", LeaseTTL: -time.Second}, "negative lease TTL"},
+		{"empty name", KeyspaceConfig{}, "keyspace name", "is empty"},
+		{"bad name", KeyspaceConfig{Name: "rooms and halls"}, "keyspace name", `has ' ' at byte 5`},
+		{"negative buckets", KeyspaceConfig{Name: "r", Buckets: -1}, "KeyspaceConfig.Buckets", "-1 is out of range"},
+		{"too many buckets", KeyspaceConfig{Name: "r", Buckets: 65537}, "KeyspaceConfig.Buckets", "65537 is out of range"},
+		{"bad hash", KeyspaceConfig{Name: "r", Hash: "md5"}, "KeyspaceConfig.Hash", `hash mode "md5" is unknown`},
+		{"bad mode", KeyspaceConfig{Name: "r", Mode: "shared"}, "KeyspaceConfig.Mode", `"shared" is unknown`},
+		{"negative ttl", KeyspaceConfig{Name: "r", LeaseTTL: -time.Second}, "KeyspaceConfig.LeaseTTL", "-1s is negative"},
+		{"negative drain timeout", KeyspaceConfig{Name: "r", DrainTimeout: -time.Second}, "KeyspaceConfig.DrainTimeout", "-1s is negative"},
 	}
 	for _, tc := range tests {
 		_, err := a.CreateKeyspace(ctx, tc.cfg)
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: CreateKeyspace = %v; want ErrInvalid mentioning %q", tc.name, err, tc.want)
-		}
+		checkArgError(t, tc.name, err, "Admin.CreateKeyspace", tc.arg, tc.text)
 	}
-	if err := a.DrainMember(ctx, "rooms", ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "member id is empty") {
-		t.Errorf("DrainMember(empty member) = %v", err)
-	}
-	if _, err := a.ListMembers(ctx, ""); !errors.Is(err, ErrInvalid) {
-		t.Errorf("ListMembers(empty keyspace) = %v", err)
-	}
+	checkArgError(t, "DrainMember", a.DrainMember(ctx, "rooms", ""), "Admin.DrainMember", "member id", "is empty")
+	_, err := a.ListMembers(ctx, "")
+	checkArgError(t, "ListMembers", err, "Admin.ListMembers", "keyspace name", "is empty")
 	if n := f.callCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
 		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
 	}
@@ -181,7 +178,5 @@ func TestWaitDrained(t *testing.T) {
 	if err := a.WaitDrained(context.Background(), "rooms", "gone", nil); err != nil {
 		t.Errorf("WaitDrained(gone) = %v", err)
 	}
-	if err := a.WaitDrained(context.Background(), "rooms", "", nil); !errors.Is(err, ErrInvalid) {
-		t.Errorf("WaitDrained(empty member) = %v, want ErrInvalid", err)
-	}
+	checkArgError(t, "WaitDrained", a.WaitDrained(context.Background(), "rooms", "", nil), "Admin.WaitDrained", "member id", "is empty")
 }

@@ -143,12 +143,14 @@ func (s sharedOpt) applyHotKeys(o *hotKeysOptions) {
 }
 
 // Clock sets the clock used for keep-alives, self-fencing, backoff,
-// polling and hot-key reports (default: the system clock). Tests pass a
-// *clocktest.Fake.
+// polling and hot-key reports (default: the system clock; for a Worker,
+// Router or HotKeys, the Client's). Tests pass a *clocktest.Fake (or
+// keyshardtest.FakeClock, the same type). A nil c leaves the default.
 func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 
-// Logger sets the logger (default: discard). Reconnects and retried
-// failures are logged at Warn, session loss at Error.
+// Logger sets the logger (default: discard; for a Worker, Router or
+// HotKeys, the Client's). Reconnects and retried failures are logged at
+// Warn, session loss at Error. A nil l leaves the default.
 func Logger(l *slog.Logger) SharedOption { return sharedOpt{log: l} }
 
 // Client is a connection to a Keyshard cluster: the four services of
@@ -220,9 +222,9 @@ func service[S any](e *endpoint) S {
 // least two): a worker whose only replica is paused or cut off from etcd
 // cannot renew its lease and fences, although another replica is healthy.
 // Dial does no IO: an unreachable server shows up as ErrUnavailable on the
-// first call. It returns an error wrapping ErrInvalid if a URL is not an
-// absolute http or https URL, is given twice, or the options contradict
-// each other.
+// first call. It returns an *ArgError (wrapping ErrInvalid) if a URL is
+// not an absolute http or https URL, is given twice, or the options are
+// bad or contradict each other.
 func Dial(rawURL string, opts ...Option) (*Client, error) {
 	var o clientOptions
 	for _, opt := range opts {
@@ -235,7 +237,7 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 	for _, raw := range strings.Split(rawURL, ",") {
 		raw = strings.TrimSpace(raw)
 		if raw == "" && rawURL != "" {
-			return nil, fmt.Errorf("%w: server URL list %q has an empty entry; separate replicas' URLs with single commas", ErrInvalid, rawURL)
+			return nil, argError("Dial", "server URL list", "%q has an empty entry; separate replicas' URLs with single commas", rawURL)
 		}
 		base, err := parseServerURL(raw)
 		if err != nil {
@@ -243,22 +245,22 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 		}
 		u := strings.TrimSuffix(base.String(), "/")
 		if seen[u] {
-			return nil, fmt.Errorf("%w: server URL %q is given twice", ErrInvalid, u)
+			return nil, argError("Dial", "server URL", "%q is given twice", u)
 		}
 		seen[u] = true
 		if o.tlsSet && base.Scheme != "https" {
-			return nil, fmt.Errorf("%w: TLSConfig given for %q; use an https:// URL", ErrInvalid, raw)
+			return nil, argError("Dial", "TLSConfig", "is given for %q; use an https:// URL", raw)
 		}
 		bases = append(bases, base)
 	}
 	if o.hcSet && o.tlsSet {
-		return nil, fmt.Errorf("%w: TLSConfig and HTTPClient both given; set TLS on the http.Client's transport", ErrInvalid)
+		return nil, argError("Dial", "TLSConfig", "and HTTPClient are both given; set TLS on the http.Client's transport")
 	}
 	if strings.ContainsAny(o.token, "\r\n") {
-		return nil, fmt.Errorf("%w: token contains a line break", ErrInvalid)
+		return nil, argError("Dial", "Token", "contains a line break")
 	}
 	if o.replicaTimeout < 0 {
-		return nil, fmt.Errorf("%w: ReplicaTimeout %v is negative", ErrInvalid, o.replicaTimeout)
+		return nil, argError("Dial", "ReplicaTimeout", "%v is negative (0 means the default, %v)", o.replicaTimeout, defaultReplicaTimeout)
 	}
 	if o.replicaTimeout == 0 {
 		o.replicaTimeout = defaultReplicaTimeout
@@ -314,26 +316,26 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 
 func parseServerURL(raw string) (*url.URL, error) {
 	if raw == "" {
-		return nil, fmt.Errorf("%w: server URL is empty; want for example http://127.0.0.1:7400", ErrInvalid)
+		return nil, argError("Dial", "server URL", "is empty; want for example http://127.0.0.1:7400")
 	}
 	if !strings.Contains(raw, "://") {
-		return nil, fmt.Errorf("%w: server URL %q must start with http:// or https://, for example http://%s", ErrInvalid, raw, raw)
+		return nil, argError("Dial", "server URL", "%q must start with http:// or https://, for example http://%s", raw, raw)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: server URL %q: %v", ErrInvalid, raw, err)
+		return nil, argError("Dial", "server URL", "%q: %v", raw, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%w: server URL %q must start with http:// or https://, for example http://127.0.0.1:7400", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q must start with http:// or https://, for example http://127.0.0.1:7400", raw)
 	}
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("%w: server URL %q has no host", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q has no host", raw)
 	}
 	if u.User != nil {
-		return nil, fmt.Errorf("%w: server URL %q carries user info; pass credentials with Token", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q carries user info; pass credentials with Token", raw)
 	}
 	if u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
-		return nil, fmt.Errorf("%w: server URL %q must not have a query or fragment", ErrInvalid, raw)
+		return nil, argError("Dial", "server URL", "%q must not have a query or fragment", raw)
 	}
 	return u, nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -15,20 +14,22 @@ func TestDialBadInput(t *testing.T) {
 		name string
 		url  string
 		opts []Option
-		want string // in the error text
+		arg  string // the *ArgError's Arg
+		text string // in its Reason
 	}{
-		{"empty", "", nil, "server URL is empty"},
-		{"no scheme", "127.0.0.1:7400", nil, "must start with http:// or https://"},
-		{"host only", "localhost", nil, "must start with http:// or https://"},
-		{"other scheme", "grpc://127.0.0.1:7400", nil, "must start with http:// or https://"},
-		{"no host", "http://", nil, "has no host"},
-		{"no hostname", "http://:7400", nil, "has no host"},
-		{"user info", "http://admin:secret@127.0.0.1:7400", nil, "pass credentials with Token"},
-		{"query", "http://127.0.0.1:7400/?x=1", nil, "must not have a query"},
-		{"bad escape", "http://127.0.0.1:7400/%zz", nil, "invalid URL escape"},
-		{"tls over http", "http://127.0.0.1:7400", []Option{TLSConfig(&tls.Config{})}, "use an https:// URL"},
-		{"tls and client", "https://h", []Option{TLSConfig(&tls.Config{}), HTTPClient(http.DefaultClient)}, "TLSConfig and HTTPClient both given"},
-		{"token newline", "http://h", []Option{Token("a\nb")}, "line break"},
+		{"empty", "", nil, "server URL", "is empty"},
+		{"no scheme", "127.0.0.1:7400", nil, "server URL", "must start with http:// or https://"},
+		{"host only", "localhost", nil, "server URL", "must start with http:// or https://"},
+		{"other scheme", "grpc://127.0.0.1:7400", nil, "server URL", "must start with http:// or https://"},
+		{"no host", "http://", nil, "server URL", "has no host"},
+		{"no hostname", "http://:7400", nil, "server URL", "has no host"},
+		{"user info", "http://admin:secret@127.0.0.1:7400", nil, "server URL", "pass credentials with Token"},
+		{"query", "http://127.0.0.1:7400/?x=1", nil, "server URL", "must not have a query"},
+		{"bad escape", "http://127.0.0.1:7400/%zz", nil, "server URL", "invalid URL escape"},
+		{"tls over http", "http://127.0.0.1:7400", []Option{TLSConfig(&tls.Config{})}, "TLSConfig", "use an https:// URL"},
+		{"tls and client", "https://h", []Option{TLSConfig(&tls.Config{}), HTTPClient(http.DefaultClient)}, "TLSConfig", "and HTTPClient are both given"},
+		{"token newline", "http://h", []Option{Token("a\nb")}, "Token", "line break"},
+		{"negative replica timeout", "http://h", []Option{ReplicaTimeout(-time.Second)}, "ReplicaTimeout", "-1s is negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -37,9 +38,7 @@ func TestDialBadInput(t *testing.T) {
 				c.Close()
 				t.Fatalf("Dial(%q) succeeded; want an error", tc.url)
 			}
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Dial(%q) = %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
-			}
+			checkArgError(t, "Dial("+tc.url+")", err, "Dial", tc.arg, tc.text)
 		})
 	}
 }
@@ -73,11 +72,7 @@ func TestToken(t *testing.T) {
 		t.Errorf("with the token: %v", err)
 	}
 	// Streams carry the token too.
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	f.setMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
@@ -103,11 +98,7 @@ func TestGRPC(t *testing.T) {
 	if _, err := c.Admin().GetKeyspace(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetKeyspace(nope) over gRPC: %v, want ErrNotFound", err)
 	}
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	f.setMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
@@ -123,10 +114,7 @@ func TestClientClose(t *testing.T) {
 	f.addKeyspace("rooms", 16, 10*time.Second)
 	ctx := context.Background()
 	c := f.dial(t)
-	r, err := NewRouter(ctx, c, "rooms")
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -140,7 +128,11 @@ func TestClientClose(t *testing.T) {
 	if _, err := c.Admin().Status(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Status after Close = %v, want ErrClosed", err)
 	}
-	if _, err := NewRouter(ctx, c, "rooms"); !errors.Is(err, ErrClosed) {
-		t.Errorf("NewRouter after Close = %v, want ErrClosed", err)
+	r2, err := NewRouter(c, "rooms")
+	if err != nil {
+		t.Fatalf("NewRouter after Close = %v; it does no IO", err)
+	}
+	if err := r2.Start(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Router.Start after Close = %v, want ErrClosed", err)
 	}
 }

@@ -153,24 +153,26 @@ func (g Grant) Deadline() time.Time {
 	return g.life.s.fenceDeadline()
 }
 
-func validName(what, s string) error {
+// validName checks a name argument of fn (a keyspace, member, pool or
+// producer name): 1-128 characters of [A-Za-z0-9._:@-].
+func validName(fn, what, s string) error {
 	if s == "" {
-		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
+		return argError(fn, what, "is empty")
 	}
 	if len(s) > 128 {
-		return fmt.Errorf("%w: %s %.20q... is %d characters long; the limit is 128", ErrInvalid, what, s, len(s))
+		return argError(fn, what, "%.20q... is %d characters long; the limit is 128", s, len(s))
 	}
 	for i := 0; i < len(s); i++ {
 		ch := s[i]
 		if 'a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '.' || ch == '_' || ch == ':' || ch == '@' || ch == '-' {
 			continue
 		}
-		return fmt.Errorf("%w: %s %q has %q at byte %d; use only [A-Za-z0-9._:@-]", ErrInvalid, what, s, rune(ch), i)
+		return argError(fn, what, "%q has %q at byte %d; use only [A-Za-z0-9._:@-]", s, rune(ch), i)
 	}
 	return nil
 }
 
-func modeToProto(m string) (keyshardv1.KeyspaceMode, error) {
+func modeToProto(fn, m string) (keyshardv1.KeyspaceMode, error) {
 	switch m {
 	case "":
 		return keyshardv1.KeyspaceMode_KEYSPACE_MODE_UNSPECIFIED, nil
@@ -179,7 +181,7 @@ func modeToProto(m string) (keyshardv1.KeyspaceMode, error) {
 	case ModeStream:
 		return keyshardv1.KeyspaceMode_KEYSPACE_MODE_STREAM, nil
 	}
-	return 0, fmt.Errorf("%w: keyspace mode %q is unknown; use %q or %q", ErrInvalid, m, ModeExclusive, ModeStream)
+	return 0, argError(fn, "KeyspaceConfig.Mode", "%q is unknown; use %q or %q", m, ModeExclusive, ModeStream)
 }
 
 func modeFromProto(m keyshardv1.KeyspaceMode) string {
@@ -199,24 +201,28 @@ func durationToProto(d time.Duration) *durationpb.Duration {
 	return durationpb.New(d)
 }
 
-func keyspaceToProto(k KeyspaceConfig) (*keyshardv1.Keyspace, error) {
-	if err := validName("keyspace name", k.Name); err != nil {
+// keyspaceToProto checks k, an argument of fn, and converts it.
+func keyspaceToProto(fn string, k KeyspaceConfig) (*keyshardv1.Keyspace, error) {
+	if err := validName(fn, "keyspace name", k.Name); err != nil {
 		return nil, err
 	}
 	if k.Buckets < 0 || k.Buckets > placement.MaxBuckets {
-		return nil, fmt.Errorf("%w: keyspace %q: bucket count %d is out of range [1, %d] (0 means the default %d)", ErrInvalid, k.Name, k.Buckets, placement.MaxBuckets, placement.DefaultBuckets)
+		return nil, argError(fn, "KeyspaceConfig.Buckets", "%d is out of range [1, %d] (0 means the default %d)", k.Buckets, placement.MaxBuckets, placement.DefaultBuckets)
 	}
 	if k.Hash != "" {
 		if err := k.Hash.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: keyspace %q: %v", ErrInvalid, k.Name, err)
+			return nil, argError(fn, "KeyspaceConfig.Hash", "is not usable: %v", err)
 		}
 	}
-	mode, err := modeToProto(k.Mode)
+	mode, err := modeToProto(fn, k.Mode)
 	if err != nil {
 		return nil, err
 	}
-	if k.LeaseTTL < 0 || k.DrainTimeout < 0 {
-		return nil, fmt.Errorf("%w: keyspace %q: negative lease TTL (%v) or drain timeout (%v)", ErrInvalid, k.Name, k.LeaseTTL, k.DrainTimeout)
+	if k.LeaseTTL < 0 {
+		return nil, argError(fn, "KeyspaceConfig.LeaseTTL", "%v is negative (0 means the default)", k.LeaseTTL)
+	}
+	if k.DrainTimeout < 0 {
+		return nil, argError(fn, "KeyspaceConfig.DrainTimeout", "%v is negative (0 means the default)", k.DrainTimeout)
 	}
 	return &keyshardv1.Keyspace{
 		Name:         k.Name,
@@ -239,12 +245,13 @@ func keyspaceFromProto(k *keyshardv1.Keyspace) KeyspaceConfig {
 	}
 }
 
-func memberToProto(m Member) (*keyshardv1.Member, error) {
-	if err := validName("member id", m.ID); err != nil {
+// memberToProto checks m, an argument of fn, and converts it.
+func memberToProto(fn string, m Member) (*keyshardv1.Member, error) {
+	if err := validName(fn, "Member.ID", m.ID); err != nil {
 		return nil, err
 	}
-	if m.Weight < 0 || m.Weight != m.Weight {
-		return nil, fmt.Errorf("%w: member %q: weight %v must be positive (0 means 1)", ErrInvalid, m.ID, m.Weight)
+	if m.Weight < 0 || math.IsNaN(m.Weight) || math.IsInf(m.Weight, 0) {
+		return nil, argError(fn, "Member.Weight", "%v is not a finite number >= 0 (0 means 1)", m.Weight)
 	}
 	return &keyshardv1.Member{Id: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Metadata: m.Metadata}, nil
 }
@@ -374,8 +381,9 @@ type HotKeyPool struct {
 	MaxKeys int
 }
 
-func hotKeyPoolToProto(p HotKeyPool) (*keyshardv1.HotKeyPool, error) {
-	if err := validName("hot-key pool name", p.Name); err != nil {
+// hotKeyPoolToProto checks p, an argument of fn, and converts it.
+func hotKeyPoolToProto(fn string, p HotKeyPool) (*keyshardv1.HotKeyPool, error) {
+	if err := validName(fn, "hot-key pool name", p.Name); err != nil {
 		return nil, err
 	}
 	for _, f := range []struct {
@@ -383,11 +391,19 @@ func hotKeyPoolToProto(p HotKeyPool) (*keyshardv1.HotKeyPool, error) {
 		v    float64
 	}{{"Threshold", p.Threshold}, {"LowThreshold", p.LowThreshold}, {"ReportThreshold", p.ReportThreshold}} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return nil, fmt.Errorf("%w: hot-key pool %q: %s is %v; want a finite rate >= 0", ErrInvalid, p.Name, f.name, f.v)
+			return nil, argError(fn, "HotKeyPool."+f.name, "%v is not a finite rate >= 0", f.v)
 		}
 	}
-	if p.Cooldown < 0 || p.ReportMaxAge < 0 || p.MaxKeys < 0 || p.MaxKeys > math.MaxUint32 {
-		return nil, fmt.Errorf("%w: hot-key pool %q: negative Cooldown (%v), ReportMaxAge (%v) or MaxKeys (%d)", ErrInvalid, p.Name, p.Cooldown, p.ReportMaxAge, p.MaxKeys)
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{{"Cooldown", p.Cooldown}, {"ReportMaxAge", p.ReportMaxAge}} {
+		if f.v < 0 {
+			return nil, argError(fn, "HotKeyPool."+f.name, "%v is negative (0 means the default)", f.v)
+		}
+	}
+	if p.MaxKeys < 0 || p.MaxKeys > math.MaxUint32 {
+		return nil, argError(fn, "HotKeyPool.MaxKeys", "%d is out of range (0 means the default)", p.MaxKeys)
 	}
 	return &keyshardv1.HotKeyPool{
 		Name:            p.Name,

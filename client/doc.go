@@ -37,7 +37,8 @@
 //		return nil
 //	}
 //
-//	w := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{db})
+//	w, err := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{db})
+//	if err != nil { ... }              // an *ArgError: a bad argument or option; nothing was sent
 //	go func() { errc <- w.Run(ctx) }() // joins, keeps the session alive, re-joins after a loss
 //	...
 //	err := w.Close(shutdownCtx) // leave: hand every bucket over, then stop
@@ -50,6 +51,21 @@
 //		return nil, client.WrongOwner(err) // FailedPrecondition + WrongOwner detail
 //	}
 //	// serve the request using g.Token
+//
+// # Lifecycle
+//
+// Worker, Router and HotKeys have one shape. Their constructors (NewWorker,
+// NewRouter, NewHotKeys) check every argument and option, do no IO and
+// start no goroutine; a bad one is an *ArgError. Run(ctx) does the work:
+// it blocks until ctx ends (returning ctx.Err()), Close (returning nil) or
+// the Client's Close (returning ErrClosed), retries what may pass, and
+// returns early only with an error that retrying cannot fix. Run may be
+// called once. A Router also has Start, for callers that want it running
+// in the background once it has the map. Close stops the type and waits
+// until every goroutine it started has exited; it is idempotent, and may
+// be called without Run, which then returns ErrClosed. Worker.Close takes
+// a ctx because it drains first: it hands every bucket over before it
+// stops.
 //
 // # Threading contract
 //
@@ -93,13 +109,19 @@
 // # Routers
 //
 // A Router keeps a keyspace's map current in the background (WatchMap,
-// falling back to GetMap long polls) and answers lookups from memory:
+// falling back to GetMap long polls) and answers lookups from memory.
+// Start runs it on a goroutine of its own and returns once it has the map;
+// ctx bounds only that wait:
 //
-//	r, err := client.NewRouter(ctx, c, "rooms")
+//	r, err := client.NewRouter(c, "rooms") // checks the name; no IO
 //	if err != nil { ... }
 //	defer r.Close()
-//	member, ok := r.OwnerString(roomID) // ok is false while the bucket is unassigned
+//	if err := r.Start(ctx); err != nil { ... } // errors.Is(err, client.ErrNotFound): no such keyspace
+//	member, ok := r.OwnerString(roomID)        // ok is false while the bucket is unassigned
 //	addr := r.Address(member)
+//
+// Or run it in your own goroutine (an errgroup, say) with Run, which
+// blocks until ctx ends or Close, and wait for the map with WaitReady.
 //
 // On a *WrongOwnerError from a worker (AsWrongOwner), wait for the map
 // named in it with WaitEpoch and retry.
@@ -123,7 +145,9 @@
 //			policy.SetClusterKeys(s.Keys())
 //		},
 //	})
-//	go hk.Run(ctx) // until ctx ends
+//	if err != nil { ... }  // an *ArgError naming the field
+//	defer hk.Close()       // stops Run and waits for its goroutines
+//	go hk.Run(ctx)         // until ctx ends or Close
 //
 // It fails open: an unreachable control plane or an unknown pool never
 // clears the set in force; HotKeys logs what to do, retries with backoff
@@ -144,4 +168,11 @@
 // ErrResourceExhausted) that keep the
 // server's message; test them with errors.Is. A FailedPrecondition answer
 // with a WrongOwner detail becomes a *WrongOwnerError.
+//
+// Arguments and options the package refuses before any call (at Dial, at
+// NewWorker, NewRouter and NewHotKeys, or given to an Admin method) are
+// an *ArgError, which wraps ErrInvalid and names the function and the
+// argument:
+//
+//	keyshard: invalid argument: NewHotKeys: HotKeysConfig.Pool is empty
 package client

@@ -15,7 +15,9 @@ import (
 // server's message, which says what was wrong.
 var (
 	// ErrInvalid: the request was malformed (InvalidArgument), for
-	// example a bad keyspace or member name, or a bad URL given to Dial.
+	// example a bad keyspace or member name; or an argument or option
+	// was refused before any call (then the error is an *ArgError), for
+	// example a bad URL given to Dial or a negative FenceMargin.
 	ErrInvalid = errors.New("keyshard: invalid argument")
 	// ErrNotFound: the keyspace, member or session does not exist
 	// (NotFound).
@@ -62,6 +64,39 @@ var (
 	// returned). Hold the work and retry, or use Worker.WaitGrant.
 	ErrNotGranted = errors.New("keyshard: bucket not granted yet")
 )
+
+// ArgError is an argument or option that the package refused before
+// making any call: given to a constructor (Dial, NewWorker, NewRouter,
+// NewHotKeys) or to a method. It wraps ErrInvalid, so
+// errors.Is(err, ErrInvalid) holds; errors.As tells which argument:
+//
+//	var ae *client.ArgError
+//	if errors.As(err, &ae) && ae.Arg == "FenceMargin" { ... }
+type ArgError struct {
+	// Func is the function that refused it: "NewWorker",
+	// "Admin.CreateKeyspace".
+	Func string
+	// Arg names the argument or option as the caller writes it:
+	// "keyspace name", "Member.ID", "FenceMargin",
+	// "HotKeysConfig.Interval".
+	Arg string
+	// Reason says what is wrong with it, in words that follow Arg:
+	// "is empty", "-1s is negative".
+	Reason string
+}
+
+func (e *ArgError) Error() string {
+	return ErrInvalid.Error() + ": " + e.Func + ": " + e.Arg + " " + e.Reason
+}
+
+// Unwrap returns ErrInvalid.
+func (e *ArgError) Unwrap() error { return ErrInvalid }
+
+// argError returns an *ArgError of function fn for argument arg, with the
+// reason given by format and a.
+func argError(fn, arg, format string, a ...any) error {
+	return &ArgError{Func: fn, Arg: arg, Reason: fmt.Sprintf(format, a...)}
+}
 
 // codeTable is the one translation between connect codes and sentinels.
 // Decoding (server answer → error) uses the entries without toServer;

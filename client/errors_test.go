@@ -166,3 +166,33 @@ func TestSentinelsArePrefixed(t *testing.T) {
 		}
 	}
 }
+
+// checkArgError fails the test unless err is an *ArgError of function fn
+// for argument arg whose reason contains text, and wraps ErrInvalid.
+func checkArgError(t *testing.T, what string, err error, fn, arg, text string) {
+	t.Helper()
+	var ae *ArgError
+	switch {
+	case !errors.As(err, &ae):
+		t.Errorf("%s: %v; want an *ArgError of %s for %s", what, err, fn, arg)
+	case !errors.Is(err, ErrInvalid):
+		t.Errorf("%s: %v does not wrap ErrInvalid", what, err)
+	case ae.Func != fn || ae.Arg != arg || !strings.Contains(ae.Reason, text):
+		t.Errorf("%s: %v (Func %q, Arg %q, Reason %q); want Func %q, Arg %q, a reason mentioning %q", what, err, ae.Func, ae.Arg, ae.Reason, fn, arg, text)
+	}
+}
+
+func TestArgError(t *testing.T) {
+	err := fmt.Errorf("setting up: %w", &ArgError{Func: "NewWorker", Arg: "FenceMargin", Reason: "-1s is negative"})
+	if got, want := err.Error(), "setting up: keyshard: invalid argument: NewWorker: FenceMargin -1s is negative"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	for _, s := range allSentinels {
+		if got := errors.Is(err, s); got != (s == ErrInvalid) {
+			t.Errorf("errors.Is(ArgError, %v) = %v", s, got)
+		}
+	}
+	if got := connect.CodeOf(WrongOwner(err)); got != connect.CodeInvalidArgument {
+		t.Errorf("WrongOwner(ArgError) has code %v, want InvalidArgument", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/hotkey"
@@ -23,7 +24,7 @@ func ExampleDial() {
 	fmt.Println(err)
 	// Output:
 	// true
-	// keyshard: invalid argument: server URL "127.0.0.1:7400" must start with http:// or https://, for example http://127.0.0.1:7400
+	// keyshard: invalid argument: Dial: server URL "127.0.0.1:7400" must start with http:// or https://, for example http://127.0.0.1:7400
 }
 
 // A worker's own RPC server answers a misrouted request with WrongOwner;
@@ -70,8 +71,12 @@ func ExampleNewWorker() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	w := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{},
+	w, err := client.NewWorker(c, "rooms", client.Member{ID: "writer-1", Address: "10.0.0.7:8080"}, &rooms{},
+		client.FenceMargin(2*time.Second),
 		client.OnEvent(func(ev client.Event) { log.Printf("keyshard: %s %+v %v", ev.Kind, ev.Grant, ev.Err) }))
+	if err != nil {
+		log.Fatal(err) // a bad argument or option; nothing was sent
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- w.Run(context.Background()) }()
 
@@ -108,12 +113,17 @@ func ExampleNewRouter() {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	ctx := context.Background()
-	r, err := client.NewRouter(ctx, c, "rooms")
+	r, err := client.NewRouter(c, "rooms")
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // a bad keyspace name
 	}
 	defer r.Close()
+	ctx := context.Background()
+	start, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.Start(start); err != nil { // returns once the router has the map
+		log.Fatal(err) // for example ErrNotFound: no such keyspace
+	}
 
 	member, ok := r.OwnerString("!room:example.org")
 	if !ok {
@@ -128,6 +138,27 @@ func ExampleNewRouter() {
 }
 
 func send(context.Context, string) error { return nil }
+
+// A Router whose goroutine runs in the caller's errgroup: Run blocks, and
+// WaitReady waits for the first map.
+func ExampleRouter_Run() {
+	var r *client.Router // from NewRouter, not started
+	defer r.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.Run(ctx) }) // until SIGINT; retries while the server is unreachable
+	g.Go(func() error {
+		if err := r.WaitReady(ctx); err != nil {
+			return err
+		}
+		member, _ := r.OwnerString("!room:example.org")
+		return send(ctx, r.Address(member))
+	})
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		log.Print(err)
+	}
+}
 
 func ExampleAdmin_WaitDrained() {
 	c, err := client.Dial("http://127.0.0.1:7400", client.Token(os.Getenv("KEYSHARD_ADMIN_TOKEN")))
@@ -201,8 +232,9 @@ func ExampleNewHotKeys() {
 		},
 	})
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // an *ArgError naming the field
 	}
+	defer hk.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	_ = hk.Run(ctx) // until SIGINT; control-plane errors never end it

@@ -76,6 +76,13 @@ type HotKeysConfig struct {
 	// of Run, and must not block. An error never produces a call: the
 	// last set stays in force.
 	OnSet func(hotkey.OverflowSet)
+	// OnReport, if set, is called after every report with its outcome:
+	// nil if the server accepted it, or the error, which says what to do
+	// (the one logged at Warn). Calls are made from Run's goroutine, in
+	// order, before it waits for the next report, and must not block.
+	// Stats counts the same outcomes; OnReport is for acting on each, a
+	// health check say.
+	OnReport func(err error)
 }
 
 // HotKeysStats is a snapshot of a HotKeys' counters.
@@ -116,42 +123,41 @@ type HotKeysStats struct {
 // (Stats). The set lives in the control plane, so a producer that
 // restarts gets the current set with its first successful call.
 //
-// Create it with NewHotKeys and run it with Run, which owns its
-// goroutines. Its methods are safe for concurrent use.
+// Create it with NewHotKeys, which does no IO; run it with Run, which
+// owns its goroutines and blocks; stop it with Close (or by ending Run's
+// ctx). Its methods are safe for concurrent use.
 type HotKeys struct {
 	c     *Client
 	cfg   HotKeysConfig
 	clock clock.Clock
 	log   *slog.Logger
+	life  *lifecycle
 
-	mu      sync.Mutex
-	started bool
-	set     hotkey.OverflowSet
-	stats   HotKeysStats
-	probed  bool // Report was called without a threshold (see HotKeysConfig.Report)
-
-	// testReported, if set (by tests only), is called by the reporting
-	// loop after each report with its error, before it sleeps.
-	testReported func(err error)
+	mu     sync.Mutex
+	set    hotkey.OverflowSet
+	stats  HotKeysStats
+	probed bool // Report was called without a threshold (see HotKeysConfig.Report)
 }
 
 // NewHotKeys returns a HotKeys for cfg. It does no IO and starts nothing:
-// call Run. It returns an error wrapping ErrInvalid for a bad config.
+// call Run. It returns an *ArgError (wrapping ErrInvalid) for a nil
+// Client or a bad config, naming the field.
 func NewHotKeys(c *Client, cfg HotKeysConfig, opts ...HotKeysOption) (*HotKeys, error) {
+	const fn = "NewHotKeys"
 	if c == nil {
-		return nil, fmt.Errorf("%w: NewHotKeys needs a Client", ErrInvalid)
+		return nil, argError(fn, "client", "is nil; create one with Dial")
 	}
-	if err := validName("hot-key pool name", cfg.Pool); err != nil {
+	if err := validName(fn, "HotKeysConfig.Pool", cfg.Pool); err != nil {
 		return nil, err
 	}
-	if err := validName("producer name", cfg.Producer); err != nil {
+	if err := validName(fn, "HotKeysConfig.Producer", cfg.Producer); err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.Report == nil:
-		return nil, fmt.Errorf("%w: HotKeysConfig.Report is nil", ErrInvalid)
+		return nil, argError(fn, "HotKeysConfig.Report", "is nil")
 	case cfg.Interval < 0:
-		return nil, fmt.Errorf("%w: HotKeysConfig.Interval must be positive, got %v", ErrInvalid, cfg.Interval)
+		return nil, argError(fn, "HotKeysConfig.Interval", "%v is negative (0 means the default, %v)", cfg.Interval, DefaultHotKeysInterval)
 	case cfg.Interval == 0:
 		cfg.Interval = DefaultHotKeysInterval
 	}
@@ -161,39 +167,38 @@ func NewHotKeys(c *Client, cfg HotKeysConfig, opts ...HotKeysOption) (*HotKeys, 
 			opt.applyHotKeys(&o)
 		}
 	}
-	return &HotKeys{c: c, cfg: cfg, clock: o.clock, log: o.log.With("pool", cfg.Pool, "producer", cfg.Producer)}, nil
+	return &HotKeys{c: c, cfg: cfg, clock: o.clock, log: o.log.With("pool", cfg.Pool, "producer", cfg.Producer), life: newLifecycle("HotKeys")}, nil
 }
 
 // Run reports and follows the overflow set until ctx ends (returning
-// ctx.Err()) or the Client is closed (returning ErrClosed). Server errors
-// never end it. It reports once at once, then every Interval. Run may be
-// called once (again: an error wrapping ErrInvalid); it returns after
-// every goroutine it started has exited.
+// ctx.Err()), Close (returning nil) or the Client's Close (returning
+// ErrClosed). Server errors never end it. It reports once at once, then
+// every Interval. Run may be called once (again: an error wrapping
+// ErrInvalid; after Close: ErrClosed); it returns after every goroutine
+// it started has exited.
 func (h *HotKeys) Run(ctx context.Context) error {
-	h.mu.Lock()
-	if h.started {
-		h.mu.Unlock()
-		return fmt.Errorf("%w: HotKeys.Run called twice", ErrInvalid)
-	}
-	h.started = true
-	h.mu.Unlock()
-	if h.c.closed() {
-		return ErrClosed
-	}
 	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stopWithClient := context.AfterFunc(h.c.ctx, cancel)
-	defer stopWithClient()
-	var wg sync.WaitGroup
-	wg.Go(func() { h.follow(ctx) }) // exits when ctx ends
-	h.reportLoop(ctx)
-	cancel()
-	wg.Wait()
-	if err := parent.Err(); err != nil {
+	ctx, end, err := h.life.begin(ctx, h.c)
+	if err != nil {
 		return err
 	}
-	return ErrClosed
+	defer end()
+	var wg sync.WaitGroup
+	wg.Go(func() { h.follow(ctx) }) // exits when ctx ends
+	h.reportLoop(ctx)               // returns when ctx ends
+	wg.Wait()
+	return h.life.result(parent, h.c, nil)
+}
+
+// Close stops Run, if it runs, and waits until Run returned and every
+// goroutine it started exited; a report in flight is abandoned. Set and
+// Stats keep answering with the last values. Close is idempotent, may be
+// called without Run (which then returns ErrClosed), and returns nil.
+func (h *HotKeys) Close() error {
+	if h.life.close() {
+		h.life.stop()
+	}
+	return nil
 }
 
 // Set returns the overflow set held: the newest the server sent, kept
@@ -246,8 +251,8 @@ func (h *HotKeys) reportLoop(ctx context.Context) {
 		} else {
 			b.reset()
 		}
-		if h.testReported != nil {
-			h.testReported(err)
+		if h.cfg.OnReport != nil {
+			h.cfg.OnReport(err)
 		}
 		if d := wait - h.clock.Since(start); d > 0 && !sleep(ctx, h.clock, d) {
 			return
@@ -409,4 +414,42 @@ func (h *HotKeys) apply(m *keyshardv1.OverflowSet) {
 	if h.cfg.OnSet != nil {
 		h.cfg.OnSet(set)
 	}
+}
+
+// OverflowSet returns the current overflow set of hot-key pool: version 0
+// and no keys if the pool has none yet. It needs a member or admin token.
+// It returns an error wrapping ErrNotFound if the pool does not exist. A
+// producer follows the set with a HotKeys; this is for looking at it.
+func (c *Client) OverflowSet(ctx context.Context, pool string) (hotkey.OverflowSet, error) {
+	if err := validName("Client.OverflowSet", "pool name", pool); err != nil {
+		return hotkey.OverflowSet{}, err
+	}
+	resp, err := call(ctx, c, hotAPI.GetOverflowSet, &keyshardv1.GetOverflowSetRequest{Pool: pool, Wait: durationpb.New(0)})
+	if err != nil {
+		return hotkey.OverflowSet{}, fmt.Errorf("overflow set of hot-key pool %q: %w", pool, err)
+	}
+	return overflowSetFromProto(resp.GetSet()), nil
+}
+
+// WatchOverflowSet calls f with every version of pool's overflow set newer
+// than since, in order, as the server publishes them, over one stream
+// (WatchOverflowSet) to the replica that answered last. It does not
+// reconnect: it returns when ctx ends (an error wrapping ctx.Err()), when
+// the stream fails (its error; ErrUnavailable if the replica went away),
+// or nil if the server ended the stream. Calls to f are made from the
+// caller's goroutine. A HotKeys follows the set through failures; this is
+// for watching it.
+func (c *Client) WatchOverflowSet(ctx context.Context, pool string, since uint64, f func(hotkey.OverflowSet)) error {
+	if err := validName("Client.WatchOverflowSet", "pool name", pool); err != nil {
+		return err
+	}
+	req := &keyshardv1.WatchOverflowSetRequest{Pool: pool, SinceVersion: since}
+	err := stream(ctx, c, hotAPI.WatchOverflowSet, req, func(m *keyshardv1.OverflowSet) { f(overflowSetFromProto(m)) })
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("watch the overflow set of hot-key pool %q: %w", pool, ctx.Err())
+	case err != nil:
+		return fmt.Errorf("watch the overflow set of hot-key pool %q: %w", pool, err)
+	}
+	return nil
 }

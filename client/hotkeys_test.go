@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/hotkey"
 )
 
@@ -41,7 +42,7 @@ func (b *syncBuffer) String() string {
 type hotRun struct {
 	hk       *HotKeys
 	sets     chan hotkey.OverflowSet // OnSet
-	reported chan error              // after each report
+	reported chan error              // OnReport
 	minRates chan float64            // Report's minRate, per call
 	logs     *syncBuffer
 }
@@ -65,12 +66,12 @@ func runHotKeys(t *testing.T, f *fakeServer) *hotRun {
 			hr.minRates <- minRate
 			return reportedKeys
 		},
-		OnSet: func(s hotkey.OverflowSet) { hr.sets <- s },
+		OnSet:    func(s hotkey.OverflowSet) { hr.sets <- s },
+		OnReport: func(err error) { hr.reported <- err },
 	}, Logger(slog.New(slog.NewTextHandler(hr.logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	hk.testReported = func(err error) { hr.reported <- err }
 	hr.hk = hk
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -415,22 +416,21 @@ func TestNewHotKeysErrors(t *testing.T) {
 	report := func(time.Time, float64) []hotkey.KeyRate { return nil }
 	for _, tc := range []struct {
 		cfg  HotKeysConfig
-		want string
+		arg  string // the *ArgError's Arg
+		text string // in its Reason
 	}{
-		{HotKeysConfig{Producer: "p", Report: report}, "hot-key pool name is empty"},
-		{HotKeysConfig{Pool: "a/b", Producer: "p", Report: report}, "hot-key pool name \"a/b\" has '/'"},
-		{HotKeysConfig{Pool: "events", Report: report}, "producer name is empty"},
-		{HotKeysConfig{Pool: "events", Producer: "p 1", Report: report}, "producer name \"p 1\" has ' '"},
-		{HotKeysConfig{Pool: "events", Producer: "p"}, "HotKeysConfig.Report is nil"},
-		{HotKeysConfig{Pool: "events", Producer: "p", Report: report, Interval: -time.Second}, "HotKeysConfig.Interval must be positive"},
+		{HotKeysConfig{Producer: "p", Report: report}, "HotKeysConfig.Pool", "is empty"},
+		{HotKeysConfig{Pool: "a/b", Producer: "p", Report: report}, "HotKeysConfig.Pool", `"a/b" has '/'`},
+		{HotKeysConfig{Pool: "events", Report: report}, "HotKeysConfig.Producer", "is empty"},
+		{HotKeysConfig{Pool: "events", Producer: "p 1", Report: report}, "HotKeysConfig.Producer", `"p 1" has ' '`},
+		{HotKeysConfig{Pool: "events", Producer: "p"}, "HotKeysConfig.Report", "is nil"},
+		{HotKeysConfig{Pool: "events", Producer: "p", Report: report, Interval: -time.Second}, "HotKeysConfig.Interval", "-1s is negative"},
 	} {
-		if _, err := NewHotKeys(c, tc.cfg); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewHotKeys(%+v) = %v, want ErrInvalid mentioning %q", tc.cfg, err, tc.want)
-		}
+		_, err := NewHotKeys(c, tc.cfg)
+		checkArgError(t, fmt.Sprintf("NewHotKeys(%+v)", tc.cfg), err, "NewHotKeys", tc.arg, tc.text)
 	}
-	if _, err := NewHotKeys(nil, HotKeysConfig{Pool: "events", Producer: "p", Report: report}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("nil client: %v", err)
-	}
+	_, err := NewHotKeys(nil, HotKeysConfig{Pool: "events", Producer: "p", Report: report})
+	checkArgError(t, "nil client", err, "NewHotKeys", "client", "is nil")
 
 	// Run stops with the Client, and may run once.
 	f.addPool("events", 100, 1)
@@ -454,6 +454,135 @@ func TestNewHotKeysErrors(t *testing.T) {
 	hk2, _ := NewHotKeys(c, HotKeysConfig{Pool: "events", Producer: "p", Report: report})
 	if err := hk2.Run(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run on a closed Client = %v, want ErrClosed", err)
+	}
+}
+
+// TestHotKeysClose: Close ends Run, which returns nil, while a report and
+// the watch are in flight; it returns only once Run's goroutines exited
+// (the report's timer is off the clock), and is idempotent.
+func TestHotKeysClose(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	fr := f.newFront(t)
+	fr.set("hang")
+	reports := make(chan float64, 16)
+	hk, err := NewHotKeys(dialFronts(t, f, []*front{fr}), HotKeysConfig{Pool: "events", Producer: "p1",
+		Report: func(_ time.Time, minRate float64) []hotkey.KeyRate { reports <- minRate; return reportedKeys }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- hk.Run(context.Background()) }() // exits when Close stops it
+	recv(t, reports, "Report")
+	held := map[string]bool{}
+	for range 2 {
+		held[recv(t, fr.arrivals, "a call held at the replica")] = true
+	}
+	if !held[keyshardv1connect.HotKeyServiceReportHotKeysProcedure] || !held[keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure] {
+		t.Fatalf("calls held: %v; want the report and the watch", held)
+	}
+	if n := f.clock.Waiters(); n != 1 {
+		t.Fatalf("%d timers on the clock; want 1, the report's deadline", n)
+	}
+	if err := hk.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if n := f.clock.Waiters(); n != 0 {
+		t.Errorf("%d timers left on the clock after Close: a goroutine of Run is still in a call", n)
+	}
+	if err := recv(t, done, "Run to return"); err != nil {
+		t.Errorf("Run after Close = %v, want nil", err)
+	}
+	if err := hk.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if st := hk.Stats(); st.Reports != 0 || st.ReportFailures != 0 || st.WatchFailures != 0 {
+		t.Errorf("Stats after Close = %+v; an abandoned call is not a failure", st)
+	}
+	if err := hk.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if len(reports) != 0 {
+		t.Errorf("Report called after Close")
+	}
+}
+
+// TestHotKeysCloseWithoutRun: Close before Run is fine and idempotent;
+// Run then returns ErrClosed without a call.
+func TestHotKeysCloseWithoutRun(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	hk, err := NewHotKeys(f.dial(t), HotKeysConfig{Pool: "events", Producer: "p1",
+		Report: func(time.Time, float64) []hotkey.KeyRate { t.Error("Report called"); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := hk.Close(); err != nil {
+			t.Errorf("Close %d = %v", i+1, err)
+		}
+	}
+	if err := hk.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if n := f.callCount(keyshardv1connect.HotKeyServiceReportHotKeysProcedure) + f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 0 {
+		t.Errorf("%d calls reached the server", n)
+	}
+}
+
+// TestClientOverflowSet: OverflowSet reads a pool's set; WatchOverflowSet
+// hands over every newer version until ctx ends or the stream fails, and
+// does not reconnect.
+func TestClientOverflowSet(t *testing.T) {
+	f := newFake(t)
+	f.addPool("events", 1600, 25)
+	c := f.dial(t)
+	ctx := context.Background()
+	if s, err := c.OverflowSet(ctx, "events"); err != nil || s.Version != 0 || len(s.Entries) != 0 {
+		t.Errorf("OverflowSet before any set = %+v, %v; want version 0", s, err)
+	}
+	f.setOverflow("events", 5, "a", "b")
+	s, err := c.OverflowSet(ctx, "events")
+	if err != nil || s.Version != 5 || !slices.Equal(s.Keys(), []string{"a", "b"}) {
+		t.Fatalf("OverflowSet = %+v, %v; want version 5 with a, b", s, err)
+	}
+	if e := s.Entries[1]; e.Rate != 1001 || !e.Since.Equal(f.clock.Now()) || !e.BelowSince.Equal(f.clock.Now()) {
+		t.Errorf("entry %+v: rate and times not converted", e)
+	}
+	if _, err := c.OverflowSet(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `hot-key pool "nope" does not exist`) {
+		t.Errorf("OverflowSet(unknown pool) = %v, want ErrNotFound", err)
+	}
+	_, err = c.OverflowSet(ctx, "a/b")
+	checkArgError(t, "OverflowSet", err, "Client.OverflowSet", "pool name", `"a/b" has '/'`)
+	checkArgError(t, "WatchOverflowSet", c.WatchOverflowSet(ctx, "", 0, nil), "Client.WatchOverflowSet", "pool name", "is empty")
+
+	sets := make(chan hotkey.OverflowSet, 16)
+	watch := func(ctx context.Context, since uint64) chan error {
+		done := make(chan error, 1)
+		go func() { done <- c.WatchOverflowSet(ctx, "events", since, func(s hotkey.OverflowSet) { sets <- s }) }() // exits when ctx ends or the stream does
+		if req := recv(t, f.watchSets, "WatchOverflowSet"); req.GetSinceVersion() != since {
+			t.Errorf("watch since %d, want %d", req.GetSinceVersion(), since)
+		}
+		return done
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := watch(wctx, 5)
+	f.setOverflow("events", 0, "c")
+	if s := recv(t, sets, "version 6"); s.Version != 6 || !slices.Equal(s.Keys(), []string{"c"}) {
+		t.Errorf("watched %+v, want version 6 with c", s)
+	}
+	cancel()
+	if err := recv(t, done, "WatchOverflowSet to return"); !errors.Is(err, context.Canceled) {
+		t.Errorf("WatchOverflowSet after cancel = %v, want context.Canceled", err)
+	}
+
+	done = watch(ctx, 6)
+	f.setHotDown(true)
+	if err := recv(t, done, "WatchOverflowSet to return"); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("WatchOverflowSet when the server fails = %v, want ErrUnavailable", err)
+	}
+	if n := f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 2 {
+		t.Errorf("%d WatchOverflowSet calls, want 2: it does not reconnect", n)
 	}
 }
 

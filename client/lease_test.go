@@ -6,28 +6,59 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/placement"
 )
 
+// pausedClock is the time a process sees when it resumes from a pause:
+// jump moves Now forward while the timers, which run on the fake clock
+// underneath, have not fired yet (the process has not run since); resume
+// lets them fire.
+type pausedClock struct {
+	*clocktest.Fake
+	mu    sync.Mutex
+	ahead time.Time // Now is at least this
+}
+
+func (c *pausedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := c.Fake.Now(); now.After(c.ahead) {
+		return now
+	}
+	return c.ahead
+}
+
+func (c *pausedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// jump moves Now to t without firing any timer.
+func (c *pausedClock) jump(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ahead = t
+}
+
+// resume advances the fake clock to Now, firing the timers due by then.
+func (c *pausedClock) resume() {
+	c.Fake.Advance(c.Now().Sub(c.Fake.Now()))
+}
+
 // TestWorkerPausedPastDeadline: a process paused past its fence deadline
-// (here: its keep-alive loop is frozen, so no timer of the worker runs)
-// is told at once, by the clock, that its grant is no longer valid:
-// Owns, Held, Grant.Valid, Grant.Deadline and the grant context's Err all
-// say so before the keep-alive loop has fenced anything.
+// (its clock jumps while none of its timers has run yet) is told at once,
+// by the clock, that its grant is no longer valid: Owns, Held,
+// Grant.Valid, Grant.Deadline and the grant context's Err all say so
+// before the keep-alive loop has fenced anything.
 func TestWorkerPausedPastDeadline(t *testing.T) {
 	f := newFake(t)
 	f.addKeyspace("rooms", 16, testTTL)
 	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
 	h := newRecHandler(t)
-	w := newTestWorker(t, f, h)
-	freeze := make(chan struct{})
-	w.testRenewed = func(d time.Time) { // the keep-alive loop stops here: the pause
-		w.renewed <- d
-		<-freeze
-	}
+	clk := &pausedClock{Fake: f.clock}
+	w := newTestWorker(t, f, h, Clock(clk))
 	t0 := f.clock.Now()
 	w.start(t)
 	sid := w.waitEvent(t, EventJoined).Session
@@ -47,7 +78,7 @@ func TestWorkerPausedPastDeadline(t *testing.T) {
 		t.Fatalf("the grant is not valid before its deadline")
 	}
 
-	f.clock.Advance(deadline.Sub(f.clock.Now())) // the deadline is reached while the loop is frozen
+	clk.jump(deadline) // the process resumes at the deadline; no timer has run
 
 	if g, err := w.OwnsString(key); !errors.Is(err, ErrNotGranted) || !errors.Is(err, ErrSessionLost) || !strings.Contains(err.Error(), "fence deadline passed") {
 		t.Errorf("Owns past the deadline = %+v, %v; want ErrNotGranted and ErrSessionLost", g, err)
@@ -70,12 +101,11 @@ func TestWorkerPausedPastDeadline(t *testing.T) {
 		t.Errorf("grant ctx cause = %v, want ErrSessionLost", cause)
 	}
 	if len(h.releases) != 0 {
-		t.Fatalf("the frozen keep-alive loop released something")
+		t.Fatalf("the paused worker released something")
 	}
 
-	// The process resumes: the worker fences (a late renewal cannot
-	// bring the session back) and re-joins.
-	close(freeze)
+	// The process runs again: its timers fire, it fences and re-joins.
+	clk.resume()
 	if ev := w.waitEvent(t, EventFenced); ev.Session != sid {
 		t.Errorf("fenced session %q, want %q", ev.Session, sid)
 	}

@@ -187,11 +187,7 @@ func TestRouterMovesOnFromUnavailableReplica(t *testing.T) {
 	a, b := f.newFront(t), f.newFront(t)
 	c := dialFronts(t, f, []*front{a, b})
 	a.set("unavailable")
-	r, err := NewRouter(context.Background(), c, "rooms")
-	if err != nil {
-		t.Fatalf("NewRouter with one replica unavailable = %v", err)
-	}
-	defer r.Close()
+	r := newRouter(t, c)
 	recv(t, f.watchMaps, "WatchMap")
 	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
 	if err := r.WaitEpoch(context.Background(), 1); err != nil {

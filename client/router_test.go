@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -21,13 +21,18 @@ func members(ids ...string) []*keyshardv1.Member {
 	return out
 }
 
-func newRouter(t *testing.T, f *fakeServer, c *Client) *Router {
+// newRouter starts a Router of keyspace "rooms" on c; the test's cleanup
+// closes it.
+func newRouter(t *testing.T, c *Client) *Router {
 	t.Helper()
-	r, err := NewRouter(context.Background(), c, "rooms")
+	r, err := NewRouter(c, "rooms")
 	if err != nil {
 		t.Fatalf("NewRouter: %v", err)
 	}
 	t.Cleanup(func() { r.Close() })
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatalf("Router.Start: %v", err)
+	}
 	return r
 }
 
@@ -35,7 +40,7 @@ func TestRouterFollowsMap(t *testing.T) {
 	f := newFake(t)
 	f.addKeyspace("rooms", 64, 10*time.Second)
 	ctx := context.Background()
-	r := newRouter(t, f, f.dial(t))
+	r := newRouter(t, f.dial(t))
 	if r.Epoch() != 0 {
 		t.Errorf("Epoch() = %d before any map, want 0", r.Epoch())
 	}
@@ -103,25 +108,169 @@ func TestRouterFollowsMap(t *testing.T) {
 func TestRouterBadInput(t *testing.T) {
 	f := newFake(t)
 	c := f.dial(t)
-	ctx := context.Background()
-	tests := []struct {
+	for _, tc := range []struct {
 		keyspace string
-		want     error
-		text     string
+		text     string // in the *ArgError's Reason
 	}{
-		{"", ErrInvalid, "keyspace name is empty"},
-		{"rooms/1", ErrInvalid, `has '/' at byte 5`},
-		{strings.Repeat("x", 129), ErrInvalid, "the limit is 128"},
-		{"missing", ErrNotFound, `keyspace "missing" does not exist`},
+		{"", "is empty"},
+		{"rooms/1", `has '/' at byte 5`},
+		{strings.Repeat("x", 129), "the limit is 128"},
+	} {
+		_, err := NewRouter(c, tc.keyspace)
+		checkArgError(t, fmt.Sprintf("NewRouter(%.20q)", tc.keyspace), err, "NewRouter", "keyspace name", tc.text)
 	}
-	for _, tc := range tests {
-		_, err := NewRouter(ctx, c, tc.keyspace)
-		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
-			t.Errorf("NewRouter(%.20q) = %v; want %v mentioning %q", tc.keyspace, err, tc.want, tc.text)
+	_, err := NewRouter(nil, "rooms")
+	checkArgError(t, "NewRouter(nil)", err, "NewRouter", "client", "is nil")
+	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+		t.Errorf("GetMap calls = %d; NewRouter must do no IO", n)
+	}
+
+	// A keyspace that does not exist is found out by Start and Run.
+	r, err := NewRouter(c, "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `keyspace "missing" does not exist`) {
+		t.Errorf("Start(missing keyspace) = %v; want ErrNotFound naming it", err)
+	}
+	if err := r.WaitReady(context.Background()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("WaitReady after a failed Start = %v; want ErrNotFound", err)
+	}
+	r, err = NewRouter(c, "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(context.Background()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Run(missing keyspace) = %v; want ErrNotFound", err)
+	}
+	if err := r.WaitReady(context.Background()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("WaitReady after Run failed = %v; want Run's error", err)
+	}
+	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 2 {
+		t.Errorf("GetMap calls = %d, want 2: a missing keyspace is not retried", n)
+	}
+}
+
+// TestRouterRun: Run blocks, WaitReady returns once it has the first map,
+// and Run returns ctx's error when ctx ends, nil after Close.
+func TestRouterRun(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	c := f.dial(t)
+	for _, stop := range []string{"ctx", "Close"} {
+		t.Run(stop, func(t *testing.T) {
+			r, err := NewRouter(c, "rooms")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }() // exits when ctx ends or Close
+			if err := r.WaitReady(context.Background()); err != nil {
+				t.Fatalf("WaitReady = %v", err)
+			}
+			if m, ok := r.OwnerString("k"); !ok || m != "a" || r.Epoch() != 1 {
+				t.Errorf("after WaitReady: Owner = %q, %v at epoch %d; want a at epoch 1", m, ok, r.Epoch())
+			}
+			if err := r.Run(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "called twice") {
+				t.Errorf("second Run = %v, want ErrInvalid", err)
+			}
+			if err := r.Start(ctx); !errors.Is(err, ErrInvalid) {
+				t.Errorf("Start while Run runs = %v, want ErrInvalid", err)
+			}
+			if stop == "ctx" {
+				cancel()
+				if err := recv(t, done, "Run to return"); !errors.Is(err, context.Canceled) {
+					t.Errorf("Run = %v, want context.Canceled", err)
+				}
+				r.Close()
+			} else {
+				r.Close() // cancels Run and waits for it
+				if err := recv(t, done, "Run to return"); err != nil {
+					t.Errorf("Run after Close = %v, want nil", err)
+				}
+			}
+			if err := r.WaitEpoch(context.Background(), 2); !errors.Is(err, ErrClosed) {
+				t.Errorf("WaitEpoch after Run returned = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestRouterWaitReadyRetries: while the server cannot serve, Run retries
+// the first fetch with backoff; WaitReady says why it has no map when its
+// ctx ends, and returns once a fetch succeeded.
+func TestRouterWaitReadyRetries(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, 10*time.Second)
+	fr := f.newFront(t)
+	fr.set("unavailable")
+	r, err := NewRouter(dialFronts(t, f, []*front{fr}), "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }() // exits when Close ends it
+	defer func() {
+		r.Close()
+		if err := recv(t, done, "Run to return"); err != nil {
+			t.Errorf("Run = %v", err)
 		}
+	}()
+
+	f.clock.MustBlockUntil(t, 1) // the backoff after the first failed fetch
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.WaitReady(ctx); !errors.Is(err, context.Canceled) || !errors.Is(err, ErrUnavailable) {
+		t.Errorf("WaitReady(cancelled) = %v; want context.Canceled and the fetch's ErrUnavailable", err)
 	}
-	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 1 {
-		t.Errorf("GetMap calls = %d; invalid names must be refused without a call", n)
+	fr.set("")
+	ready := make(chan error, 1)
+	go func() { ready <- r.WaitReady(context.Background()) }()
+	f.clock.Advance(backoffCap)
+	if err := recv(t, ready, "WaitReady"); err != nil {
+		t.Errorf("WaitReady = %v", err)
+	}
+	if n := fr.count(keyshardv1connect.MapServiceGetMapProcedure); n != 2 {
+		t.Errorf("GetMap calls = %d, want 2", n)
+	}
+}
+
+// TestRouterCloseWithoutRun: Close before Start or Run is fine and
+// idempotent; they then return ErrClosed, and lookups answer from the
+// empty map.
+func TestRouterCloseWithoutRun(t *testing.T) {
+	f := newFake(t)
+	r, err := NewRouter(f.dial(t), "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	ctx := context.Background()
+	if err := r.Run(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if err := r.Start(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Start after Close = %v, want ErrClosed", err)
+	}
+	if err := r.WaitReady(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitReady after Close = %v, want ErrClosed", err)
+	}
+	if err := r.WaitEpoch(ctx, 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitEpoch after Close = %v, want ErrClosed", err)
+	}
+	if m, ok := r.OwnerString("k"); ok || r.Bucket([]byte("k")) != -1 {
+		t.Errorf("Owner of a Router that never ran = %q, %v", m, ok)
+	}
+	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+		t.Errorf("GetMap calls = %d, want none", n)
 	}
 }
 
@@ -131,7 +280,7 @@ func TestRouterReconnects(t *testing.T) {
 	f := newFake(t)
 	f.addKeyspace("rooms", 16, 10*time.Second)
 	f.watchMapErr = 2
-	r := newRouter(t, f, f.dial(t))
+	r := newRouter(t, f.dial(t))
 	for i := range 2 {
 		recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d (refused)", i))
 		f.clock.MustBlockUntil(t, 1) // the backoff timer
@@ -156,7 +305,7 @@ func TestRouterFallsBackToLongPoll(t *testing.T) {
 			f.addKeyspace("rooms", 16, 10*time.Second)
 			f.watchMapErr = 1000
 			f.watchMapUnimpl = unimpl
-			r := newRouter(t, f, f.dial(t))
+			r := newRouter(t, f.dial(t))
 			recv(t, f.getMaps, "the first GetMap")
 			attempts := streamFailuresBeforePoll
 			if unimpl {
@@ -185,7 +334,7 @@ func TestRouterFallsBackToLongPoll(t *testing.T) {
 func TestRouterCloseAndWaitEpoch(t *testing.T) {
 	f := newFake(t)
 	f.addKeyspace("rooms", 16, 10*time.Second)
-	r := newRouter(t, f, f.dial(t))
+	r := newRouter(t, f.dial(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := r.WaitEpoch(ctx, 5); !errors.Is(err, context.Canceled) {
@@ -212,8 +361,7 @@ func TestRouterIgnoresBadMaps(t *testing.T) {
 		}
 		return m
 	}
-	r := &Router{keyspace: "rooms", log: slog.New(slog.DiscardHandler), done: make(chan struct{})}
-	r.cur.Store(emptyRouting())
+	r := idleRouter(t)
 	r.apply(mapOf(1, 16, []string{"a"}, func(int) uint32 { return 1 }))
 	tests := []struct {
 		name string
@@ -261,12 +409,26 @@ func routerForBench(tb testing.TB) *Router {
 	for b, o := range a.Owners {
 		m.Owners[b] = uint32(o + 1)
 	}
-	rt, err := routingFromProto(m)
+	r := idleRouter(tb)
+	r.apply(m)
+	if r.Epoch() != 1 {
+		tb.Fatal("the map was not applied")
+	}
+	return r
+}
+
+// idleRouter returns a Router of keyspace "rooms" that is not running, on
+// a Client of a server that is never called.
+func idleRouter(tb testing.TB) *Router {
+	c, err := Dial("http://127.0.0.1:1")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r := &Router{keyspace: "rooms", done: make(chan struct{})}
-	r.cur.Store(rt)
+	tb.Cleanup(func() { c.Close() })
+	r, err := NewRouter(c, "rooms")
+	if err != nil {
+		tb.Fatal(err)
+	}
 	return r
 }
 

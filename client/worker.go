@@ -63,7 +63,8 @@ type Handler interface {
 // EventKind says what happened to a Worker.
 type EventKind int
 
-// Event kinds, in the order a worker usually sees them.
+// Event kinds, in the order a worker usually sees them; EventRenewed
+// follows every acknowledged keep-alive while a session lives.
 const (
 	// EventJoined: the worker joined its keyspace (Event.Session is new).
 	EventJoined EventKind = iota + 1
@@ -86,6 +87,10 @@ const (
 	EventRejoined
 	// EventLeft: the worker left the keyspace gracefully (Close).
 	EventLeft
+	// EventRenewed: a keep-alive was acknowledged (about every TTL/3);
+	// Event.Deadline is the session's fence deadline after it. For lease
+	// health: how far ahead the deadline stays.
+	EventRenewed
 )
 
 func (k EventKind) String() string {
@@ -104,6 +109,8 @@ func (k EventKind) String() string {
 		return "rejoined"
 	case EventLeft:
 		return "left"
+	case EventRenewed:
+		return "renewed"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -116,15 +123,19 @@ type Event struct {
 	Session string
 	// Grant is the grant concerned, for EventAcquired and EventReleased.
 	Grant Grant
-	Err   error
+	// Deadline is the session's fence deadline, for EventRenewed (see
+	// Grant.Deadline).
+	Deadline time.Time
+	Err      error
 }
 
 type workerOptions struct {
-	clock   clock.Clock
-	log     *slog.Logger
-	replace bool
-	margin  time.Duration
-	onEvent func(Event)
+	clock     clock.Clock
+	log       *slog.Logger
+	replace   bool
+	margin    time.Duration
+	marginSet bool
+	onEvent   func(Event)
 }
 
 type workerOpt func(*workerOptions)
@@ -143,12 +154,21 @@ func Replace(replace bool) WorkerOption {
 // the worker stops acting on its buckets: it self-fences once
 // lastAckedSend + TTL − margin passes, where lastAckedSend is the time at
 // which the newest acknowledged keep-alive was sent. The default is
-// max(TTL/10, 500ms); at most TTL/2 is used. The margin must cover the
-// time the application takes to notice a cancelled context, and clock
-// drift between the worker and the server.
+// max(TTL/10, 500ms). The margin must cover the time the application
+// takes to notice a cancelled context, and clock drift between the worker
+// and the server.
+//
+// NewWorker refuses a margin that is not positive, or not below
+// MaxFenceMargin. The lease TTL comes from the keyspace at Join: a margin
+// above TTL/2 is logged and TTL/2 is used.
 func FenceMargin(d time.Duration) WorkerOption {
-	return workerOpt(func(o *workerOptions) { o.margin = d })
+	return workerOpt(func(o *workerOptions) { o.margin, o.marginSet = d, true })
 }
+
+// MaxFenceMargin bounds FenceMargin: a keyspace's lease TTL is at most 24
+// hours (the server's limit) and at most TTL/2 of a margin is used, so a
+// margin of 12 hours or more is always a mistake.
+const MaxFenceMargin = 12 * time.Hour
 
 // OnEvent sets a function called with every Event of the worker. Calls
 // are serialized, made from the worker's goroutines, and must not block
@@ -159,8 +179,9 @@ func OnEvent(f func(Event)) WorkerOption {
 
 // Worker is a member of a keyspace: it joins, keeps its session alive,
 // and calls a Handler as the control plane grants it buckets and asks for
-// them back. Create it with NewWorker, start it with Run, stop it with
-// Close. Its methods are safe for concurrent use.
+// them back. Create it with NewWorker (which does no IO), run it with Run
+// (which blocks), stop it with Close (which drains, then waits for Run).
+// Its methods are safe for concurrent use.
 //
 // Keep-alives: the first goes right after Join, the next ones TTL/3 after
 // the previous one was sent (or as soon as it returned, if later), each
@@ -179,31 +200,25 @@ type Worker struct {
 	c        *Client
 	keyspace string
 	member   Member
+	pm       *keyshardv1.Member // member, as Join sends it
 	h        Handler
 	opts     workerOptions
 	clock    clock.Clock
 	log      *slog.Logger
+	router   *Router // follows the keyspace's map for Owns; runs within Run
+	life     *lifecycle
 
 	drainCh   chan struct{} // closed by Close: leave
 	drainOnce sync.Once
-	runDone   chan struct{} // closed when Run returns
-	emitMu    sync.Mutex    // serializes OnEvent calls
+	emitMu    sync.Mutex // serializes OnEvent calls
 
 	mu      sync.Mutex
-	started bool
-	closed  bool
-	stop    context.CancelFunc // cancels Run's context: Close's second phase
-	router  *Router
 	hasher  placement.Hasher      // the keyspace's, from Join; zero before
 	lastTTL time.Duration         // the lease TTL of the newest session; 0 before the first
 	grants  map[int]*grantState   // bucket → its current grant, until Release returned
 	last    map[int]chan struct{} // bucket → done channel of its latest grant goroutine
 	changed chan struct{}         // closed and replaced when Held changes
 	actors  sync.WaitGroup        // every grant goroutine
-
-	// testRenewed, if set (by tests only), is called by the keep-alive
-	// loop with the new fence deadline after each acknowledged renewal.
-	testRenewed func(deadline time.Time)
 }
 
 // grantState is one grant's lifecycle. Fields marked (mu) are guarded by
@@ -342,77 +357,89 @@ var (
 
 // NewWorker returns a Worker that will join keyspace as member m and call
 // h. It does no IO and starts nothing: call Run. The lease TTL comes from
-// the keyspace. Bad arguments are reported by Run.
-func NewWorker(c *Client, keyspace string, m Member, h Handler, opts ...WorkerOption) *Worker {
+// the keyspace at Join. It returns an *ArgError (wrapping ErrInvalid) for
+// a nil Client or Handler, a bad keyspace name, member id or weight, or a
+// bad option (see FenceMargin); a keyspace that does not exist is found
+// out by Run.
+func NewWorker(c *Client, keyspace string, m Member, h Handler, opts ...WorkerOption) (*Worker, error) {
+	const fn = "NewWorker"
+	if c == nil {
+		return nil, argError(fn, "client", "is nil; create one with Dial")
+	}
+	if err := validName(fn, "keyspace name", keyspace); err != nil {
+		return nil, err
+	}
+	pm, err := memberToProto(fn, m)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, argError(fn, "handler", "is nil")
+	}
 	o := workerOptions{clock: c.opts.clock, log: c.opts.log}
 	for _, opt := range opts {
 		if opt != nil {
 			opt.applyWorker(&o)
 		}
 	}
+	if o.marginSet {
+		switch {
+		case o.margin < 0:
+			return nil, argError(fn, "FenceMargin", "%v is negative", o.margin)
+		case o.margin == 0:
+			return nil, argError(fn, "FenceMargin", "is 0; leave the option out for the default, max(TTL/10, 500ms)")
+		case o.margin >= MaxFenceMargin:
+			return nil, argError(fn, "FenceMargin", "%v is not below %v: no lease TTL leaves room for it", o.margin, MaxFenceMargin)
+		}
+	}
+	r, err := NewRouter(c, keyspace, Clock(o.clock), Logger(o.log))
+	if err != nil {
+		return nil, err // cannot happen: the keyspace name is valid
+	}
 	return &Worker{
-		c: c, keyspace: keyspace, member: m, h: h, opts: o,
+		c: c, keyspace: keyspace, member: m, pm: pm, h: h, opts: o,
 		clock:   o.clock,
 		log:     o.log.With("keyspace", keyspace, "member", m.ID),
+		router:  r,
+		life:    newLifecycle("Worker"),
 		drainCh: make(chan struct{}),
-		runDone: make(chan struct{}),
 		grants:  make(map[int]*grantState),
 		last:    make(map[int]chan struct{}),
 		changed: make(chan struct{}),
-	}
+	}, nil
 }
 
 // Run joins the keyspace and serves grants until Close, ctx ending, or a
 // permanent error. It re-joins by itself with a new session after losing
 // one (see ErrSessionLost). It returns nil after Close (which reports
-// whether the drain completed), ctx.Err() if ctx ended (the worker then stops at once, as if the
-// process died: the server moves its buckets when the lease expires), or
-// an error wrapping ErrInvalid, ErrNotFound (no such keyspace), ErrExists
-// (the member id is in use; see Replace), ErrUnauthenticated,
-// ErrPermissionDenied or ErrClosed. Run may be called once.
+// whether the drain completed), ctx.Err() if ctx ended (the worker then
+// stops at once, as if the process died: the server moves its buckets
+// when the lease expires), or an error wrapping ErrNotFound (no such
+// keyspace), ErrExists (the member id is in use; see Replace),
+// ErrUnauthenticated, ErrPermissionDenied, ErrInvalid or ErrClosed (the
+// Client, or the Worker before Run, was closed). Run may be called once.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := validName("keyspace name", w.keyspace); err != nil {
-		return err
-	}
-	pm, err := memberToProto(w.member)
+	parent := ctx
+	ctx, end, err := w.life.begin(ctx, w.c)
 	if err != nil {
 		return err
 	}
-	if w.h == nil {
-		return fmt.Errorf("%w: nil Handler", ErrInvalid)
-	}
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w.mu.Lock()
-	switch {
-	case w.closed:
-		w.mu.Unlock()
-		return ErrClosed
-	case w.started:
-		w.mu.Unlock()
-		return fmt.Errorf("%w: Worker.Run called twice", ErrInvalid)
-	}
-	w.started = true
-	w.stop = cancel
-	w.mu.Unlock()
-	defer close(w.runDone)
-	stopWithClient := context.AfterFunc(w.c.ctx, cancel)
-	defer stopWithClient()
+	defer end()
+	var routing sync.WaitGroup
+	routerErr := make(chan error, 1)
+	routing.Go(func() { routerErr <- w.router.Run(ctx) }) // exits when ctx ends or the router is closed below
 
-	err = w.run(ctx, pm)
+	err = w.run(ctx, routerErr)
 
 	// Whatever is still held ends now.
 	w.mu.Lock()
 	for _, gs := range w.grants {
 		w.endGrantLocked(gs, endFence)
 	}
-	r := w.router
 	w.mu.Unlock()
 	w.actors.Wait()
-	if r != nil {
-		r.Close()
-	}
+	w.router.Close()
+	routing.Wait()
 	switch {
 	case err == nil:
 		return nil
@@ -425,24 +452,20 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // run is Run's loop over sessions.
-func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
-	var b backoff
-	for {
-		r, err := NewRouter(ctx, w.c, w.keyspace, Clock(w.clock), Logger(w.opts.log))
-		if err == nil {
-			w.mu.Lock()
-			w.router = r
-			w.notifyLocked()
-			w.mu.Unlock()
-			break
-		}
-		if permanent(err, true) {
-			return err
-		}
-		w.log.Warn("keyshard: cannot read the map; retrying", "err", err)
-		if !w.wait(ctx, b.next()) {
+// The router retries failed fetches itself; routerErr has its error if it
+// stopped before it had a map.
+func (w *Worker) run(ctx context.Context, routerErr <-chan error) error {
+	select {
+	case <-w.router.ready:
+	case err := <-routerErr:
+		if ctx.Err() != nil {
 			return w.stopped(ctx)
 		}
+		return err
+	case <-ctx.Done():
+		return w.stopped(ctx)
+	case <-w.drainCh:
+		return w.stopped(ctx)
 	}
 	// A session that got a keep-alive acknowledged is followed by a Join
 	// at once. Sessions lost before that (a replica that cannot serve, a
@@ -452,7 +475,7 @@ func (w *Worker) run(ctx context.Context, pm *keyshardv1.Member) error {
 	var rejoin backoff
 	fenced := "" // the session just lost, if the worker fenced it itself
 	for first := true; ; first = false {
-		s, err := w.join(ctx, pm, first, fenced)
+		s, err := w.join(ctx, w.pm, first, fenced)
 		if err != nil {
 			return err
 		}
@@ -838,9 +861,7 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 				}
 				fence.Reset(d.Sub(w.clock.Now()))
 				retry.reset()
-				if w.testRenewed != nil {
-					w.testRenewed(d)
-				}
+				w.emit(Event{Kind: EventRenewed, Session: s.id, Deadline: d})
 			case errors.Is(r.err, ErrNotFound):
 				return fmt.Errorf("keep-alive: %w: %w", errSessionGone, r.err)
 			default:
@@ -1147,24 +1168,17 @@ func (w *Worker) leave(ctx context.Context, s *session) error {
 // ctx.Err(). Close is idempotent; later calls wait the same way and
 // return nil. Close before Run makes Run return ErrClosed.
 func (w *Worker) Close(ctx context.Context) error {
-	w.mu.Lock()
-	w.closed = true
-	started := w.started
-	w.mu.Unlock()
+	started := w.life.close()
 	w.drainOnce.Do(func() { close(w.drainCh) })
 	if !started {
-		return nil
+		return w.router.Close()
 	}
 	select {
-	case <-w.runDone:
+	case <-w.life.done:
 		return nil
 	case <-ctx.Done():
 	}
-	w.mu.Lock()
-	stop := w.stop
-	w.mu.Unlock()
-	stop()
-	<-w.runDone
+	w.life.stop()
 	return fmt.Errorf("keyshard: worker stopped before it finished draining: %w", ctx.Err())
 }
 
@@ -1218,7 +1232,6 @@ func (w *Worker) OwnsString(key string) (Grant, error) {
 func (w *Worker) owns(b int) (Grant, error) {
 	w.mu.Lock()
 	gs := w.grants[b]
-	r := w.router
 	if gs != nil && gs.acquired && !gs.ending {
 		g := gs.g
 		w.mu.Unlock()
@@ -1229,7 +1242,7 @@ func (w *Worker) owns(b int) (Grant, error) {
 		return g, nil
 	}
 	w.mu.Unlock()
-	rt := r.cur.Load() // the router exists once the worker has joined
+	rt := w.router.cur.Load()
 	owner, _ := rt.table.BucketOwner(b)
 	if owner == w.member.ID {
 		return Grant{}, fmt.Errorf("bucket %d: %w", b, ErrNotGranted)
@@ -1239,17 +1252,13 @@ func (w *Worker) owns(b int) (Grant, error) {
 
 // WaitGrant blocks while Owns(key) returns ErrNotGranted, and then
 // returns what Owns returns; or ctx.Err() if ctx ends first, or
-// ErrClosed once Run has returned.
+// ErrClosed once Run has returned (or the Worker was closed before Run).
 func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
 	for {
 		w.mu.Lock()
 		changed := w.changed
-		r := w.router
 		w.mu.Unlock()
-		var mapChanged <-chan struct{}
-		if r != nil {
-			mapChanged = r.changed()
-		}
+		mapChanged := w.router.changed()
 		g, err := w.Owns(key)
 		if !errors.Is(err, ErrNotGranted) {
 			return g, err
@@ -1259,7 +1268,7 @@ func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
 		case <-mapChanged:
 		case <-ctx.Done():
 			return Grant{}, ctx.Err()
-		case <-w.runDone:
+		case <-w.life.done:
 			return Grant{}, ErrClosed
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -140,9 +141,9 @@ func (h *recHandler) heldNone() {
 
 type testWorker struct {
 	*Worker
-	events  chan Event
+	events  chan Event // every event but EventRenewed
 	runErr  chan error
-	renewed chan time.Time // the fence deadline after each acknowledged keep-alive
+	renewed chan time.Time // EventRenewed's deadline, after each acknowledged keep-alive
 }
 
 func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
@@ -153,9 +154,18 @@ func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption)
 func newTestWorkerOn(t *testing.T, c *Client, h Handler, opts ...WorkerOption) *testWorker {
 	t.Helper()
 	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1), renewed: make(chan time.Time, 4096)}
-	opts = append([]WorkerOption{OnEvent(func(e Event) { tw.events <- e })}, opts...)
-	tw.Worker = NewWorker(c, "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
-	tw.testRenewed = func(d time.Time) { tw.renewed <- d }
+	opts = append([]WorkerOption{OnEvent(func(e Event) {
+		if e.Kind == EventRenewed {
+			tw.renewed <- e.Deadline
+			return
+		}
+		tw.events <- e
+	})}, opts...)
+	w, err := NewWorker(c, "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
+	if err != nil {
+		t.Fatalf("NewWorker: %v", err)
+	}
+	tw.Worker = w
 	return tw
 }
 
@@ -701,10 +711,7 @@ func TestWorkerOwns(t *testing.T) {
 	f.askRelease(sid, 3)
 	recv(t, h.releases, "Release")
 	w.waitFor(t, "the release", func() bool { return w.grants[3] == nil })
-	w.Worker.mu.Lock()
-	r := w.router
-	w.Worker.mu.Unlock()
-	if err := r.WaitEpoch(context.Background(), epoch+1); err != nil {
+	if err := w.router.WaitEpoch(context.Background(), epoch+1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.Owns(key); !errors.Is(err, ErrWrongOwner) {
@@ -723,36 +730,66 @@ func TestWorkerBadInput(t *testing.T) {
 	c := f.dial(t)
 	h := newRecHandler(t)
 	ctx := context.Background()
-	tests := []struct {
+	for _, tc := range []struct {
 		name     string
+		c        *Client
 		keyspace string
 		m        Member
 		h        Handler
-		want     error
-		text     string
+		opts     []WorkerOption
+		arg      string // the *ArgError's Arg
+		text     string // in its Reason
 	}{
-		{"empty keyspace", "", Member{ID: "w1"}, h, ErrInvalid, "keyspace name is empty"},
-		{"empty member", "rooms", Member{}, h, ErrInvalid, "member id is empty"},
-		{"bad member", "rooms", Member{ID: "w 1"}, h, ErrInvalid, "member id \"w 1\" has ' '"},
-		{"negative weight", "rooms", Member{ID: "w1", Weight: -1}, h, ErrInvalid, "weight -1 must be positive"},
-		{"nil handler", "rooms", Member{ID: "w1"}, nil, ErrInvalid, "nil Handler"},
-		{"unknown keyspace", "halls", Member{ID: "w1"}, h, ErrNotFound, `keyspace "halls" does not exist`},
-	}
-	for _, tc := range tests {
-		err := NewWorker(c, tc.keyspace, tc.m, tc.h).Run(ctx)
-		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
-			t.Errorf("%s: Run = %v; want %v mentioning %q", tc.name, err, tc.want, tc.text)
+		{"nil client", nil, "rooms", Member{ID: "w1"}, h, nil, "client", "is nil"},
+		{"empty keyspace", c, "", Member{ID: "w1"}, h, nil, "keyspace name", "is empty"},
+		{"bad keyspace", c, "rooms/1", Member{ID: "w1"}, h, nil, "keyspace name", "has '/' at byte 5"},
+		{"empty member", c, "rooms", Member{}, h, nil, "Member.ID", "is empty"},
+		{"bad member", c, "rooms", Member{ID: "w 1"}, h, nil, "Member.ID", `"w 1" has ' '`},
+		{"negative weight", c, "rooms", Member{ID: "w1", Weight: -1}, h, nil, "Member.Weight", "-1 is not a finite number"},
+		{"NaN weight", c, "rooms", Member{ID: "w1", Weight: math.NaN()}, h, nil, "Member.Weight", "NaN is not a finite number"},
+		{"nil handler", c, "rooms", Member{ID: "w1"}, nil, nil, "handler", "is nil"},
+		{"negative margin", c, "rooms", Member{ID: "w1"}, h, []WorkerOption{FenceMargin(-time.Second)}, "FenceMargin", "-1s is negative"},
+		{"zero margin", c, "rooms", Member{ID: "w1"}, h, []WorkerOption{FenceMargin(0)}, "FenceMargin", "leave the option out for the default"},
+		{"huge margin", c, "rooms", Member{ID: "w1"}, h, []WorkerOption{FenceMargin(MaxFenceMargin)}, "FenceMargin", "12h0m0s is not below 12h0m0s"},
+		{"last margin wins", c, "rooms", Member{ID: "w1"}, h, []WorkerOption{FenceMargin(time.Second), FenceMargin(-2 * time.Second)}, "FenceMargin", "-2s is negative"},
+	} {
+		w, err := NewWorker(tc.c, tc.keyspace, tc.m, tc.h, tc.opts...)
+		if w != nil {
+			t.Errorf("%s: NewWorker returned a Worker with its error", tc.name)
 		}
+		checkArgError(t, tc.name, err, "NewWorker", tc.arg, tc.text)
+	}
+	if n := f.callCount("/keyshard.v1.MemberService/Join") + f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+		t.Errorf("%d calls reached the server; NewWorker must do no IO", n)
+	}
+	if _, err := NewWorker(c, "rooms", Member{ID: "w1"}, h, FenceMargin(MaxFenceMargin-time.Nanosecond)); err != nil {
+		t.Errorf("NewWorker with a margin just below MaxFenceMargin = %v", err)
+	}
+
+	// A keyspace that does not exist is found out by Run.
+	w, err := NewWorker(c, "halls", Member{ID: "w1"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(ctx); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `keyspace "halls" does not exist`) {
+		t.Errorf("Run(unknown keyspace) = %v; want ErrNotFound naming it", err)
 	}
 
 	// A live session holds the id: a clear error, and Replace sends replace.
 	f.joinErr = connect.NewError(connect.CodeAlreadyExists, errors.New(`member "w1" has a live session`))
-	err := NewWorker(c, "rooms", Member{ID: "w1"}, h).Run(ctx)
+	w, err = NewWorker(c, "rooms", Member{ID: "w1"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Run(ctx)
 	if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), "Replace(true)") {
 		t.Errorf("Run with the id taken = %v; want ErrExists suggesting Replace(true)", err)
 	}
 	recv(t, f.joins, "Join")
-	w := NewWorker(c, "rooms", Member{ID: "w1"}, h, Replace(true))
+	w, err = NewWorker(c, "rooms", Member{ID: "w1"}, h, Replace(true))
+	if err != nil {
+		t.Fatal(err)
+	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
 	if j := recv(t, f.joins, "Join"); !j.GetReplace() {
@@ -767,14 +804,34 @@ func TestWorkerBadInput(t *testing.T) {
 	if err := recv(t, runErr, "Run"); err != nil {
 		t.Errorf("Run = %v", err)
 	}
-
-	// Close before Run.
-	w = NewWorker(c, "rooms", Member{ID: "w9"}, h)
 	if err := w.Close(ctx); err != nil {
-		t.Errorf("Close before Run = %v", err)
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+// TestWorkerCloseWithoutRun: Close before Run is fine and idempotent; Run
+// then returns ErrClosed without a call, and WaitGrant does not block.
+func TestWorkerCloseWithoutRun(t *testing.T) {
+	f := newFake(t)
+	f.addKeyspace("rooms", 16, testTTL)
+	w, err := NewWorker(f.dial(t), "rooms", Member{ID: "w9"}, newRecHandler(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 2 {
+		if err := w.Close(ctx); err != nil {
+			t.Errorf("Close %d before Run = %v", i+1, err)
+		}
 	}
 	if err := w.Run(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+	if _, err := w.WaitGrant(ctx, []byte("k")); !errors.Is(err, ErrClosed) {
+		t.Errorf("WaitGrant on a closed Worker = %v, want ErrClosed", err)
+	}
+	if n := f.callCount("/keyshard.v1.MemberService/Join") + f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+		t.Errorf("%d calls reached the server", n)
 	}
 }
 
@@ -891,10 +948,7 @@ func TestWorkerOwnsBeforeFirstMap(t *testing.T) {
 		t.Errorf("Owns before the first map = %v, want bucket 9 unassigned at epoch 0", err)
 	}
 	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
-	w.mu.Lock()
-	r := w.router
-	w.mu.Unlock()
-	if err := r.WaitEpoch(context.Background(), 1); err != nil {
+	if err := w.router.WaitEpoch(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.OwnsString(keyInBucket(t, 9, 16)); !errors.Is(err, ErrNotGranted) {

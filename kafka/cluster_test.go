@@ -576,8 +576,8 @@ func TestClusterConfigErrors(t *testing.T) {
 		want string
 	}{
 		{ClusterHotKeysConfig{Pool: "events", Producer: "p1"}, "Config.ClusterHotKeys.Client is nil"},
-		{ClusterHotKeysConfig{Client: kc, Producer: "p1"}, "Config.ClusterHotKeys: keyshard: invalid argument: hot-key pool name is empty"},
-		{ClusterHotKeysConfig{Client: kc, Pool: "events"}, "producer name is empty"},
+		{ClusterHotKeysConfig{Client: kc, Producer: "p1"}, "Config.ClusterHotKeys: keyshard: invalid argument: NewHotKeys: HotKeysConfig.Pool is empty"},
+		{ClusterHotKeysConfig{Client: kc, Pool: "events"}, "HotKeysConfig.Producer is empty"},
 		{ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1", Interval: -time.Second}, "Interval"},
 	} {
 		cfg := testConfig(e)

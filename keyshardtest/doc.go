@@ -8,7 +8,7 @@
 //	ts := keyshardtest.NewServer(t, keyshardtest.Options{
 //		Keyspaces: []client.KeyspaceConfig{{Name: "rooms", Buckets: 64}},
 //	})
-//	w := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1"}, handler)
+//	w, err := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1"}, handler)
 //	go w.Run(ctx)
 //	m, err := ts.WaitEpoch(ctx, "rooms", 1) // the map once a member has joined
 //

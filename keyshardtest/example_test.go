@@ -32,7 +32,10 @@ func ExampleStart() {
 	defer ts.Close()
 
 	grants := make(acquired, 8)
-	w := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1", Address: "10.0.0.7:8080"}, grants)
+	w, err := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1", Address: "10.0.0.7:8080"}, grants)
+	if err != nil {
+		log.Fatal(err)
+	}
 	go w.Run(ctx) // returns once Close has drained the worker
 	defer w.Close(ctx)
 
@@ -53,7 +56,10 @@ func ExampleNewServer() {
 		ts := keyshardtest.NewServer(t, keyshardtest.Options{
 			Keyspaces: []client.KeyspaceConfig{{Name: "rooms", Buckets: 64}},
 		})
-		w := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1"}, make(acquired, 64))
+		w, err := client.NewWorker(ts.Client(), "rooms", client.Member{ID: "w1"}, make(acquired, 64))
+		if err != nil {
+			t.Fatal(err)
+		}
 		go w.Run(ctx)
 		m, err := ts.WaitEpoch(ctx, "rooms", 2) // epoch 1 is the empty map of a new keyspace
 		if err != nil {

@@ -74,7 +74,10 @@ func (e *events) wait(t *testing.T, ctx context.Context, kind client.EventKind, 
 // startWorker runs a worker of "rooms" as member id until the test ends.
 func startWorker(t *testing.T, ts *keyshardtest.Server, id string, ev *events) *client.Worker {
 	t.Helper()
-	w := client.NewWorker(ts.Client(client.Token(memberToken)), "rooms", client.Member{ID: id, Address: id + ":1"}, nopHandler{}, client.OnEvent(ev.record))
+	w, err := client.NewWorker(ts.Client(client.Token(memberToken)), "rooms", client.Member{ID: id, Address: id + ":1"}, nopHandler{}, client.OnEvent(ev.record))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { // exits when the worker is closed or stop is called

@@ -33,6 +33,14 @@ func (c *connFlags) register(cmd *cobra.Command) {
 // with wraps a verb: it dials the server, runs f with the admin API, and
 // closes the connection.
 func (c *connFlags) with(f func(cmd *cobra.Command, args []string, adm *client.Admin) error) func(*cobra.Command, []string) error {
+	return c.withClient(func(cmd *cobra.Command, args []string, cl *client.Client) error {
+		return f(cmd, args, cl.Admin())
+	})
+}
+
+// withClient wraps a verb: it dials the server, runs f with the Client,
+// and closes the connection.
+func (c *connFlags) withClient(f func(cmd *cobra.Command, args []string, cl *client.Client) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		var opts []client.Option
 		if c.token != "" {
@@ -43,7 +51,7 @@ func (c *connFlags) with(f func(cmd *cobra.Command, args []string, adm *client.A
 			return fmt.Errorf("--server %q: %w", c.server, err)
 		}
 		defer cl.Close()
-		return f(cmd, args, cl.Admin())
+		return f(cmd, args, cl)
 	}
 }
 

@@ -1,113 +1,31 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/types/known/durationpb"
 
-	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
-	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/hotkey"
 )
 
-// The hot-key verbs call the API's generated clients directly, to print
-// every field of the server's answer.
+// The hot-key verbs go through the SDK like the other verbs: the admin
+// API for pools, Client.OverflowSet and WatchOverflowSet for sets.
 
-// hotClient is one replica's services the hot-key verbs call.
-type hotClient struct {
-	admin keyshardv1connect.AdminServiceClient
-	hot   keyshardv1connect.HotKeyServiceClient
-}
-
-// hotClients are the services of every replica given to --server, in
-// order.
-type hotClients []hotClient
-
-// each calls f with each replica's services in order until one answers
-// with something other than Unavailable, as the SDK does with several
-// URLs, and returns that answer.
-func (cl hotClients) each(ctx context.Context, f func(hotClient) error) error {
-	var err error
-	for _, c := range cl {
-		if err = f(c); ctx.Err() != nil || connect.CodeOf(err) != connect.CodeUnavailable {
-			return err
-		}
-	}
-	return err
-}
-
-// withHot wraps a hot-key verb: it checks --server as the SDK does, and
-// runs f with the API clients of every replica it names, sending --token
-// on every call.
-func (c *connFlags) withHot(f func(cmd *cobra.Command, args []string, cl hotClients) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
-		sdk, err := client.Dial(c.server) // validates and normalizes the URLs; no IO
-		if err != nil {
-			return fmt.Errorf("--server %q: %w", c.server, err)
-		}
-		urls := sdk.URLs()
-		sdk.Close()
-		opts := []connect.ClientOption{connect.WithInterceptors(bearerHeader(c.token))}
-		hc := &http.Client{} // no timeout: --watch is a long-lived stream
-		cl := make(hotClients, 0, len(urls))
-		for _, u := range urls {
-			cl = append(cl, hotClient{
-				admin: keyshardv1connect.NewAdminServiceClient(hc, u, opts...),
-				hot:   keyshardv1connect.NewHotKeyServiceClient(hc, u, opts...),
-			})
-		}
-		return f(cmd, args, cl)
-	}
-}
-
-// bearerHeader sends "Authorization: Bearer <token>" on unary calls and
-// streams; an empty token sends nothing.
-type bearerHeader string
-
-func (b bearerHeader) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if b != "" {
-			req.Header().Set("Authorization", "Bearer "+string(b))
-		}
-		return next(ctx, req)
-	}
-}
-
-func (b bearerHeader) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		if b != "" {
-			conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
-		}
-		return conn
-	}
-}
-
-func (b bearerHeader) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
-
-// explainRPC adds what to do next to the API errors an operator meets
-// first.
-func (c *connFlags) explainRPC(err error) error {
-	switch connect.CodeOf(err) {
-	case connect.CodeUnavailable:
-		return fmt.Errorf("%w\n(is `keyshard serve` running at %s? set --server or KEYSHARD_URL)", err, c.server)
-	case connect.CodeUnauthenticated, connect.CodePermissionDenied:
+// explainHot adds what to do next to the errors an operator meets first
+// with the hot-key verbs, whose token may be an admin or a member one.
+func (c *connFlags) explainHot(err error) error {
+	if errors.Is(err, client.ErrUnauthenticated) || errors.Is(err, client.ErrPermissionDenied) {
 		return fmt.Errorf("%w\n(pass a token with --token or KEYSHARD_TOKEN: an admin token for pools, an admin or member token for sets)", err)
 	}
-	return err
+	return c.explain(err)
 }
 
 func newHotKeys() *cobra.Command {
@@ -126,9 +44,8 @@ threshold.`,
 
 	pool := &cobra.Command{Use: "pool", Short: "Create, change and list hot-key pools"}
 	var (
-		p                     v1.HotKeyPool
+		p                     client.HotKeyPool
 		cooldown, maxAge      time.Duration
-		maxKeys               int
 		threshold, low, repTh float64
 	)
 	put := &cobra.Command{
@@ -137,26 +54,23 @@ threshold.`,
 		Example: `  keyshard hotkeys pool put ingest --threshold 6400
   keyshard hotkeys pool put ingest --threshold 6400 --cooldown 1m --max-keys 256`,
 		Args: cobra.ExactArgs(1),
-		RunE: c.withHot(func(cmd *cobra.Command, args []string, cl hotClients) error {
-			if maxKeys < 0 {
-				return fmt.Errorf("--max-keys %d: want 0 (the default, 1024) to 2048", maxKeys)
+		RunE: c.with(func(cmd *cobra.Command, args []string, adm *client.Admin) error {
+			if p.MaxKeys < 0 {
+				return fmt.Errorf("--max-keys %d: want 0 (the default, 1024) to 2048", p.MaxKeys)
 			}
-			p.Name, p.Threshold, p.LowThreshold, p.ReportThreshold, p.MaxKeys = args[0], threshold, low, repTh, uint32(maxKeys)
+			p.Name, p.Threshold, p.LowThreshold, p.ReportThreshold = args[0], threshold, low, repTh
+			p.Cooldown, p.ReportMaxAge = 0, 0 // unset: the server's defaults
 			if cmd.Flags().Changed("cooldown") {
-				p.Cooldown = durationpb.New(cooldown)
+				p.Cooldown = cooldown
 			}
 			if cmd.Flags().Changed("report-max-age") {
-				p.ReportMaxAge = durationpb.New(maxAge)
+				p.ReportMaxAge = maxAge
 			}
-			var r *connect.Response[v1.PutHotKeyPoolResponse]
-			err := cl.each(cmd.Context(), func(h hotClient) (err error) {
-				r, err = h.admin.PutHotKeyPool(cmd.Context(), connect.NewRequest(&v1.PutHotKeyPoolRequest{Pool: &p}))
-				return err
-			})
+			got, err := adm.PutHotKeyPool(cmd.Context(), p)
 			if err != nil {
-				return c.explainRPC(err)
+				return c.explainHot(err)
 			}
-			printPool(cmd.OutOrStdout(), r.Msg.Pool)
+			printPool(cmd.OutOrStdout(), got)
 			return nil
 		}),
 	}
@@ -165,26 +79,22 @@ threshold.`,
 	put.Flags().DurationVar(&cooldown, "cooldown", 30*time.Second, "how long a key must stay below the low threshold before it leaves the set")
 	put.Flags().Float64Var(&repTh, "report-threshold", 0, "local rate from which producers report a key (default threshold/64)")
 	put.Flags().DurationVar(&maxAge, "report-max-age", 30*time.Second, "how long a producer's report counts (at least 2s)")
-	put.Flags().IntVar(&maxKeys, "max-keys", 1024, "most keys in the set; past it the highest rates win (at most 2048)")
+	put.Flags().IntVar(&p.MaxKeys, "max-keys", 1024, "most keys in the set; past it the highest rates win (at most 2048)")
 	put.MarkFlagRequired("threshold")
 
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List hot-key pools",
 		Args:  cobra.NoArgs,
-		RunE: c.withHot(func(cmd *cobra.Command, _ []string, cl hotClients) error {
-			var r *connect.Response[v1.ListHotKeyPoolsResponse]
-			err := cl.each(cmd.Context(), func(h hotClient) (err error) {
-				r, err = h.admin.ListHotKeyPools(cmd.Context(), connect.NewRequest(&v1.ListHotKeyPoolsRequest{}))
-				return err
-			})
+		RunE: c.with(func(cmd *cobra.Command, _ []string, adm *client.Admin) error {
+			pools, err := adm.ListHotKeyPools(cmd.Context())
 			if err != nil {
-				return c.explainRPC(err)
+				return c.explainHot(err)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tTHRESHOLD\tLOW THRESHOLD\tCOOLDOWN\tREPORT THRESHOLD\tREPORT MAX AGE\tMAX KEYS")
-			for _, p := range r.Msg.Pools {
-				fmt.Fprintf(tw, "%s\t%g\t%g\t%v\t%g\t%v\t%d\n", p.Name, p.Threshold, p.LowThreshold, p.Cooldown.AsDuration(), p.ReportThreshold, p.ReportMaxAge.AsDuration(), p.MaxKeys)
+			for _, p := range pools {
+				fmt.Fprintf(tw, "%s\t%g\t%g\t%v\t%g\t%v\t%d\n", p.Name, p.Threshold, p.LowThreshold, p.Cooldown, p.ReportThreshold, p.ReportMaxAge, p.MaxKeys)
 			}
 			return tw.Flush()
 		}),
@@ -200,38 +110,23 @@ and each key with its summed rate at the last change, when it entered the set,
 and, if its rate has fallen below the low threshold, since when it is cooling
 down. With --watch, print every new version until interrupted.`,
 		Args: cobra.ExactArgs(1),
-		RunE: c.withHot(func(cmd *cobra.Command, args []string, cl hotClients) error {
-			ctx, out := cmd.Context(), cmd.OutOrStdout()
-			var (
-				r    *connect.Response[v1.GetOverflowSetResponse]
-				from hotClient // the replica that answered; --watch follows it
-			)
-			err := cl.each(ctx, func(h hotClient) (err error) {
-				r, err = h.hot.GetOverflowSet(ctx, connect.NewRequest(&v1.GetOverflowSetRequest{Pool: args[0]}))
-				from = h
-				return err
-			})
+		RunE: c.withClient(func(cmd *cobra.Command, args []string, cl *client.Client) error {
+			ctx, out, pool := cmd.Context(), cmd.OutOrStdout(), args[0]
+			s, err := cl.OverflowSet(ctx, pool)
 			if err != nil {
-				return c.explainRPC(err)
+				return c.explainHot(err)
 			}
-			printSet(out, r.Msg.Set)
+			printSet(out, pool, s)
 			if !watch {
 				return nil
 			}
-			stream, err := from.hot.WatchOverflowSet(ctx, connect.NewRequest(&v1.WatchOverflowSetRequest{Pool: args[0], SinceVersion: r.Msg.Set.Version}))
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return c.explainRPC(err)
-			}
-			defer stream.Close()
-			for stream.Receive() {
+			// The stream goes to the replica that just answered.
+			err = cl.WatchOverflowSet(ctx, pool, s.Version, func(s hotkey.OverflowSet) {
 				fmt.Fprintln(out)
-				printSet(out, stream.Msg())
-			}
-			if err := stream.Err(); err != nil && ctx.Err() == nil && !errors.Is(err, io.EOF) {
-				return c.explainRPC(err)
+				printSet(out, pool, s)
+			})
+			if err != nil && ctx.Err() == nil {
+				return c.explainHot(err)
 			}
 			return nil
 		}),
@@ -242,28 +137,28 @@ down. With --watch, print every new version until interrupted.`,
 	return hotkeys
 }
 
-func printPool(out io.Writer, p *v1.HotKeyPool) {
+func printPool(out io.Writer, p client.HotKeyPool) {
 	fmt.Fprintf(out, "hot-key pool %s: threshold %g/s, low threshold %g/s, cooldown %v, report threshold %g/s, report max age %v, max keys %d\n",
-		p.Name, p.Threshold, p.LowThreshold, p.Cooldown.AsDuration(), p.ReportThreshold, p.ReportMaxAge.AsDuration(), p.MaxKeys)
+		p.Name, p.Threshold, p.LowThreshold, p.Cooldown, p.ReportThreshold, p.ReportMaxAge, p.MaxKeys)
 }
 
-func printSet(out io.Writer, s *v1.OverflowSet) {
+func printSet(out io.Writer, pool string, s hotkey.OverflowSet) {
 	if s.Version == 0 {
-		fmt.Fprintf(out, "pool %s: no overflow set yet (version 0)\n", s.Pool)
+		fmt.Fprintf(out, "pool %s: no overflow set yet (version 0)\n", pool)
 		return
 	}
-	fmt.Fprintf(out, "pool %s, version %d, %s\n", s.Pool, s.Version, plural(len(s.Keys), "key"))
-	if len(s.Keys) == 0 {
+	fmt.Fprintf(out, "pool %s, version %d, %s\n", pool, s.Version, plural(len(s.Entries), "key"))
+	if len(s.Entries) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tRATE\tSINCE\tCOOLING SINCE")
-	for _, k := range s.Keys {
+	for _, e := range s.Entries {
 		cooling := "-"
-		if k.CoolingSince != nil {
-			cooling = k.CoolingSince.AsTime().UTC().Format(time.RFC3339)
+		if !e.BelowSince.IsZero() {
+			cooling = e.BelowSince.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%.6g\t%s\t%s\n", printableKey(k.Key), k.Rate, k.Since.AsTime().UTC().Format(time.RFC3339), cooling)
+		fmt.Fprintf(tw, "%s\t%.6g\t%s\t%s\n", printableKey(e.Key), e.Rate, e.Since.UTC().Format(time.RFC3339), cooling)
 	}
 	tw.Flush()
 }

@@ -401,11 +401,14 @@ type benchWorker struct {
 }
 
 // startWorker runs a worker for keyspace ks whose handler records into
-// rec and returns at once.
-func (e *controlEnv) startWorker(ks, name string, rec *recorder) *benchWorker {
+// rec and returns at once. It returns an error only for a bad name.
+func (e *controlEnv) startWorker(ks, name string, rec *recorder) (*benchWorker, error) {
+	w, err := client.NewWorker(e.cl, ks, client.Member{ID: name, Address: "bench/" + name}, &benchHandler{name: name, rec: rec, grants: map[int]context.Context{}}, client.Logger(e.log))
+	if err != nil {
+		return nil, err
+	}
 	ctx, kill := context.WithCancel(e.workersCtx)
-	bw := &benchWorker{name: name, kill: kill, done: make(chan struct{})}
-	bw.w = client.NewWorker(e.cl, ks, client.Member{ID: name, Address: "bench/" + name}, &benchHandler{name: name, rec: rec, grants: map[int]context.Context{}}, client.Logger(e.log))
+	bw := &benchWorker{name: name, w: w, kill: kill, done: make(chan struct{})}
 	e.workers.Add(1)
 	go func() { // exits when the worker stops: Close, kill, or the end of the run
 		defer e.workers.Done()
@@ -417,7 +420,7 @@ func (e *controlEnv) startWorker(ks, name string, rec *recorder) *benchWorker {
 			}
 		}
 	}()
-	return bw
+	return bw, nil
 }
 
 // leave closes bw gracefully (drain, then leave), bounded by settleTimeout.
@@ -431,8 +434,11 @@ func (e *controlEnv) leave(ctx context.Context, bw *benchWorker) error {
 }
 
 func (e *controlEnv) router(ctx context.Context, ks string) (*client.Router, error) {
-	r, err := client.NewRouter(ctx, e.cl, ks, client.Logger(e.log))
+	r, err := client.NewRouter(e.cl, ks, client.Logger(e.log))
 	if err != nil {
+		return nil, err
+	}
+	if err := r.Start(ctx); err != nil { // closes r
 		return nil, err
 	}
 	e.routers = append(e.routers, r)
@@ -650,7 +656,9 @@ func (e *controlEnv) routerCost(ctx context.Context, rep *ControlReport) error {
 	for i := range sz.routerMembers {
 		name := fmt.Sprintf("r%02d", i+1)
 		names = append(names, name)
-		e.startWorker(ksRouter, name, rec)
+		if _, err := e.startWorker(ksRouter, name, rec); err != nil {
+			return err
+		}
 	}
 	if err := e.settle(ctx, rt, rec, names...); err != nil {
 		return err
@@ -702,15 +710,21 @@ func (e *controlEnv) handoffs(ctx context.Context, rep *ControlReport) error {
 		return err
 	}
 	rec := newRecorder(sz.handoffBuckets)
-	e.startWorker(ksHandoff, "h1", rec)
-	e.startWorker(ksHandoff, "h2", rec)
+	for _, name := range []string{"h1", "h2"} {
+		if _, err := e.startWorker(ksHandoff, name, rec); err != nil {
+			return err
+		}
+	}
 	if err := e.settle(ctx, rt, rec, "h1", "h2"); err != nil {
 		return err
 	}
 	rec.resetHandoffs()
 	for i := range sz.handoffCycles {
 		name := fmt.Sprintf("h3-%d", i+1)
-		w := e.startWorker(ksHandoff, name, rec)
+		w, err := e.startWorker(ksHandoff, name, rec)
+		if err != nil {
+			return err
+		}
 		if err := e.settle(ctx, rt, rec, "h1", "h2", name); err != nil {
 			return fmt.Errorf("%s joining: %w", name, err)
 		}
@@ -756,7 +770,9 @@ func (e *controlEnv) scaleout(ctx context.Context, rep *ControlReport) error {
 	rec := newRecorder(sz.scaleoutBuckets)
 	base := []string{"s1", "s2", "s3"}
 	for _, n := range base {
-		e.startWorker(ksScaleout, n, rec)
+		if _, err := e.startWorker(ksScaleout, n, rec); err != nil {
+			return err
+		}
 	}
 	if err := e.settle(ctx, rt, rec, base...); err != nil {
 		return err
@@ -772,7 +788,10 @@ func (e *controlEnv) scaleout(ctx context.Context, rep *ControlReport) error {
 		}
 		lost0, revoked0 := e.obs.damage()
 		t0 := time.Now()
-		w := e.startWorker(ksScaleout, name, rec)
+		w, err := e.startWorker(ksScaleout, name, rec)
+		if err != nil {
+			return err
+		}
 		if err := e.settle(ctx, rt, rec, append(slices.Clone(base), name)...); err != nil {
 			return fmt.Errorf("%s joining: %w", name, err)
 		}
@@ -843,7 +862,11 @@ func (e *controlEnv) crash(ctx context.Context, rep *ControlReport) error {
 		return out
 	}
 	for i := range 3 {
-		live = append(live, e.startWorker(ksCrash, fmt.Sprintf("c%d", i+1), rec))
+		w, err := e.startWorker(ksCrash, fmt.Sprintf("c%d", i+1), rec)
+		if err != nil {
+			return err
+		}
+		live = append(live, w)
 	}
 	if err := e.settle(ctx, rt, rec, names()...); err != nil {
 		return err
@@ -876,7 +899,11 @@ func (e *controlEnv) crash(ctx context.Context, rep *ControlReport) error {
 		if i == runs-1 {
 			break
 		}
-		live = append(live, e.startWorker(ksCrash, fmt.Sprintf("c%d", i+4), rec))
+		w, err := e.startWorker(ksCrash, fmt.Sprintf("c%d", i+4), rec)
+		if err != nil {
+			return err
+		}
+		live = append(live, w)
 		if err := e.settle(ctx, rt, rec, names()...); err != nil {
 			return err
 		}
@@ -894,8 +921,11 @@ func (e *controlEnv) watchFanout(ctx context.Context, rep *ControlReport) (err e
 		return err
 	}
 	rec := newRecorder(sz.watchBuckets)
-	e.startWorker(ksWatch, "f1", rec)
-	e.startWorker(ksWatch, "f2", rec)
+	for _, name := range []string{"f1", "f2"} {
+		if _, err := e.startWorker(ksWatch, name, rec); err != nil {
+			return err
+		}
+	}
 	if err := e.settle(ctx, rt, rec, "f1", "f2"); err != nil {
 		return err
 	}
@@ -916,7 +946,10 @@ func (e *controlEnv) watchFanout(ctx context.Context, rep *ControlReport) (err e
 		if err != nil {
 			return err
 		}
-		r, err := client.NewRouter(ctx, c, ksWatch, client.Logger(e.log))
+		r, err := client.NewRouter(c, ksWatch, client.Logger(e.log))
+		if err == nil {
+			err = r.Start(ctx) // closes r if it fails
+		}
 		if err != nil {
 			c.Close()
 			return err
@@ -933,7 +966,10 @@ func (e *controlEnv) watchFanout(ctx context.Context, rep *ControlReport) (err e
 	// One join and leave, not measured, so that every router's stream is
 	// up before the measured epochs; then the measured cycles.
 	cycle := func(name string) error {
-		w := e.startWorker(ksWatch, name, rec)
+		w, err := e.startWorker(ksWatch, name, rec)
+		if err != nil {
+			return err
+		}
 		if err := e.settle(ctx, rt, rec, "f1", "f2", name); err != nil {
 			return fmt.Errorf("%s joining: %w", name, err)
 		}

@@ -62,8 +62,11 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, log *slog.Logger) error {
 	}
 	defer c.Close()
 	h := &handler{rep: rep, log: log, cfg: cfg, buckets: map[int]*bucketWork{}}
-	w := client.NewWorker(c, cfg.Keyspace, client.Member{ID: cfg.ID, Address: fmt.Sprintf("pid-%d", os.Getpid())}, h,
+	w, err := client.NewWorker(c, cfg.Keyspace, client.Member{ID: cfg.ID, Address: fmt.Sprintf("pid-%d", os.Getpid())}, h,
 		client.OnEvent(rep.workerEvent), client.Replace(cfg.Replace))
+	if err != nil {
+		return fmt.Errorf("chaos worker: %w", err)
+	}
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(context.Background()) }() // exits after Close, or on a permanent error
 	select {

@@ -169,16 +169,22 @@ func (d *demo) run(ctx context.Context) (Report, error) {
 	}
 	var names []string
 	for range d.opts.Workers {
-		names = append(names, d.startWorker(workersCtx, g))
+		name, err := d.startWorker(workersCtx, g)
+		if err != nil {
+			return d.report, err
+		}
+		names = append(names, name)
 	}
 	if err := d.step(gctx, fmt.Sprintf("%s joined", strings.Join(names, ", ")), &prev); err != nil {
 		return d.report, err
 	}
-	d.router, err = client.NewRouter(gctx, d.cl, keyspace)
-	if err != nil {
+	if d.router, err = client.NewRouter(d.cl, keyspace); err != nil {
 		return d.report, err
 	}
 	defer d.router.Close()
+	if err := d.router.Start(gctx); err != nil {
+		return d.report, err
+	}
 
 	// Keyed events flow for the whole schedule.
 	sendCtx, stopSending := context.WithCancel(gctx)
@@ -191,11 +197,11 @@ func (d *demo) run(ctx context.Context) (Report, error) {
 		at  float64
 		act func() (string, error)
 	}{
-		{0.15, func() (string, error) { return d.startWorker(workersCtx, g) + " joins", nil }},
-		{0.30, func() (string, error) { return d.startWorker(workersCtx, g) + " joins", nil }},
+		{0.15, func() (string, error) { return d.join(workersCtx, g) }},
+		{0.30, func() (string, error) { return d.join(workersCtx, g) }},
 		{0.45, func() (string, error) { return d.leave(gctx) }},
 		{0.60, func() (string, error) { return d.crash() }},
-		{0.75, func() (string, error) { return d.startWorker(workersCtx, g) + " joins", nil }},
+		{0.75, func() (string, error) { return d.join(workersCtx, g) }},
 	}
 	for _, s := range schedule {
 		if err := sleepUntil(gctx, at(s.at)); err != nil {
@@ -245,14 +251,18 @@ func (d *demo) run(ctx context.Context) (Report, error) {
 }
 
 // startWorker starts one more worker and returns its name.
-func (d *demo) startWorker(ctx context.Context, g *errgroup.Group) string {
+func (d *demo) startWorker(ctx context.Context, g *errgroup.Group) (string, error) {
 	d.mu.Lock()
 	d.next++
 	name := fmt.Sprintf("w%d", d.next)
 	w := &worker{name: name, rec: d.rec, held: map[int]uint64{}}
+	cw, err := client.NewWorker(d.cl, keyspace, client.Member{ID: name, Address: "in-process/" + name}, w, client.Logger(d.opts.Logger))
+	if err != nil {
+		d.mu.Unlock()
+		return "", err
+	}
 	runCtx, kill := context.WithCancel(ctx)
-	w.kill = kill
-	w.w = client.NewWorker(d.cl, keyspace, client.Member{ID: name, Address: "in-process/" + name}, w, client.Logger(d.opts.Logger))
+	w.w, w.kill = cw, kill
 	d.workers[name] = w
 	d.mu.Unlock()
 	g.Go(func() error { // exits when the worker stops (Close, kill, or the demo's end)
@@ -262,7 +272,13 @@ func (d *demo) startWorker(ctx context.Context, g *errgroup.Group) string {
 		}
 		return nil
 	})
-	return name
+	return name, nil
+}
+
+// join starts one more worker and says so.
+func (d *demo) join(ctx context.Context, g *errgroup.Group) (string, error) {
+	name, err := d.startWorker(ctx, g)
+	return name + " joins", err
 }
 
 // leave closes the second-oldest worker gracefully: drain, then leave.

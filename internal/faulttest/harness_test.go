@@ -104,10 +104,13 @@ func (h *harness) connect(url string, ttl, drain time.Duration) {
 	})
 	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
 	defer cancel()
-	if h.router, err = client.NewRouter(ctx, cl, keyspace); err != nil {
+	if h.router, err = client.NewRouter(cl, keyspace); err != nil {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { h.router.Close() })
+	if err := h.router.Start(ctx); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 // startWorker starts a worker process with member id id.

@@ -110,7 +110,10 @@ func startWorker(t *testing.T, c *client.Client, log *grantLog, name string, opt
 			fmt.Fprintf(os.Stderr, "worker %s: %v bucket=%d token=%d err=%v\n", name, e.Kind, e.Grant.Bucket, e.Grant.Token, e.Err)
 		}))
 	}
-	w := client.NewWorker(c, "rooms", client.Member{ID: name}, handler{log, name}, opts...)
+	w, err := client.NewWorker(c, "rooms", client.Member{ID: name}, handler{log, name}, opts...)
+	if err != nil {
+		t.Fatalf("worker %s: %v", name, err)
+	}
 	sw := &sdkWorker{w: w, kill: kill, done: make(chan struct{})}
 	go func() { // exits when the worker is closed or killed
 		defer close(sw.done)
