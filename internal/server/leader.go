@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -383,10 +384,7 @@ func (s *Server) committer() committer {
 func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
-		m, err := store.MapFromAssignment(a.Map.Epoch, a.Hash, a.Map.Assignment)
-		if err != nil {
-			return 0, err
-		}
+		m := shard.Map{Epoch: a.Map.Epoch, Hash: a.Hash, Assignment: a.Map.Assignment}
 		rev, err := s.committer().Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
 		if err != nil {
 			return 0, err
@@ -399,7 +397,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		var writes []store.Write
 		var expects []store.Expect
 		for id, g := range a.Grants {
-			writes = append(writes, store.PutGrants(a.Keyspace, id, store.Grants{Session: store.LeaseID(g.Session), Buckets: storePairs(g.Buckets)}))
+			writes = append(writes, store.PutGrants(a.Keyspace, id, shard.Grants{Session: shard.LeaseID(g.Session), Buckets: storePairs(g.Buckets)}))
 		}
 		for _, e := range a.Expects {
 			switch e.Kind {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/keyshardtest"
 	"github.com/keyshard/keyshard/placement"
@@ -49,7 +50,7 @@ func TestWriteBackoff(t *testing.T) {
 // is followed by that commit again.
 func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	grants := func(rev int64, buckets ...int) store.Change {
-		g := store.Grants{Session: testLease}
+		g := shard.Grants{Session: testLease}
 		for _, b := range buckets {
 			g.Buckets = append(g.Buckets, bt(b, uint64(rev)))
 		}
@@ -148,14 +149,14 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const ttl = 2 * time.Second
-	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: ttl}); err != nil {
+	if _, err := st.CreateKeyspace(ctx, shard.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeExclusive, LeaseTTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	lease, _, err := st.Grant(ctx, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: clk.Now()}, lease, false); err != nil {
+	if _, _, err := st.Join(ctx, "rooms", shard.Member{ID: "a", Weight: 1, JoinedAt: clk.Now()}, lease, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Activate(ctx, "rooms", "a", lease); err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -33,7 +34,7 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 	if a.Superseded && len(a.Quarantine) > 0 && prev.Lease == 0 {
 		return s.quarantineOnLease(ctx, fence, a)
 	}
-	lease := store.LeaseID(a.Session)
+	lease := shard.LeaseID(a.Session)
 	qttl, err := s.quarantineTTL(ctx, a)
 	if err != nil {
 		return err
@@ -48,7 +49,7 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 		if err != nil {
 			return err
 		}
-		q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
+		q := shard.Quarantine{Session: lease, Buckets: a.Quarantine}
 		if _, err := s.committer().Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxWriteDeadline)
 			if rerr := s.store.Revoke(rctx, qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
@@ -75,8 +76,8 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 // quarantineOnLease quarantines superseded session a.Session's buckets on
 // its own lease and deletes its grants (see revoke).
 func (s *Server) quarantineOnLease(ctx context.Context, fence store.Fence, a coordinator.RevokeSession) error {
-	lease := store.LeaseID(a.Session)
-	q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
+	lease := shard.LeaseID(a.Session)
+	q := shard.Quarantine{Session: lease, Buckets: a.Quarantine}
 	writes := []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, lease), store.Delete(store.GrantsKey(a.Keyspace, a.ID))}
 	_, err := s.committer().Commit(ctx, fence, writes, nil)
 	switch {

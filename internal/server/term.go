@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -17,13 +18,13 @@ var errLeaseDeadline = errors.New("server: election lease deadline passed withou
 // seams are the parts of a replica's store access that tests replace;
 // nil fields mean the store's.
 type seams struct {
-	renew  func(ctx context.Context, id store.LeaseID) (time.Duration, error)
+	renew  func(ctx context.Context, id shard.LeaseID) (time.Duration, error)
 	resign func(ctx context.Context, el *store.Election) error
 	watch  func(ctx context.Context, fromRev int64) <-chan store.Update
 	probe  func(ctx context.Context) error // the readiness probe's read
 }
 
-func (s *Server) renewLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+func (s *Server) renewLease(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.seams.renew != nil {
 		return s.seams.renew(ctx, id)
 	}
@@ -72,7 +73,7 @@ func leaseMargin(ttl time.Duration) time.Duration {
 // TTL). It returns errNotLeader if etcd says the lease is gone, and nil
 // once ctx is done. Each renewal runs in a goroutine, exited before
 // holdLease returns; one still in flight at the next renewal is abandoned.
-func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Duration, renewed time.Time) error {
+func (s *Server) holdLease(ctx context.Context, lease shard.LeaseID, ttl time.Duration, renewed time.Time) error {
 	deadline := renewed.Add(ttl - leaseMargin(ttl))
 	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
 	defer expire.Stop()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/keyshardtest"
 )
@@ -63,7 +64,7 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 	s.cfg.ElectionTTL = 3 * time.Second
 	var calls atomic.Int32
 	var lease atomic.Int64
-	s.seams.renew = func(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	s.seams.renew = func(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 		if calls.Add(1) == 1 { // the renewal right after winning
 			lease.Store(int64(id))
 			return st.KeepAliveOnce(ctx, id)
@@ -77,7 +78,7 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 		return el.Resign(ctx)
 	}
 	done := startTerm(t, ctx, s, clk)
-	info, err := st.TimeToLive(ctx, store.LeaseID(lease.Load()))
+	info, err := st.TimeToLive(ctx, shard.LeaseID(lease.Load()))
 	if err != nil || info.Granted != 3*time.Second {
 		t.Fatalf("election lease %v, %v; want the configured 3s", info, err)
 	}
@@ -112,7 +113,7 @@ func TestTermAbandonsStuckRenewal(t *testing.T) {
 	s.cfg.ElectionTTL = 3 * time.Second
 	var calls atomic.Int32
 	stuck, abandoned, next := make(chan struct{}), make(chan struct{}), make(chan struct{}, 8)
-	s.seams.renew = func(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	s.seams.renew = func(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 		switch calls.Add(1) {
 		case 1: // the renewal right after winning
 		case 2:

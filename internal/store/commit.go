@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Write is one put or delete in a leader Commit. Build it with PutMap,
@@ -16,7 +18,7 @@ import (
 type Write struct {
 	key   string
 	val   []byte
-	lease LeaseID
+	lease shard.LeaseID
 	del   bool
 	err   error
 }
@@ -25,7 +27,7 @@ type Write struct {
 func (w Write) Key() string { return w.key }
 
 // PutMap writes keyspace ks's map.
-func PutMap(ks string, m Map) Write {
+func PutMap(ks string, m shard.Map) Write {
 	b, err := EncodeMap(m)
 	return Write{key: MapKey(ks), val: b, err: nameErr(err, ks, "")}
 }
@@ -33,7 +35,7 @@ func PutMap(ks string, m Map) Write {
 // PutGrants writes member id's grants, attached to the member's lease
 // g.Session: if that lease is gone, the whole Commit fails with
 // ErrLeaseNotFound and writes nothing.
-func PutGrants(ks, id string, g Grants) Write {
+func PutGrants(ks, id string, g shard.Grants) Write {
 	b, err := EncodeGrants(g)
 	return Write{key: GrantsKey(ks, id), val: b, lease: g.Session, err: nameErr(err, ks, id)}
 }
@@ -42,7 +44,7 @@ func PutGrants(ks, id string, g Grants) Write {
 // attached to lease: a lease of its own, granted (Store.Grant) for one
 // member lease TTL and never renewed, so that etcd deletes the key when the
 // quarantine is over. Write it before revoking the session.
-func PutQuarantine(ks, id string, q Quarantine, lease LeaseID) Write {
+func PutQuarantine(ks, id string, q shard.Quarantine, lease shard.LeaseID) Write {
 	b, err := EncodeQuarantine(q)
 	if err == nil && lease <= 0 {
 		err = invalidf("quarantine of %s/%s: no lease; grant one of the member lease TTL", ks, id)
@@ -139,7 +141,7 @@ func (s *Store) Commit(ctx context.Context, f Fence, writes []Write, expects []E
 	}
 	ops := make([]clientv3.Op, 0, len(writes))
 	keys := make(map[string]bool, len(writes))
-	var leases []LeaseID
+	var leases []shard.LeaseID
 	for _, w := range writes {
 		if w.err != nil {
 			return 0, fmt.Errorf("store: commit: %w", w.err)
