@@ -2,12 +2,13 @@
 // map epochs, grants and revocations out. It is pure, like etcd's raft:
 // the leader's loop in internal/server owns one Machine, feeds it every
 // change it observes in the store (as Events, with the current time) and
-// applies the Actions it returns as fenced store transactions. The machine
-// reads no clock, does no IO and starts no goroutines, so the protocol is
-// tested deterministically: testdata/*.txt are scripts run with
-// datadriven (refresh with -rewrite and review the diff), and a random
-// history test checks the guarantees under crashes, lost writes and
-// leader failovers.
+// applies the Actions it returns as fenced store transactions. Events and
+// actions carry internal/shard's records, the values the store encodes, so
+// nothing translates between the two. The machine reads no clock, does no
+// IO and starts no goroutines, so the protocol is tested
+// deterministically: testdata/*.txt are scripts run with datadriven
+// (refresh with -rewrite and review the diff), and a random history test
+// checks the guarantees under crashes, lost writes and leader failovers.
 //
 //	m := coordinator.New()
 //	acts := m.StepAll([]coordinator.Event{coordinator.KeyspacePut{...}, coordinator.BecameLeader{}}, now)

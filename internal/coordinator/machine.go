@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -27,14 +28,14 @@ type Machine struct {
 
 // keyspace is everything observed about one keyspace.
 type keyspace struct {
-	cfg      Keyspace
+	cfg      shard.Keyspace
 	known    bool // a KeyspacePut was seen
-	members  map[string]Member
-	drains   map[string]Drain
-	m        Map
+	members  map[string]shard.Member
+	drains   map[string]drain
+	m        shard.Map
 	mapRev   Rev
 	hasMap   bool
-	grants   map[string]Grants
+	grants   map[string]shard.Grants
 	grantRev map[string]Rev
 	releases map[string]map[int]uint64
 	tokens   uint64
@@ -45,8 +46,16 @@ type keyspace struct {
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
-	revokeInflight map[int64]bool
-	revoked        map[string]int64 // member id → its last session seen revoked
+	revokeInflight map[shard.LeaseID]bool
+	revoked        map[string]shard.LeaseID // member id → its last session seen revoked
+}
+
+// drain is a member's drain request as the machine keeps it: whether the
+// member leaves, and the session the request is bound to (0: its current
+// one).
+type drain struct {
+	leave   bool
+	session shard.LeaseID
 }
 
 // New returns a Machine that knows nothing and does not lead.
@@ -58,15 +67,15 @@ func (m *Machine) ks(name string) *keyspace {
 	k := m.keyspaces[name]
 	if k == nil {
 		k = &keyspace{
-			members:        map[string]Member{},
-			drains:         map[string]Drain{},
-			grants:         map[string]Grants{},
+			members:        map[string]shard.Member{},
+			drains:         map[string]drain{},
+			grants:         map[string]shard.Grants{},
 			grantRev:       map[string]Rev{},
 			releases:       map[string]map[int]uint64{},
 			quar:           map[string][]int{},
 			waitSince:      map[int]time.Time{},
-			revokeInflight: map[int64]bool{},
-			revoked:        map[string]int64{},
+			revokeInflight: map[shard.LeaseID]bool{},
+			revoked:        map[string]shard.LeaseID{},
 		}
 		m.keyspaces[name] = k
 	}
@@ -139,7 +148,7 @@ func (m *Machine) apply(ev Event) {
 		delete(k.members, e.ID)
 		delete(k.revoked, e.ID)
 	case DrainPut:
-		m.ks(e.Keyspace).drains[e.ID] = e.Drain
+		m.ks(e.Keyspace).drains[e.ID] = drain{leave: e.Drain.Leave, session: e.Session}
 	case DrainDeleted:
 		delete(m.ks(e.Keyspace).drains, e.ID)
 	case MapPut:
@@ -162,8 +171,8 @@ func (m *Machine) apply(ev Event) {
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
 	case ReleasesPut:
-		rel := make(map[int]uint64, len(e.Buckets))
-		for _, bt := range e.Buckets {
+		rel := make(map[int]uint64, len(e.Releases.Buckets))
+		for _, bt := range e.Releases.Buckets {
 			rel[bt.Bucket] = bt.Token
 		}
 		m.ks(e.Keyspace).releases[e.ID] = rel
@@ -176,7 +185,7 @@ func (m *Machine) apply(ev Event) {
 			k.grantsInflight = 0
 		}
 	case QuarantinePut:
-		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Buckets)
+		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Quarantine.Buckets)
 	case QuarantineDeleted:
 		delete(m.ks(e.Keyspace).quar, e.ID)
 	case BecameLeader:
@@ -273,7 +282,7 @@ func (k *keyspace) effectiveMembers() []placement.Member {
 		}
 		w := mem.Weight
 		if d, draining := k.drainOf(id); draining {
-			if d.Leave {
+			if d.leave {
 				continue
 			}
 			w = 0
@@ -301,8 +310,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		k.mapInflight = epoch
 		return []Action{WriteMap{
 			Keyspace: name,
-			Hash:     k.cfg.Hash,
-			Map:      Map{Epoch: epoch, Assignment: p.Assignment},
+			Map:      shard.Map{Epoch: epoch, Hash: k.cfg.Hash, Assignment: p.Assignment},
 			Expect:   Expect{Kind: KeyMap, Rev: k.mapRev},
 			Moves:    len(p.Moves),
 		}}
@@ -324,19 +332,19 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 }
 
 // replacedReason says why session was revoked: mem replaced it.
-func replacedReason(mem Member, session int64) string {
+func replacedReason(mem shard.Member, session shard.LeaseID) string {
 	if mem.ReplacesFenced && mem.Replaces == session {
-		return fmt.Sprintf("replaced by session %x; its holder had fenced itself", mem.Session)
+		return fmt.Sprintf("replaced by session %v; its holder had fenced itself", mem.Session)
 	}
-	return fmt.Sprintf("replaced by session %x", mem.Session)
+	return fmt.Sprintf("replaced by session %v", mem.Session)
 }
 
 // drainOf returns member id's drain request, if one applies to its
 // current session.
-func (k *keyspace) drainOf(id string) (Drain, bool) {
+func (k *keyspace) drainOf(id string) (drain, bool) {
 	d, ok := k.drains[id]
-	if !ok || (d.Session != 0 && d.Session != k.members[id].Session) {
-		return Drain{}, false
+	if !ok || (d.session != 0 && d.session != k.members[id].Session) {
+		return drain{}, false
 	}
 	return d, true
 }
@@ -358,7 +366,7 @@ func (k *keyspace) holders() ([]string, []uint64) {
 func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action {
 	holder, token := k.holders()
 	var acts []Action
-	revoke := func(id string, session int64, superseded bool, reason string, kind ReportKind) {
+	revoke := func(id string, session shard.LeaseID, superseded bool, reason string, kind ReportKind) {
 		if k.revokeInflight[session] {
 			return
 		}
@@ -394,7 +402,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 		}
 		acts = append(acts,
 			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Superseded: superseded, Reason: reason},
-			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %x: %s", id, session, reason)})
+			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %v: %s", id, session, reason)})
 	}
 
 	ids := make([]string, 0, len(k.grants))
@@ -454,7 +462,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	// Members that asked to leave and hold and own nothing.
 	leaving := make([]string, 0)
 	for id := range k.drains {
-		if d, ok := k.drainOf(id); ok && d.Leave {
+		if d, ok := k.drainOf(id); ok && d.leave {
 			leaving = append(leaving, id)
 		}
 	}
@@ -535,7 +543,7 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 	}
 	// Every round bumps the counter, even one that only releases, so that
 	// its echo (the TokensPut) tells the machine the write landed.
-	a := WriteGrants{Keyspace: name, Grants: map[string]Grants{}, Token: newToken, Granted: granted, Released: released}
+	a := WriteGrants{Keyspace: name, Grants: map[string]shard.Grants{}, Token: newToken, Granted: granted, Released: released}
 	ids := make([]string, 0, len(next))
 	for id := range next {
 		ids = append(ids, id)
@@ -546,11 +554,11 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		if mem, ok := k.members[id]; ok && session == 0 {
 			session = mem.Session
 		}
-		g := Grants{Session: session}
+		g := shard.Grants{Session: session}
 		for b, t := range next[id] {
-			g.Buckets = append(g.Buckets, BucketToken{Bucket: b, Token: t})
+			g.Buckets = append(g.Buckets, shard.BucketToken{Bucket: b, Token: t})
 		}
-		slices.SortFunc(g.Buckets, func(x, y BucketToken) int { return x.Bucket - y.Bucket })
+		shard.SortPairs(g.Buckets)
 		a.Grants[id] = g
 		a.Expects = append(a.Expects, Expect{Kind: KeyGrants, ID: id, Rev: k.grantRev[id]})
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/coordinator"
-	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -384,8 +383,7 @@ func (s *Server) committer() committer {
 func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
-		m := shard.Map{Epoch: a.Map.Epoch, Hash: a.Hash, Assignment: a.Map.Assignment}
-		rev, err := s.committer().Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		rev, err := s.committer().Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, a.Map)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
 		if err != nil {
 			return 0, err
 		}
@@ -397,7 +395,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		var writes []store.Write
 		var expects []store.Expect
 		for id, g := range a.Grants {
-			writes = append(writes, store.PutGrants(a.Keyspace, id, shard.Grants{Session: shard.LeaseID(g.Session), Buckets: storePairs(g.Buckets)}))
+			writes = append(writes, store.PutGrants(a.Keyspace, id, g))
 		}
 		for _, e := range a.Expects {
 			switch e.Kind {

@@ -60,8 +60,8 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 		return store.Change{Kind: store.KindTokens, Keyspace: "rooms", Key: store.TokensKey("rooms"), Value: token, ModRevision: rev}
 	}
 	own := ownWrites{}
-	round := coordinator.WriteGrants{Keyspace: "rooms", Token: 7, Grants: map[string]coordinator.Grants{
-		"a": {Session: int64(testLease), Buckets: []coordinator.BucketToken{{Bucket: 0, Token: 7}}},
+	round := coordinator.WriteGrants{Keyspace: "rooms", Token: 7, Grants: map[string]shard.Grants{
+		"a": {Session: testLease, Buckets: []shard.BucketToken{{Bucket: 0, Token: 7}}},
 	}}
 	committed := own.committed(round, 40)
 	wantCommitted := []coordinator.Event{

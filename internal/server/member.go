@@ -201,7 +201,7 @@ func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession)
 	if len(a.Quarantine) == 0 {
 		return 0, nil
 	}
-	info, err := s.store.TimeToLive(ctx, shard.LeaseID(a.Session))
+	info, err := s.store.TimeToLive(ctx, a.Session)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return 0, nil

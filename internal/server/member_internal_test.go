@@ -265,7 +265,7 @@ func TestQuarantineTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(lease), Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
+	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: lease, Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
 	got, err := s.quarantineTTL(ctx, a)
 	if err != nil || got <= 0 || got > granted+time.Second {
 		t.Fatalf("superseded session with %v left: quarantine %v, %v; want (0, %v]", granted, got, err, granted+time.Second)
@@ -416,7 +416,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	snap, _, err := st.LoadKeyspace(ctx, "rooms")
@@ -436,7 +436,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	// A new leader, which sees the replaced session holding nothing, plans
 	// its revocation again: it must not revoke the lease, which carries
 	// the quarantine.
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if qi, err := st.QuarantineOf(ctx, "rooms", "a"); err != nil || qi.Lease != old {

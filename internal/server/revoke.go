@@ -34,7 +34,7 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 	if a.Superseded && len(a.Quarantine) > 0 && prev.Lease == 0 {
 		return s.quarantineOnLease(ctx, fence, a)
 	}
-	lease := shard.LeaseID(a.Session)
+	lease := a.Session
 	qttl, err := s.quarantineTTL(ctx, a)
 	if err != nil {
 		return err
@@ -76,7 +76,7 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 // quarantineOnLease quarantines superseded session a.Session's buckets on
 // its own lease and deletes its grants (see revoke).
 func (s *Server) quarantineOnLease(ctx context.Context, fence store.Fence, a coordinator.RevokeSession) error {
-	lease := shard.LeaseID(a.Session)
+	lease := a.Session
 	q := shard.Quarantine{Session: lease, Buckets: a.Quarantine}
 	writes := []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, lease), store.Delete(store.GrantsKey(a.Keyspace, a.ID))}
 	_, err := s.committer().Commit(ctx, fence, writes, nil)
