@@ -84,13 +84,6 @@ type QuarantineDeleted struct{ Keyspace, ID string }
 // Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
 type Tick struct{}
 
-// BecameLeader: this replica won the election. The state must be complete
-// (a Reset precedes it) before it acts.
-type BecameLeader struct{}
-
-// LostLeadership: this replica no longer leads; it stops writing.
-type LostLeadership struct{}
-
 // Reset replaces everything the machine knows, after a (re)load of the
 // store at one revision, as after a watch was compacted or restarted.
 type Reset struct{}
@@ -118,7 +111,5 @@ func (TokensPut) isEvent()         {}
 func (Tick) isEvent()              {}
 func (QuarantinePut) isEvent()     {}
 func (QuarantineDeleted) isEvent() {}
-func (BecameLeader) isEvent()      {}
-func (LostLeadership) isEvent()    {}
 func (Reset) isEvent()             {}
 func (WriteFailed) isEvent()       {}

@@ -17,7 +17,7 @@ import (
 // changes back as events, and checks the safety invariants after every
 // change.
 type world struct {
-	m       *coordinator.Machine
+	m       *coordinator.Machine // the leader's; nil while no leader runs
 	now     time.Time
 	rev     coordinator.Rev
 	pending []coordinator.Action
@@ -60,7 +60,6 @@ type world struct {
 
 func newWorld() *world {
 	return &world{
-		m:          coordinator.New(),
 		now:        time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		keyspaces:  map[string]shard.Keyspace{},
 		members:    map[string]map[string]shard.Member{},
@@ -84,8 +83,12 @@ func newWorld() *world {
 	}
 }
 
-// step feeds events to the machine and queues what it asks for.
+// step feeds events to the machine, if a leader runs, and queues what it
+// asks for.
 func (w *world) step(evs ...coordinator.Event) []coordinator.Action {
+	if w.m == nil {
+		return nil
+	}
 	acts := w.m.StepAll(evs, w.now)
 	w.pending = append(w.pending, acts...)
 	for _, a := range acts {

@@ -11,17 +11,18 @@ import (
 )
 
 // Machine is the leader's state machine. It holds the last observed state
-// of every keyspace and, while it leads, returns the writes that move the
-// store towards the balanced, fully granted map.
+// of every keyspace and returns the writes that move the store towards
+// the balanced, fully granted map. A Machine lives for one term of
+// leadership: the leader's loop makes one once it is elected and drops it
+// when the term ends.
 //
 // Machine is not safe for concurrent use; internal/server owns it from one
 // goroutine. It reads no clock and does no IO: time comes in with every
 // step.
 type Machine struct {
-	leader    bool
 	keyspaces map[string]*keyspace
 	// dirty are the keyspaces an event touched since they were last
-	// planned; a Tick (drain timeouts) or a change of leadership marks all.
+	// planned; a Tick (drain timeouts) or a Reset marks all.
 	dirty    map[string]bool
 	allDirty bool
 }
@@ -58,7 +59,9 @@ type drain struct {
 	session shard.LeaseID
 }
 
-// New returns a Machine that knows nothing and does not lead.
+// New returns a Machine that knows nothing yet. Feed it the store's state
+// (a Reset, then every record, in one StepAll) before acting on what it
+// returns.
 func New() *Machine {
 	return &Machine{keyspaces: map[string]*keyspace{}, dirty: map[string]bool{}, allDirty: true}
 }
@@ -81,9 +84,6 @@ func (m *Machine) ks(name string) *keyspace {
 	}
 	return k
 }
-
-// Leader reports whether the machine acts as leader.
-func (m *Machine) Leader() bool { return m.leader }
 
 // MinLeaseTTL returns the shortest member lease TTL of the keyspaces the
 // machine knows, or 0 while it knows none. The server bounds each of its
@@ -110,9 +110,6 @@ func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
 	for _, ev := range evs {
 		m.apply(ev)
 	}
-	if !m.leader {
-		return nil
-	}
 	var acts []Action
 	names := make([]string, 0, len(m.keyspaces))
 	for name := range m.keyspaces {
@@ -133,7 +130,7 @@ func (m *Machine) apply(ev Event) {
 	if name := eventKeyspace(ev); name != "" {
 		m.dirty[name] = true
 	} else {
-		m.allDirty = true // Tick, leadership, Reset
+		m.allDirty = true // Tick, Reset
 	}
 	switch e := ev.(type) {
 	case KeyspacePut:
@@ -188,18 +185,8 @@ func (m *Machine) apply(ev Event) {
 		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Quarantine.Buckets)
 	case QuarantineDeleted:
 		delete(m.ks(e.Keyspace).quar, e.ID)
-	case BecameLeader:
-		m.leader = true
-	case LostLeadership:
-		m.leader = false
-		for _, k := range m.keyspaces {
-			k.mapInflight, k.grantsInflight = 0, 0
-			clear(k.revokeInflight)
-		}
 	case Reset:
-		leader := m.leader
 		*m = *New()
-		m.leader = leader
 	case WriteFailed:
 		switch a := e.Action.(type) {
 		case WriteMap:

@@ -61,14 +61,14 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 		ttl, _ := time.ParseDuration(arg(t, d, "ttl", "10s"))
 		drain, _ := time.ParseDuration(arg(t, d, "drain", "30s"))
 		return formatActions(w.createKeyspace(shard.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: shard.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
-	case "leader":
-		return formatActions(w.step(coordinator.BecameLeader{}))
-	case "failover":
-		// Another replica becomes leader and loads the store.
+	case "leader", "failover":
+		// A replica becomes leader and loads the store.
 		w.failover()
 		return formatActions(w.pending)
 	case "lose-leadership":
-		return formatActions(w.step(coordinator.LostLeadership{}))
+		// The leader's term ends; no leader runs until the next failover.
+		w.stepDown()
+		return formatActions(nil)
 	case "join":
 		weight, _ := strconv.ParseFloat(arg(t, d, "weight", "1"), 64)
 		pending := arg(t, d, "pending", "false") == "true"

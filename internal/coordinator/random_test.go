@@ -17,7 +17,7 @@ import (
 // a newly elected replica does. The old leader's pending writes are lost
 // (its fence no longer holds).
 func (w *world) failover() {
-	w.pending = nil
+	w.stepDown()
 	w.m = coordinator.New()
 	var evs []coordinator.Event
 	names := make([]string, 0, len(w.keyspaces))
@@ -49,8 +49,14 @@ func (w *world) failover() {
 			evs = append(evs, d)
 		}
 	}
-	evs = append(evs, coordinator.BecameLeader{})
 	w.step(evs...)
+}
+
+// stepDown ends the leader's term: its machine is gone, and so are the
+// writes it had not made (its fence no longer holds).
+func (w *world) stepDown() {
+	w.m = nil
+	w.pending = nil
 }
 
 // TestRandomHistories drives the machine through random joins, crashes,
@@ -66,7 +72,7 @@ func TestRandomHistories(t *testing.T) {
 		w := newWorld()
 		buckets := rapid.IntRange(1, 64).Draw(t, "buckets")
 		w.createKeyspace(shard.Keyspace{Name: "ks", Buckets: buckets, Hash: "xxh64", Mode: shard.ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
-		w.step(coordinator.BecameLeader{})
+		w.failover()
 		ids := []string{"a", "b", "c", "d", "e"}
 		for i := range rapid.IntRange(5, 60).Draw(t, "steps") {
 			id := rapid.SampledFrom(ids).Draw(t, "id")

@@ -117,7 +117,7 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 	if err != nil {
 		return fmt.Errorf("load state: %w", err)
 	}
-	pending := m.StepAll(append(snapshotEvents(snap), coordinator.BecameLeader{}), s.clock.Now())
+	pending := m.StepAll(snapshotEvents(snap), s.clock.Now())
 	updates, stopWatch := s.watchStore(ctx, snap.Rev+1)
 	defer stopWatch() // the term ends only once the watch goroutine has exited
 	tick := s.clock.NewTicker(time.Second)
