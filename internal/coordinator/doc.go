@@ -12,7 +12,7 @@
 //
 //	m := coordinator.New() // once elected
 //	acts := m.StepAll([]coordinator.Event{coordinator.Reset{}, coordinator.KeyspacePut{...}, ...}, now)
-//	for _, a := range acts { /* commit a; on failure Step(WriteFailed{a, err}) and reload */ }
+//	for _, a := range acts { /* commit a; on failure Step(WriteFailed{a, err}) after a backoff */ }
 //
 // The protocol, the store layout and the reasoning behind them are in
 // design.md beside this file.

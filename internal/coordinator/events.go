@@ -88,9 +88,17 @@ type Tick struct{}
 // store at one revision, as after a watch was compacted or restarted.
 type Reset struct{}
 
-// WriteFailed: the server could not apply an action (a conflict, a fence
-// or an unavailable store). The machine forgets it was in flight; the
-// server re-reads the store (Reset and the state) before going on.
+// WriteFailed: the server could not apply an action: a key it expects
+// moved (a conflict), a put is bound to a lease that is gone, or the store
+// did not answer in time (the write may still apply). A fenced write is
+// not reported: it ends the term. The machine forgets the action was in
+// flight and plans again, in the same step, from what it knows.
+//
+// Nothing is reloaded. The watch delivers whatever changed, including the
+// failed write should it apply after all, and a write planned while the
+// watch is behind expects revisions that have moved, so it conflicts
+// instead of applying. The server steps WriteFailed after a backoff, which
+// gives the watch time to catch up.
 type WriteFailed struct {
 	Action Action
 	Err    error

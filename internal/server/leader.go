@@ -98,7 +98,9 @@ func (s *Server) term(ctx context.Context) error {
 // deadline (writeDeadline) so that a write stuck on a lost etcd leader does
 // not hold up every handoff for etcd's whole request timeout. A failed or
 // abandoned write is counted, and the machine replans it from its latest
-// view once a backoff (writeBackoff) has passed.
+// view once a backoff (writeBackoff) has passed. The store is not reloaded
+// for it: the watch brings every change, and the revisions each write
+// expects keep one planned from a view that is behind from applying.
 //
 // An abandoned write may still be applied by etcd later, but never as well
 // as its retry: both are fenced by the term's election key (Commit compares
