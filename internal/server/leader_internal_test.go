@@ -107,11 +107,11 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	}
 }
 
-// hangingCommitter passes commits to the store, except the first grant
-// round, which hangs until its context ends, as a write to an etcd member
-// whose leader was killed does.
+// hangingCommitter is the store, except that the first grant round hangs
+// until its context ends, as a write to an etcd member whose leader was
+// killed does.
 type hangingCommitter struct {
-	st     *store.Store
+	*store.Store
 	once   sync.Once
 	hung   chan context.Context // receives the hanging write's context
 	landed chan int64           // revisions of the grant rounds committed
@@ -131,7 +131,7 @@ func (c *hangingCommitter) Commit(ctx context.Context, f store.Fence, writes []s
 			return 0, fmt.Errorf("store: commit: %w: %w", store.ErrUnavailable, ctx.Err())
 		}
 	}
-	rev, err := c.st.Commit(ctx, f, writes, expects)
+	rev, err := c.Store.Commit(ctx, f, writes, expects)
 	if err == nil && round {
 		c.landed <- rev
 	}
@@ -162,8 +162,7 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	if _, err := st.Activate(ctx, "rooms", "a", lease); err != nil {
 		t.Fatal(err)
 	}
-	hc := &hangingCommitter{st: st, hung: make(chan context.Context, 1), landed: make(chan int64, 16)}
-	s.commit = hc
+	hc := &hangingCommitter{Store: st, hung: make(chan context.Context, 1), landed: make(chan int64, 16)}
 	sess, err := st.NewSession(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +174,7 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	}
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- s.lead(lctx, fence) }() // exits when stop is called
+	go func() { done <- s.lead(lctx, hc, fence) }() // exits when stop is called
 	defer func() { stop(); <-done }()
 
 	var wctx context.Context

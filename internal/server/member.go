@@ -197,11 +197,11 @@ func sessionEnded(sess session) error {
 // KeepAlive acknowledges no renewal of it any more) is quarantined for
 // only what remains of its lease if that is shorter, one second added
 // because etcd reports whole seconds rounded down.
-func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession) (time.Duration, error) {
+func quarantineTTL(ctx context.Context, st leaderStore, a coordinator.RevokeSession) (time.Duration, error) {
 	if len(a.Quarantine) == 0 {
 		return 0, nil
 	}
-	info, err := s.store.TimeToLive(ctx, a.Session)
+	info, err := st.TimeToLive(ctx, a.Session)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return 0, nil

@@ -266,12 +266,12 @@ func TestQuarantineTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: lease, Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
-	got, err := s.quarantineTTL(ctx, a)
+	got, err := quarantineTTL(ctx, st, a)
 	if err != nil || got <= 0 || got > granted+time.Second {
 		t.Fatalf("superseded session with %v left: quarantine %v, %v; want (0, %v]", granted, got, err, granted+time.Second)
 	}
 	a.Superseded = false
-	if got, err := s.quarantineTTL(ctx, a); err != nil || got != time.Minute {
+	if got, err := quarantineTTL(ctx, st, a); err != nil || got != time.Minute {
 		t.Fatalf("session revoked for a drain timeout: quarantine %v, %v; want the full %v", got, err, time.Minute)
 	}
 	if err := st.Revoke(ctx, lease); err != nil {
@@ -279,7 +279,7 @@ func TestQuarantineTTL(t *testing.T) {
 	}
 	for _, superseded := range []bool{true, false} {
 		a.Superseded = superseded
-		if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
+		if got, err := quarantineTTL(ctx, st, a); err != nil || got != 0 {
 			t.Fatalf("session already gone (superseded %v): quarantine %v, %v; want none", superseded, got, err)
 		}
 	}
@@ -416,7 +416,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, st, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	snap, _, err := st.LoadKeyspace(ctx, "rooms")
@@ -436,7 +436,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	// A new leader, which sees the replaced session holding nothing, plans
 	// its revocation again: it must not revoke the lease, which carries
 	// the quarantine.
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, st, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if qi, err := st.QuarantineOf(ctx, "rooms", "a"); err != nil || qi.Lease != old {

@@ -20,7 +20,7 @@ var errLeaseDeadline = errors.New("server: election lease deadline passed withou
 type seams struct {
 	renew  func(ctx context.Context, id shard.LeaseID) (time.Duration, error)
 	resign func(ctx context.Context, el *store.Election) error
-	watch  func(ctx context.Context, fromRev int64) <-chan store.Update
+	leader leaderStore                     // what a term's coordinator loop reads and writes
 	probe  func(ctx context.Context) error // the readiness probe's read
 }
 
@@ -38,15 +38,11 @@ func (s *Server) resignElection(ctx context.Context, el *store.Election) error {
 	return el.Resign(ctx)
 }
 
-// watchStore starts a store watch that stop ends and waits for: once stop
+// watchStore starts a watch of st that stop ends and waits for: once stop
 // returns, the watch's goroutine has exited.
-func (s *Server) watchStore(ctx context.Context, fromRev int64) (updates <-chan store.Update, stop func()) {
+func watchStore(ctx context.Context, st leaderStore, fromRev int64) (updates <-chan store.Update, stop func()) {
 	wctx, cancel := context.WithCancel(ctx)
-	if s.seams.watch != nil {
-		updates = s.seams.watch(wctx, fromRev)
-	} else {
-		updates = s.store.Watch(wctx, fromRev)
-	}
+	updates = st.Watch(wctx, fromRev)
 	return updates, func() {
 		cancel()
 		for range updates { // the watch closes it when its goroutine exits

@@ -153,25 +153,15 @@ func TestTermAbandonsStuckRenewal(t *testing.T) {
 // channel, so a term that merely cancels it returns while it runs.
 func TestTermWaitsForItsWatch(t *testing.T) {
 	ctx, s, clk := fakeReplica(t)
-	withStore(t, s)
-	watches := make(chan chan store.Update, 1)
-	s.seams.watch = func(ctx context.Context, fromRev int64) <-chan store.Update {
-		ch := make(chan store.Update)
-		watches <- ch
-		go func() { // exits once its last update is received
-			<-ctx.Done()
-			ch <- store.Update{Rev: fromRev}
-			close(ch)
-		}()
-		return ch
-	}
+	st := &slowWatchStore{Store: withStore(t, s), watches: make(chan chan store.Update, 1)}
+	s.seams.leader = st
 	tctx, end := context.WithCancel(ctx)
 	done := startTerm(t, tctx, s, clk)
 	end()
 	if err := <-done; err != nil && !errors.Is(err, errNotLeader) && !errors.Is(err, context.Canceled) {
 		t.Fatalf("term: %v", err)
 	}
-	ch := <-watches
+	ch := <-st.watches
 	select {
 	case _, open := <-ch:
 		if open {
@@ -182,4 +172,23 @@ func TestTermWaitsForItsWatch(t *testing.T) {
 	default:
 		t.Fatal("term returned while its watch goroutine was still running")
 	}
+}
+
+// slowWatchStore is the store, except that its watch is slow to exit:
+// after its ctx ends it still sends one last update before it closes its
+// channel. watches receives each watch's channel.
+type slowWatchStore struct {
+	*store.Store
+	watches chan chan store.Update
+}
+
+func (st *slowWatchStore) Watch(ctx context.Context, fromRev int64) <-chan store.Update {
+	ch := make(chan store.Update)
+	st.watches <- ch
+	go func() { // exits once its last update is received
+		<-ctx.Done()
+		ch <- store.Update{Rev: fromRev}
+		close(ch)
+	}()
+	return ch
 }
