@@ -457,3 +457,31 @@ func TestKeys(t *testing.T) {
 		t.Errorf("ParseKey with a bad id = %v, want ErrInvalidName too", err)
 	}
 }
+
+// TestWriteChange: a Write's change is what Watch delivers once a Commit
+// applies it: decoded, on the write's lease, at the commit's revision; a
+// Write that failed to encode gives Commit's error.
+func TestWriteChange(t *testing.T) {
+	got, err := PutGrants("rooms", "a", sampleGrants).Change(12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Change{Kind: KindGrants, Keyspace: "rooms", ID: "a", Key: GrantsKey("rooms", "a"), Value: sampleGrants, Lease: sampleGrants.Session, ModRevision: 12}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("put (-want +got):\n%s", diff)
+	}
+	got, err = Delete(GrantsKey("rooms", "a")).Change(13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Change{Kind: KindGrants, Keyspace: "rooms", ID: "a", Key: GrantsKey("rooms", "a"), ModRevision: 13, Deleted: true}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("delete (-want +got):\n%s", diff)
+	}
+	if _, err := PutGrants("rooms", "a", shard.Grants{}).Change(14); !errors.Is(err, ErrInvalid) {
+		t.Errorf("invalid grants: %v, want ErrInvalid", err)
+	}
+	if _, err := (Write{}).Change(14); !errors.Is(err, ErrInvalid) {
+		t.Errorf("zero Write: %v, want ErrInvalid", err)
+	}
+}

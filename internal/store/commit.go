@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/keyshard/keyshard/internal/shard"
@@ -25,6 +26,24 @@ type Write struct {
 
 // Key returns the key written.
 func (w Write) Key() string { return w.key }
+
+// Change returns the change w makes once a Commit applies it at revision
+// rev, decoded as Watch delivers it, or the error wrapping ErrInvalid that
+// Commit refuses w with. A store that stands in for this one (in the
+// leader's tests, say) applies writes through it.
+func (w Write) Change(rev int64) (Change, error) {
+	if w.err != nil {
+		return Change{}, fmt.Errorf("store: commit: %w", w.err)
+	}
+	if w.key == "" {
+		return Change{}, invalidf("commit: zero Write")
+	}
+	ev := &clientv3.Event{Kv: &mvccpb.KeyValue{Key: []byte(w.key), Value: w.val, ModRevision: rev, Lease: int64(w.lease)}}
+	if w.del {
+		ev.Type = mvccpb.DELETE
+	}
+	return watchChange(ev), nil
+}
 
 // PutMap writes keyspace ks's map.
 func PutMap(ks string, m shard.Map) Write {
