@@ -20,6 +20,7 @@ import (
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/keyshardtest"
 )
@@ -1125,7 +1126,7 @@ func (o *etcdObserver) run(updates <-chan store.Update) {
 		}
 		for _, c := range u.Changes {
 			ob := observed{rev: c.ModRevision, at: now, kind: c.Kind, keyspace: c.Keyspace}
-			if m, ok := c.Value.(store.Map); ok && !c.Deleted {
+			if m, ok := c.Value.(shard.Map); ok && !c.Deleted {
 				ob.epoch = m.Epoch
 			}
 			o.changes = append(o.changes, ob)
@@ -1142,7 +1143,7 @@ func (o *etcdObserver) audit(c store.Change, now time.Time) {
 		o.releasedAt, o.grantedAt = map[string]map[int][]time.Time{}, map[string]map[int][]time.Time{}
 	}
 	member := c.Keyspace + "/" + c.ID
-	pairs := func(bts []store.BucketToken) map[int]uint64 {
+	pairs := func(bts []shard.BucketToken) map[int]uint64 {
 		m := make(map[int]uint64, len(bts))
 		for _, bt := range bts {
 			m[bt.Bucket] = bt.Token
@@ -1156,7 +1157,7 @@ func (o *etcdObserver) audit(c store.Change, now time.Time) {
 		at[c.Keyspace][b] = append(at[c.Keyspace][b], now)
 	}
 	switch v := c.Value.(type) {
-	case store.Grants:
+	case shard.Grants:
 		next, prev := pairs(v.Buckets), o.grants[member]
 		for b, t := range next {
 			if prev[b] != t {
@@ -1169,7 +1170,7 @@ func (o *etcdObserver) audit(c store.Change, now time.Time) {
 			}
 		}
 		o.grants[member] = next
-	case store.Releases:
+	case shard.Releases:
 		next, prev, held := pairs(v.Buckets), o.releases[member], o.grants[member]
 		for b, t := range next {
 			if prev[b] != t {
@@ -1188,7 +1189,7 @@ func (o *etcdObserver) audit(c store.Change, now time.Time) {
 			}
 		}
 		o.releases[member] = next
-	case store.Quarantine:
+	case shard.Quarantine:
 		o.revoked++
 	}
 	if c.Deleted {

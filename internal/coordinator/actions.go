@@ -3,7 +3,7 @@ package coordinator
 import (
 	"time"
 
-	"github.com/keyshard/keyshard/placement"
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Action is a write the leader must make, or something to report. The
@@ -12,11 +12,10 @@ import (
 // back: the changes arrive through the watch, or a WriteFailed event.
 type Action interface{ isAction() }
 
-// WriteMap writes a new map epoch.
+// WriteMap writes a new map epoch (with the keyspace's hash mode).
 type WriteMap struct {
 	Keyspace string
-	Hash     placement.HashMode // the keyspace's, stored with the map
-	Map      Map
+	Map      shard.Map
 	Expect   Expect
 	// Moves is how many buckets changed target owner.
 	Moves int
@@ -28,7 +27,7 @@ type WriteMap struct {
 // with its session's lease, so a grant to a dead session fails.
 type WriteGrants struct {
 	Keyspace string
-	Grants   map[string]Grants
+	Grants   map[string]shard.Grants
 	Token    uint64
 	Expects  []Expect
 	// Granted and Released count the buckets the round moves.
@@ -49,7 +48,7 @@ type WriteGrants struct {
 // that (never beyond TTL).
 type RevokeSession struct {
 	Keyspace, ID string
-	Session      int64
+	Session      shard.LeaseID
 	Quarantine   []int
 	TTL          time.Duration
 	Superseded   bool

@@ -2,16 +2,17 @@
 // map epochs, grants and revocations out. It is pure, like etcd's raft:
 // the leader's loop in internal/server owns one Machine, feeds it every
 // change it observes in the store (as Events, with the current time) and
-// applies the Actions it returns as fenced store transactions. The machine
-// reads no clock, does no IO and starts no goroutines, so the protocol is
-// tested deterministically: testdata/*.txt are scripts run with
-// datadriven (refresh with -rewrite and review the diff), and a random
-// history test checks the guarantees under crashes, lost writes and
-// leader failovers.
+// applies the Actions it returns as fenced store transactions. Events and
+// actions carry internal/shard's records, the values the store encodes, so
+// nothing translates between the two. The machine reads no clock, does no
+// IO and starts no goroutines, so the protocol is tested
+// deterministically: testdata/*.txt are scripts run with datadriven
+// (refresh with -rewrite and review the diff), and a random history test
+// checks the guarantees under crashes, lost writes and leader failovers.
 //
-//	m := coordinator.New()
-//	acts := m.StepAll([]coordinator.Event{coordinator.KeyspacePut{...}, coordinator.BecameLeader{}}, now)
-//	for _, a := range acts { /* commit a; on failure Step(WriteFailed{a, err}) and reload */ }
+//	m := coordinator.New() // once elected
+//	acts := m.StepAll([]coordinator.Event{coordinator.Reset{}, coordinator.KeyspacePut{...}, ...}, now)
+//	for _, a := range acts { /* commit a; on failure Step(WriteFailed{a, err}) after a backoff */ }
 //
 // The protocol, the store layout and the reasoning behind them are in
 // design.md beside this file.
@@ -30,7 +31,11 @@
 //
 // # Lifecycle
 //
-// New returns a follower. BecameLeader makes it act; LostLeadership stops
-// it (in-flight writes are forgotten; the store's fence rejects them).
-// Reset clears the state before a reload.
+// A Machine lives for one term of leadership: it acts on whatever it is
+// fed. The leader's loop makes one once it is elected, steps it with a
+// Reset and everything it loaded from the store in one StepAll (so that it
+// plans from the whole state), then with every change; when the term ends
+// it drops the Machine, and the store's fence rejects the writes that were
+// still in flight. Reset clears the state before a reload, as after a
+// resync of the watch.
 package coordinator

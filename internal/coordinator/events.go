@@ -1,11 +1,13 @@
 package coordinator
 
+import "github.com/keyshard/keyshard/internal/shard"
+
 // Event is an observed change of the store, or the passing of time. The
 // server feeds events in the order the store's watch delivered them.
 type Event interface{ isEvent() }
 
 // KeyspacePut: a keyspace was created or its configuration changed.
-type KeyspacePut struct{ Keyspace Keyspace }
+type KeyspacePut struct{ Keyspace shard.Keyspace }
 
 // KeyspaceDeleted: a keyspace is gone, with everything in it.
 type KeyspaceDeleted struct{ Name string }
@@ -14,16 +16,20 @@ type KeyspaceDeleted struct{ Name string }
 // same id has a new Session).
 type MemberPut struct {
 	Keyspace string
-	Member   Member
+	Member   shard.Member
 }
 
 // MemberDeleted: a member's record is gone: it left, or its session ended.
 type MemberDeleted struct{ Keyspace, ID string }
 
-// DrainPut and DrainDeleted: a drain request for a member.
+// DrainPut: a drain request for a member. Session is the session the
+// request is bound to (the lease of its key; it vanishes with it), or 0
+// for the member's current one: a request of a session the member has
+// replaced does not apply to the new one.
 type DrainPut struct {
 	Keyspace, ID string
-	Drain        Drain
+	Drain        shard.Drain
+	Session      shard.LeaseID
 }
 
 // DrainDeleted: a drain request was withdrawn.
@@ -32,14 +38,14 @@ type DrainDeleted struct{ Keyspace, ID string }
 // MapPut: a map was written.
 type MapPut struct {
 	Keyspace string
-	Map      Map
+	Map      shard.Map
 	Rev      Rev
 }
 
 // GrantsPut: a member's grants were written.
 type GrantsPut struct {
 	Keyspace, ID string
-	Grants       Grants
+	Grants       shard.Grants
 	Rev          Rev
 }
 
@@ -50,7 +56,7 @@ type GrantsDeleted struct{ Keyspace, ID string }
 // ReleasesPut: a member released buckets (at the tokens it held them by).
 type ReleasesPut struct {
 	Keyspace, ID string
-	Buckets      []BucketToken
+	Releases     shard.Releases
 	Rev          Rev
 }
 
@@ -69,7 +75,7 @@ type TokensPut struct {
 // lease TTL, so etcd, not a local timer, decides when it ends).
 type QuarantinePut struct {
 	Keyspace, ID string
-	Buckets      []int
+	Quarantine   shard.Quarantine
 }
 
 // QuarantineDeleted: a quarantine ended.
@@ -78,20 +84,21 @@ type QuarantineDeleted struct{ Keyspace, ID string }
 // Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
 type Tick struct{}
 
-// BecameLeader: this replica won the election. The state must be complete
-// (a Reset precedes it) before it acts.
-type BecameLeader struct{}
-
-// LostLeadership: this replica no longer leads; it stops writing.
-type LostLeadership struct{}
-
 // Reset replaces everything the machine knows, after a (re)load of the
 // store at one revision, as after a watch was compacted or restarted.
 type Reset struct{}
 
-// WriteFailed: the server could not apply an action (a conflict, a fence
-// or an unavailable store). The machine forgets it was in flight; the
-// server re-reads the store (Reset and the state) before going on.
+// WriteFailed: the server could not apply an action: a key it expects
+// moved (a conflict), a put is bound to a lease that is gone, or the store
+// did not answer in time (the write may still apply). A fenced write is
+// not reported: it ends the term. The machine forgets the action was in
+// flight and plans again, in the same step, from what it knows.
+//
+// Nothing is reloaded. The watch delivers whatever changed, including the
+// failed write should it apply after all, and a write planned while the
+// watch is behind expects revisions that have moved, so it conflicts
+// instead of applying. The server steps WriteFailed after a backoff, which
+// gives the watch time to catch up.
 type WriteFailed struct {
 	Action Action
 	Err    error
@@ -112,7 +119,5 @@ func (TokensPut) isEvent()         {}
 func (Tick) isEvent()              {}
 func (QuarantinePut) isEvent()     {}
 func (QuarantineDeleted) isEvent() {}
-func (BecameLeader) isEvent()      {}
-func (LostLeadership) isEvent()    {}
 func (Reset) isEvent()             {}
 func (WriteFailed) isEvent()       {}

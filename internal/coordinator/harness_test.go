@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -16,38 +17,38 @@ import (
 // changes back as events, and checks the safety invariants after every
 // change.
 type world struct {
-	m       *coordinator.Machine
+	m       *coordinator.Machine // the leader's; nil while no leader runs
 	now     time.Time
 	rev     coordinator.Rev
 	pending []coordinator.Action
 
 	// The store, as etcd would hold it.
-	keyspaces map[string]coordinator.Keyspace
-	members   map[string]map[string]coordinator.Member
-	maps      map[string]coordinator.Map
+	keyspaces map[string]shard.Keyspace
+	members   map[string]map[string]shard.Member
+	maps      map[string]shard.Map
 	mapRev    map[string]coordinator.Rev
-	grants    map[string]map[string]coordinator.Grants
+	grants    map[string]map[string]shard.Grants
 	grantRev  map[string]map[string]coordinator.Rev
-	releases  map[string]map[string][]coordinator.BucketToken
+	releases  map[string]map[string][]shard.BucketToken
 	// relSess is, per "ks/id", the session whose lease the member's
 	// releases record is on: the one that wrote it. It goes with that
 	// lease, not with the member record's.
-	relSess map[string]int64
+	relSess map[string]shard.LeaseID
 	// fencedSess are the sessions whose holder fenced itself and said so
 	// when it replaced them: it acts on nothing any more.
-	fencedSess map[int64]bool
+	fencedSess map[shard.LeaseID]bool
 	tokens     map[string]uint64
 	tokenRev   map[string]coordinator.Rev
 	quar       map[string]map[string][]int
-	quarUntil  map[string]map[string]time.Time // when each quarantine's lease expires
-	drains     map[string]map[string]coordinator.Drain
-	nextSess   int64
+	quarUntil  map[string]map[string]time.Time            // when each quarantine's lease expires
+	drains     map[string]map[string]coordinator.DrainPut // each on the session it is bound to
+	nextSess   shard.LeaseID
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
 	// replacedAt is when a Join with replace superseded a session: no
 	// keep-alive of it is acknowledged after that.
-	replacedAt map[int64]time.Time
+	replacedAt map[shard.LeaseID]time.Time
 	// mayAct is, per bucket of a revoked session that it had not
 	// released, until when that session's holder may still act on it: its
 	// last acknowledged keep-alive + TTL. Nobody may be granted the bucket
@@ -59,32 +60,35 @@ type world struct {
 
 func newWorld() *world {
 	return &world{
-		m:          coordinator.New(),
 		now:        time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		keyspaces:  map[string]coordinator.Keyspace{},
-		members:    map[string]map[string]coordinator.Member{},
-		maps:       map[string]coordinator.Map{},
+		keyspaces:  map[string]shard.Keyspace{},
+		members:    map[string]map[string]shard.Member{},
+		maps:       map[string]shard.Map{},
 		mapRev:     map[string]coordinator.Rev{},
-		grants:     map[string]map[string]coordinator.Grants{},
+		grants:     map[string]map[string]shard.Grants{},
 		grantRev:   map[string]map[string]coordinator.Rev{},
-		releases:   map[string]map[string][]coordinator.BucketToken{},
-		relSess:    map[string]int64{},
-		fencedSess: map[int64]bool{},
+		releases:   map[string]map[string][]shard.BucketToken{},
+		relSess:    map[string]shard.LeaseID{},
+		fencedSess: map[shard.LeaseID]bool{},
 		tokens:     map[string]uint64{},
 		tokenRev:   map[string]coordinator.Rev{},
 		quar:       map[string]map[string][]int{},
-		drains:     map[string]map[string]coordinator.Drain{},
+		drains:     map[string]map[string]coordinator.DrainPut{},
 		lastToken:  map[string]map[int]uint64{},
 		quarUntil:  map[string]map[string]time.Time{},
 		mayAct:     map[string]map[int]revokedHold{},
 
-		replacedAt: map[int64]time.Time{},
+		replacedAt: map[shard.LeaseID]time.Time{},
 		nextSess:   0x100,
 	}
 }
 
-// step feeds events to the machine and queues what it asks for.
+// step feeds events to the machine, if a leader runs, and queues what it
+// asks for.
 func (w *world) step(evs ...coordinator.Event) []coordinator.Action {
+	if w.m == nil {
+		return nil
+	}
 	acts := w.m.StepAll(evs, w.now)
 	w.pending = append(w.pending, acts...)
 	for _, a := range acts {
@@ -95,18 +99,18 @@ func (w *world) step(evs ...coordinator.Event) []coordinator.Action {
 	return acts
 }
 
-func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
+func (w *world) createKeyspace(ks shard.Keyspace) []coordinator.Action {
 	w.keyspaces[ks.Name] = ks
 	for _, m := range []any{w.members, w.grants, w.grantRev, w.releases, w.quar} {
 		switch mm := m.(type) {
-		case map[string]map[string]coordinator.Member:
-			mm[ks.Name] = map[string]coordinator.Member{}
-		case map[string]map[string]coordinator.Grants:
-			mm[ks.Name] = map[string]coordinator.Grants{}
+		case map[string]map[string]shard.Member:
+			mm[ks.Name] = map[string]shard.Member{}
+		case map[string]map[string]shard.Grants:
+			mm[ks.Name] = map[string]shard.Grants{}
 		case map[string]map[string]coordinator.Rev:
 			mm[ks.Name] = map[string]coordinator.Rev{}
-		case map[string]map[string][]coordinator.BucketToken:
-			mm[ks.Name] = map[string][]coordinator.BucketToken{}
+		case map[string]map[string][]shard.BucketToken:
+			mm[ks.Name] = map[string][]shard.BucketToken{}
 		case map[string]map[string][]int:
 			mm[ks.Name] = map[string][]int{}
 		}
@@ -114,7 +118,7 @@ func (w *world) createKeyspace(ks coordinator.Keyspace) []coordinator.Action {
 	w.lastToken[ks.Name] = map[int]uint64{}
 	w.quarUntil[ks.Name] = map[string]time.Time{}
 	w.mayAct[ks.Name] = map[int]revokedHold{}
-	w.drains[ks.Name] = map[string]coordinator.Drain{}
+	w.drains[ks.Name] = map[string]coordinator.DrainPut{}
 	return w.step(coordinator.KeyspacePut{Keyspace: ks})
 }
 
@@ -131,7 +135,7 @@ func (w *world) join(ks, id string, weight float64, pending bool) []coordinator.
 // more), as the SDK's re-join after a self-fence says.
 func (w *world) joinAs(ks, id string, weight float64, pending, fenced bool) []coordinator.Action {
 	w.nextSess++
-	mem := coordinator.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000", Pending: pending}
+	mem := shard.Member{ID: id, Weight: weight, Session: w.nextSess, Address: id + ":7000", Pending: pending}
 	if old, ok := w.members[ks][id]; ok {
 		mem.Replaces = old.Session
 		if _, seen := w.replacedAt[old.Session]; !seen {
@@ -167,7 +171,7 @@ func (w *world) releaseBucket(ks, id string, b int) []coordinator.Action {
 			w.rev++
 			w.releases[ks][id] = append(w.releases[ks][id], bt)
 			w.relSess[ks+"/"+id] = w.grants[ks][id].Session
-			return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: slices.Clone(w.releases[ks][id]), Rev: w.rev})
+			return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Releases: shard.Releases{Buckets: slices.Clone(w.releases[ks][id])}, Rev: w.rev})
 		}
 	}
 	return nil
@@ -175,7 +179,7 @@ func (w *world) releaseBucket(ks, id string, b int) []coordinator.Action {
 
 // expire ends a member's session as etcd would: every key bound to its
 // lease goes in one revision.
-func (w *world) expire(ks, id string, session int64) []coordinator.Action {
+func (w *world) expire(ks, id string, session shard.LeaseID) []coordinator.Action {
 	var evs []coordinator.Event
 	if mem, ok := w.members[ks][id]; ok && mem.Session == session {
 		delete(w.members[ks], id)
@@ -204,13 +208,13 @@ func (w *world) expire(ks, id string, session int64) []coordinator.Action {
 
 // drain records a drain request, bound to the member's session as the
 // store binds it to the member's lease.
-func (w *world) drain(ks, id string, d coordinator.Drain) []coordinator.Action {
+func (w *world) drain(ks, id string, d shard.Drain) []coordinator.Action {
 	if _, ok := w.members[ks][id]; !ok {
 		return nil // the API refuses to drain a member that is not joined
 	}
-	d.Session = w.members[ks][id].Session
-	w.drains[ks][id] = d
-	return w.step(coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
+	put := coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d, Session: w.members[ks][id].Session}
+	w.drains[ks][id] = put
+	return w.step(put)
 }
 
 // mayRelease reports whether the store takes a release from the session
@@ -229,7 +233,7 @@ func (w *world) release(ks, id string) []coordinator.Action {
 		return nil
 	}
 	m := w.maps[ks]
-	var rel []coordinator.BucketToken
+	var rel []shard.BucketToken
 	for _, bt := range g.Buckets {
 		if m.Assignment.Owner(bt.Bucket) != id {
 			rel = append(rel, bt)
@@ -241,7 +245,7 @@ func (w *world) release(ks, id string) []coordinator.Action {
 	w.rev++
 	w.releases[ks][id] = rel
 	w.relSess[ks+"/"+id] = g.Session
-	return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: rel, Rev: w.rev})
+	return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Releases: shard.Releases{Buckets: rel}, Rev: w.rev})
 }
 
 // apply lands every pending action, as the server's fenced writes would,
@@ -296,7 +300,7 @@ func (w *world) apply() []coordinator.Action {
 				}
 				for _, bt := range g.Buckets {
 					if h, ok := w.mayAct[a.Keyspace][bt.Bucket]; ok && !w.heldAt(a.Keyspace, id, bt) && w.now.Before(h.until) {
-						w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s at %v while revoked session %x of %s may act on it until %v", bt.Bucket, id, w.now.Format(time.TimeOnly), h.session, h.id, h.until.Format(time.TimeOnly)))
+						w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s at %v while revoked session %v of %s may act on it until %v", bt.Bucket, id, w.now.Format(time.TimeOnly), h.session, h.id, h.until.Format(time.TimeOnly)))
 					}
 					if last := w.lastToken[a.Keyspace][bt.Bucket]; bt.Token > last {
 						w.lastToken[a.Keyspace][bt.Bucket] = bt.Token
@@ -323,7 +327,7 @@ func (w *world) apply() []coordinator.Action {
 				}
 				w.quar[a.Keyspace][a.ID] = slices.Clone(a.Quarantine)
 				w.quarUntil[a.Keyspace][a.ID] = until
-				next = append(next, w.step(coordinator.QuarantinePut{Keyspace: a.Keyspace, ID: a.ID, Buckets: a.Quarantine})...)
+				next = append(next, w.step(coordinator.QuarantinePut{Keyspace: a.Keyspace, ID: a.ID, Quarantine: shard.Quarantine{Session: a.Session, Buckets: a.Quarantine}})...)
 			}
 			next = append(next, w.expire(a.Keyspace, a.ID, a.Session)...)
 		}
@@ -343,7 +347,7 @@ func maxTime(a, b time.Time) time.Time {
 // revokedHold is a bucket a revoked session held without releasing it.
 type revokedHold struct {
 	id      string
-	session int64
+	session shard.LeaseID
 	until   time.Time // its last acknowledged keep-alive + TTL
 }
 
@@ -390,11 +394,11 @@ func (w *world) checkRevoke(a coordinator.RevokeSession) time.Duration {
 			continue
 		}
 		if !quarantined[bt.Bucket] {
-			w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %x: bucket %d held and not released, but not quarantined", a.ID, a.Session, bt.Bucket))
+			w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %v: bucket %d held and not released, but not quarantined", a.ID, a.Session, bt.Bucket))
 		}
 		if until := lastAck.Add(ttl); w.now.Before(until) {
 			if qttl > 0 && w.now.Add(qttl).Before(until) {
-				w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %x: quarantine of %v ends before its holder's deadline %v", a.ID, a.Session, qttl, until.Format(time.TimeOnly)))
+				w.violation = append(w.violation, fmt.Sprintf("revoke of %s session %v: quarantine of %v ends before its holder's deadline %v", a.ID, a.Session, qttl, until.Format(time.TimeOnly)))
 			}
 			w.mayAct[a.Keyspace][bt.Bucket] = revokedHold{id: a.ID, session: a.Session, until: until}
 		}
@@ -432,7 +436,7 @@ func (w *world) settle() {
 	w.violation = append(w.violation, "did not settle in 100 rounds")
 }
 
-func (w *world) released(ks, id string, bt coordinator.BucketToken) bool {
+func (w *world) released(ks, id string, bt shard.BucketToken) bool {
 	for _, r := range w.releases[ks][id] {
 		if r == bt {
 			return true
@@ -441,7 +445,7 @@ func (w *world) released(ks, id string, bt coordinator.BucketToken) bool {
 	return false
 }
 
-func (w *world) heldAt(ks, id string, bt coordinator.BucketToken) bool {
+func (w *world) heldAt(ks, id string, bt shard.BucketToken) bool {
 	for _, have := range w.grants[ks][id].Buckets {
 		if have == bt {
 			return true
@@ -516,7 +520,7 @@ func formatActions(acts []coordinator.Action) string {
 				fmt.Fprintf(&sb, "  %s: %s\n", id, formatBuckets(a.Grants[id].Buckets))
 			}
 		case coordinator.RevokeSession:
-			fmt.Fprintf(&sb, "revoke %s %s session=%x quarantine=%v superseded=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Superseded, a.Reason)
+			fmt.Fprintf(&sb, "revoke %s %s session=%v quarantine=%v superseded=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Superseded, a.Reason)
 		case coordinator.Report:
 			fmt.Fprintf(&sb, "report %s %s: %s\n", a.Keyspace, a.Kind, a.Message)
 		}
@@ -542,7 +546,7 @@ func formatCounts(a placement.Assignment) string {
 }
 
 // formatBuckets prints buckets as ranges with their token: 0-3@1 4@2.
-func formatBuckets(bts []coordinator.BucketToken) string {
+func formatBuckets(bts []shard.BucketToken) string {
 	if len(bts) == 0 {
 		return "-"
 	}

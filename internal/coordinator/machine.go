@@ -6,35 +6,37 @@ import (
 	"sort"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
 
 // Machine is the leader's state machine. It holds the last observed state
-// of every keyspace and, while it leads, returns the writes that move the
-// store towards the balanced, fully granted map.
+// of every keyspace and returns the writes that move the store towards
+// the balanced, fully granted map. A Machine lives for one term of
+// leadership: the leader's loop makes one once it is elected and drops it
+// when the term ends.
 //
 // Machine is not safe for concurrent use; internal/server owns it from one
 // goroutine. It reads no clock and does no IO: time comes in with every
 // step.
 type Machine struct {
-	leader    bool
 	keyspaces map[string]*keyspace
 	// dirty are the keyspaces an event touched since they were last
-	// planned; a Tick (drain timeouts) or a change of leadership marks all.
+	// planned; a Tick (drain timeouts) or a Reset marks all.
 	dirty    map[string]bool
 	allDirty bool
 }
 
 // keyspace is everything observed about one keyspace.
 type keyspace struct {
-	cfg      Keyspace
+	cfg      shard.Keyspace
 	known    bool // a KeyspacePut was seen
-	members  map[string]Member
-	drains   map[string]Drain
-	m        Map
+	members  map[string]shard.Member
+	drains   map[string]drain
+	m        shard.Map
 	mapRev   Rev
 	hasMap   bool
-	grants   map[string]Grants
+	grants   map[string]shard.Grants
 	grantRev map[string]Rev
 	releases map[string]map[int]uint64
 	tokens   uint64
@@ -45,11 +47,21 @@ type keyspace struct {
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
-	revokeInflight map[int64]bool
-	revoked        map[string]int64 // member id → its last session seen revoked
+	revokeInflight map[shard.LeaseID]bool
+	revoked        map[string]shard.LeaseID // member id → its last session seen revoked
 }
 
-// New returns a Machine that knows nothing and does not lead.
+// drain is a member's drain request as the machine keeps it: whether the
+// member leaves, and the session the request is bound to (0: its current
+// one).
+type drain struct {
+	leave   bool
+	session shard.LeaseID
+}
+
+// New returns a Machine that knows nothing yet. Feed it the store's state
+// (a Reset, then every record, in one StepAll) before acting on what it
+// returns.
 func New() *Machine {
 	return &Machine{keyspaces: map[string]*keyspace{}, dirty: map[string]bool{}, allDirty: true}
 }
@@ -58,23 +70,20 @@ func (m *Machine) ks(name string) *keyspace {
 	k := m.keyspaces[name]
 	if k == nil {
 		k = &keyspace{
-			members:        map[string]Member{},
-			drains:         map[string]Drain{},
-			grants:         map[string]Grants{},
+			members:        map[string]shard.Member{},
+			drains:         map[string]drain{},
+			grants:         map[string]shard.Grants{},
 			grantRev:       map[string]Rev{},
 			releases:       map[string]map[int]uint64{},
 			quar:           map[string][]int{},
 			waitSince:      map[int]time.Time{},
-			revokeInflight: map[int64]bool{},
-			revoked:        map[string]int64{},
+			revokeInflight: map[shard.LeaseID]bool{},
+			revoked:        map[string]shard.LeaseID{},
 		}
 		m.keyspaces[name] = k
 	}
 	return k
 }
-
-// Leader reports whether the machine acts as leader.
-func (m *Machine) Leader() bool { return m.leader }
 
 // MinLeaseTTL returns the shortest member lease TTL of the keyspaces the
 // machine knows, or 0 while it knows none. The server bounds each of its
@@ -101,9 +110,6 @@ func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
 	for _, ev := range evs {
 		m.apply(ev)
 	}
-	if !m.leader {
-		return nil
-	}
 	var acts []Action
 	names := make([]string, 0, len(m.keyspaces))
 	for name := range m.keyspaces {
@@ -124,7 +130,7 @@ func (m *Machine) apply(ev Event) {
 	if name := eventKeyspace(ev); name != "" {
 		m.dirty[name] = true
 	} else {
-		m.allDirty = true // Tick, leadership, Reset
+		m.allDirty = true // Tick, Reset
 	}
 	switch e := ev.(type) {
 	case KeyspacePut:
@@ -139,7 +145,7 @@ func (m *Machine) apply(ev Event) {
 		delete(k.members, e.ID)
 		delete(k.revoked, e.ID)
 	case DrainPut:
-		m.ks(e.Keyspace).drains[e.ID] = e.Drain
+		m.ks(e.Keyspace).drains[e.ID] = drain{leave: e.Drain.Leave, session: e.Session}
 	case DrainDeleted:
 		delete(m.ks(e.Keyspace).drains, e.ID)
 	case MapPut:
@@ -162,8 +168,8 @@ func (m *Machine) apply(ev Event) {
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
 	case ReleasesPut:
-		rel := make(map[int]uint64, len(e.Buckets))
-		for _, bt := range e.Buckets {
+		rel := make(map[int]uint64, len(e.Releases.Buckets))
+		for _, bt := range e.Releases.Buckets {
 			rel[bt.Bucket] = bt.Token
 		}
 		m.ks(e.Keyspace).releases[e.ID] = rel
@@ -176,21 +182,11 @@ func (m *Machine) apply(ev Event) {
 			k.grantsInflight = 0
 		}
 	case QuarantinePut:
-		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Buckets)
+		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Quarantine.Buckets)
 	case QuarantineDeleted:
 		delete(m.ks(e.Keyspace).quar, e.ID)
-	case BecameLeader:
-		m.leader = true
-	case LostLeadership:
-		m.leader = false
-		for _, k := range m.keyspaces {
-			k.mapInflight, k.grantsInflight = 0, 0
-			clear(k.revokeInflight)
-		}
 	case Reset:
-		leader := m.leader
 		*m = *New()
-		m.leader = leader
 	case WriteFailed:
 		switch a := e.Action.(type) {
 		case WriteMap:
@@ -273,7 +269,7 @@ func (k *keyspace) effectiveMembers() []placement.Member {
 		}
 		w := mem.Weight
 		if d, draining := k.drainOf(id); draining {
-			if d.Leave {
+			if d.leave {
 				continue
 			}
 			w = 0
@@ -301,8 +297,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		k.mapInflight = epoch
 		return []Action{WriteMap{
 			Keyspace: name,
-			Hash:     k.cfg.Hash,
-			Map:      Map{Epoch: epoch, Assignment: p.Assignment},
+			Map:      shard.Map{Epoch: epoch, Hash: k.cfg.Hash, Assignment: p.Assignment},
 			Expect:   Expect{Kind: KeyMap, Rev: k.mapRev},
 			Moves:    len(p.Moves),
 		}}
@@ -324,19 +319,19 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 }
 
 // replacedReason says why session was revoked: mem replaced it.
-func replacedReason(mem Member, session int64) string {
+func replacedReason(mem shard.Member, session shard.LeaseID) string {
 	if mem.ReplacesFenced && mem.Replaces == session {
-		return fmt.Sprintf("replaced by session %x; its holder had fenced itself", mem.Session)
+		return fmt.Sprintf("replaced by session %v; its holder had fenced itself", mem.Session)
 	}
-	return fmt.Sprintf("replaced by session %x", mem.Session)
+	return fmt.Sprintf("replaced by session %v", mem.Session)
 }
 
 // drainOf returns member id's drain request, if one applies to its
 // current session.
-func (k *keyspace) drainOf(id string) (Drain, bool) {
+func (k *keyspace) drainOf(id string) (drain, bool) {
 	d, ok := k.drains[id]
-	if !ok || (d.Session != 0 && d.Session != k.members[id].Session) {
-		return Drain{}, false
+	if !ok || (d.session != 0 && d.session != k.members[id].Session) {
+		return drain{}, false
 	}
 	return d, true
 }
@@ -358,7 +353,7 @@ func (k *keyspace) holders() ([]string, []uint64) {
 func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action {
 	holder, token := k.holders()
 	var acts []Action
-	revoke := func(id string, session int64, superseded bool, reason string, kind ReportKind) {
+	revoke := func(id string, session shard.LeaseID, superseded bool, reason string, kind ReportKind) {
 		if k.revokeInflight[session] {
 			return
 		}
@@ -394,7 +389,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 		}
 		acts = append(acts,
 			RevokeSession{Keyspace: name, ID: id, Session: session, Quarantine: q, TTL: k.cfg.LeaseTTL, Superseded: superseded, Reason: reason},
-			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %x: %s", id, session, reason)})
+			Report{Keyspace: name, Kind: kind, Message: fmt.Sprintf("member %s session %v: %s", id, session, reason)})
 	}
 
 	ids := make([]string, 0, len(k.grants))
@@ -454,7 +449,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	// Members that asked to leave and hold and own nothing.
 	leaving := make([]string, 0)
 	for id := range k.drains {
-		if d, ok := k.drainOf(id); ok && d.Leave {
+		if d, ok := k.drainOf(id); ok && d.leave {
 			leaving = append(leaving, id)
 		}
 	}
@@ -535,7 +530,7 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 	}
 	// Every round bumps the counter, even one that only releases, so that
 	// its echo (the TokensPut) tells the machine the write landed.
-	a := WriteGrants{Keyspace: name, Grants: map[string]Grants{}, Token: newToken, Granted: granted, Released: released}
+	a := WriteGrants{Keyspace: name, Grants: map[string]shard.Grants{}, Token: newToken, Granted: granted, Released: released}
 	ids := make([]string, 0, len(next))
 	for id := range next {
 		ids = append(ids, id)
@@ -546,11 +541,11 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		if mem, ok := k.members[id]; ok && session == 0 {
 			session = mem.Session
 		}
-		g := Grants{Session: session}
+		g := shard.Grants{Session: session}
 		for b, t := range next[id] {
-			g.Buckets = append(g.Buckets, BucketToken{Bucket: b, Token: t})
+			g.Buckets = append(g.Buckets, shard.BucketToken{Bucket: b, Token: t})
 		}
-		slices.SortFunc(g.Buckets, func(x, y BucketToken) int { return x.Bucket - y.Bucket })
+		shard.SortPairs(g.Buckets)
 		a.Grants[id] = g
 		a.Expects = append(a.Expects, Expect{Kind: KeyGrants, ID: id, Rev: k.grantRev[id]})
 	}

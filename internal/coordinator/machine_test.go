@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // TestScripts runs the protocol scripts in testdata. Refresh the expected
@@ -59,15 +60,15 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 		buckets, _ := strconv.Atoi(arg(t, d, "buckets", "12"))
 		ttl, _ := time.ParseDuration(arg(t, d, "ttl", "10s"))
 		drain, _ := time.ParseDuration(arg(t, d, "drain", "30s"))
-		return formatActions(w.createKeyspace(coordinator.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: coordinator.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
-	case "leader":
-		return formatActions(w.step(coordinator.BecameLeader{}))
-	case "failover":
-		// Another replica becomes leader and loads the store.
+		return formatActions(w.createKeyspace(shard.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: shard.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
+	case "leader", "failover":
+		// A replica becomes leader and loads the store.
 		w.failover()
 		return formatActions(w.pending)
 	case "lose-leadership":
-		return formatActions(w.step(coordinator.LostLeadership{}))
+		// The leader's term ends; no leader runs until the next failover.
+		w.stepDown()
+		return formatActions(nil)
 	case "join":
 		weight, _ := strconv.ParseFloat(arg(t, d, "weight", "1"), 64)
 		pending := arg(t, d, "pending", "false") == "true"
@@ -86,7 +87,7 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 	case "drain":
 		id := arg(t, d, "id", "")
 		leave := arg(t, d, "leave", "false") == "true"
-		return formatActions(w.drain(ks, id, coordinator.Drain{Leave: leave}))
+		return formatActions(w.drain(ks, id, shard.Drain{Leave: leave}))
 	case "tick":
 		dt, _ := time.ParseDuration(arg(t, d, "advance", "1s"))
 		w.now = w.now.Add(dt)
@@ -146,16 +147,16 @@ func TestMinLeaseTTL(t *testing.T) {
 		t.Fatalf("no keyspaces: %v, want 0", got)
 	}
 	m.StepAll([]coordinator.Event{
-		coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "slow", Buckets: 4, LeaseTTL: 30 * time.Second}},
-		coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 3 * time.Second}},
-		coordinator.MemberPut{Keyspace: "unknown", Member: coordinator.Member{ID: "a", Session: 1}},
+		coordinator.KeyspacePut{Keyspace: shard.Keyspace{Name: "slow", Buckets: 4, LeaseTTL: 30 * time.Second}},
+		coordinator.KeyspacePut{Keyspace: shard.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 3 * time.Second}},
+		coordinator.MemberPut{Keyspace: "unknown", Member: shard.Member{ID: "a", Session: 1}},
 	}, now)
 	for _, tc := range []struct {
 		ev   coordinator.Event
 		want time.Duration
 	}{
 		{nil, 3 * time.Second},
-		{coordinator.KeyspacePut{Keyspace: coordinator.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 6 * time.Second}}, 6 * time.Second},
+		{coordinator.KeyspacePut{Keyspace: shard.Keyspace{Name: "fast", Buckets: 4, LeaseTTL: 6 * time.Second}}, 6 * time.Second},
 		{coordinator.KeyspaceDeleted{Name: "fast"}, 30 * time.Second},
 		{coordinator.KeyspaceDeleted{Name: "slow"}, 0},
 	} {

@@ -10,13 +10,14 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // failover replaces the machine with a fresh one that loads the store, as
 // a newly elected replica does. The old leader's pending writes are lost
 // (its fence no longer holds).
 func (w *world) failover() {
-	w.pending = nil
+	w.stepDown()
 	w.m = coordinator.New()
 	var evs []coordinator.Event
 	names := make([]string, 0, len(w.keyspaces))
@@ -36,20 +37,26 @@ func (w *world) failover() {
 			evs = append(evs, coordinator.GrantsPut{Keyspace: ks, ID: id, Grants: g, Rev: w.grantRev[ks][id]})
 		}
 		for id, r := range w.releases[ks] {
-			evs = append(evs, coordinator.ReleasesPut{Keyspace: ks, ID: id, Buckets: r})
+			evs = append(evs, coordinator.ReleasesPut{Keyspace: ks, ID: id, Releases: shard.Releases{Buckets: r}})
 		}
 		if w.tokenRev[ks] != 0 {
 			evs = append(evs, coordinator.TokensPut{Keyspace: ks, Token: w.tokens[ks], Rev: w.tokenRev[ks]})
 		}
 		for id, q := range w.quar[ks] {
-			evs = append(evs, coordinator.QuarantinePut{Keyspace: ks, ID: id, Buckets: q})
+			evs = append(evs, coordinator.QuarantinePut{Keyspace: ks, ID: id, Quarantine: shard.Quarantine{Buckets: q}})
 		}
-		for id, d := range w.drains[ks] {
-			evs = append(evs, coordinator.DrainPut{Keyspace: ks, ID: id, Drain: d})
+		for _, d := range w.drains[ks] {
+			evs = append(evs, d)
 		}
 	}
-	evs = append(evs, coordinator.BecameLeader{})
 	w.step(evs...)
+}
+
+// stepDown ends the leader's term: its machine is gone, and so are the
+// writes it had not made (its fence no longer holds).
+func (w *world) stepDown() {
+	w.m = nil
+	w.pending = nil
 }
 
 // TestRandomHistories drives the machine through random joins, crashes,
@@ -64,8 +71,8 @@ func TestRandomHistories(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		w := newWorld()
 		buckets := rapid.IntRange(1, 64).Draw(t, "buckets")
-		w.createKeyspace(coordinator.Keyspace{Name: "ks", Buckets: buckets, Hash: "xxh64", Mode: coordinator.ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
-		w.step(coordinator.BecameLeader{})
+		w.createKeyspace(shard.Keyspace{Name: "ks", Buckets: buckets, Hash: "xxh64", Mode: shard.ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
+		w.failover()
 		ids := []string{"a", "b", "c", "d", "e"}
 		for i := range rapid.IntRange(5, 60).Draw(t, "steps") {
 			id := rapid.SampledFrom(ids).Draw(t, "id")
@@ -84,7 +91,7 @@ func TestRandomHistories(t *testing.T) {
 			case 3:
 				w.release("ks", id)
 			case 4:
-				w.drain("ks", id, coordinator.Drain{Leave: rapid.Bool().Draw(t, "leave")})
+				w.drain("ks", id, shard.Drain{Leave: rapid.Bool().Draw(t, "leave")})
 			case 5:
 				w.now = w.now.Add(time.Duration(rapid.IntRange(1, 40).Draw(t, "secs")) * time.Second)
 				w.step(coordinator.Tick{})
@@ -149,7 +156,7 @@ func TestRandomHistories(t *testing.T) {
 			d, draining := w.drains["ks"][id]
 			draining = draining && d.Session == mem.Session
 			switch {
-			case draining && d.Leave:
+			case draining && d.Drain.Leave:
 				t.Fatalf("member %s asked to leave but is still joined", id)
 			case draining:
 				// A drained member keeps its buckets only if nobody else can

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -83,7 +84,7 @@ func (a *adminService) UpdateKeyspace(ctx context.Context, req *connect.Request[
 		return nil, failedPrecondition("keyspace %q has %d buckets; the bucket count cannot change while clients hash keys with it (create a new keyspace instead)", c.Name, have.Buckets)
 	case c.Hash != have.Hash:
 		return nil, failedPrecondition("keyspace %q hashes with %s; the hash cannot change while clients use it (create a new keyspace instead)", c.Name, have.Hash)
-	case store.Mode(c.Mode) != have.Mode:
+	case shard.Mode(c.Mode) != have.Mode:
 		return nil, failedPrecondition("keyspace %q is in %s mode; the mode cannot change", c.Name, have.Mode)
 	}
 	rev, err := a.s.store.UpdateKeyspace(ctx, c.store())
@@ -107,8 +108,8 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 		}
 		resp.Epoch = ks.Map.Value.Epoch
 		target := map[string]uint32{}
-		for b := range ks.Map.Value.Owners {
-			if o := ks.Map.Value.Owner(b); o != "" {
+		for b := range ks.Map.Value.Assignment.Owners {
+			if o := ks.Map.Value.Assignment.Owner(b); o != "" {
 				target[o]++
 			}
 		}
@@ -116,7 +117,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 			st := &v1.MemberStatus{Member: memberProto(m.Value), TargetBuckets: target[id]}
 			for _, bt := range ks.Grants[id].Value.Buckets {
 				st.GrantedBuckets++
-				if ks.Map.Value.Owner(bt.Bucket) != id {
+				if ks.Map.Value.Assignment.Owner(bt.Bucket) != id {
 					st.ReleasingBuckets++
 				}
 			}
@@ -134,7 +135,7 @@ func (a *adminService) DrainMember(ctx context.Context, req *connect.Request[v1.
 	if _, err := a.s.keyspace(ctx, ks); err != nil {
 		return nil, err
 	}
-	rev, err := a.s.store.PutDrain(ctx, ks, id, store.DrainRequest{RequestedAt: a.s.clock.Now(), By: "admin"})
+	rev, err := a.s.store.PutDrain(ctx, ks, id, shard.Drain{RequestedAt: a.s.clock.Now(), By: "admin"})
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, notFound("member %q is not joined to keyspace %q; list members with `keyshard members %s`", id, ks, ks)
@@ -165,8 +166,8 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 					holder[bt.Bucket] = id
 				}
 			}
-			for b := range ks.Map.Value.Owners {
-				o := ks.Map.Value.Owner(b)
+			for b := range ks.Map.Value.Assignment.Owners {
+				o := ks.Map.Value.Assignment.Owner(b)
 				if o == "" {
 					st.UnassignedBuckets++
 				} else if holder[b] != o {
@@ -186,11 +187,11 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 // keyspace returns a keyspace's config from the view, or from etcd if the
 // view does not know it yet (it may have been created through another
 // replica a moment ago), or a NotFound error that names it.
-func (s *Server) keyspace(ctx context.Context, name string) (store.Keyspace, error) {
+func (s *Server) keyspace(ctx context.Context, name string) (shard.Keyspace, error) {
 	if err := store.ValidateName(store.KindKeyspace, name); err != nil {
-		return store.Keyspace{}, apiError(err)
+		return shard.Keyspace{}, apiError(err)
 	}
-	var k store.Keyspace
+	var k shard.Keyspace
 	var ok bool
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		if ks := snap.Keyspaces[name]; ks != nil && ks.Config.Exists() {

@@ -9,15 +9,17 @@ import (
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
-// Conversions between the store's records, the coordinator's events and
-// the API's messages live here, in one place.
+// Conversions between the records (internal/shard) and the API's
+// messages live here, in one place, and so does the replay of the store's
+// snapshots and changes as the coordinator's events.
 
-func keyspaceProto(k store.Keyspace) *v1.Keyspace {
+func keyspaceProto(k shard.Keyspace) *v1.Keyspace {
 	mode := v1.KeyspaceMode_KEYSPACE_MODE_EXCLUSIVE
-	if k.Mode == store.Mode("stream") {
+	if k.Mode == shard.ModeStream {
 		mode = v1.KeyspaceMode_KEYSPACE_MODE_STREAM
 	}
 	return &v1.Keyspace{
@@ -63,39 +65,12 @@ func keyspaceConfig(k *v1.Keyspace) (KeyspaceConfig, error) {
 	return c, nil
 }
 
-func (c KeyspaceConfig) store() store.Keyspace {
-	return store.Keyspace{Name: c.Name, Buckets: c.Buckets, Hash: c.Hash, Mode: store.Mode(c.Mode), LeaseTTL: c.LeaseTTL, DrainTimeout: c.DrainTimeout}
+func (c KeyspaceConfig) store() shard.Keyspace {
+	return shard.Keyspace{Name: c.Name, Buckets: c.Buckets, Hash: c.Hash, Mode: shard.Mode(c.Mode), LeaseTTL: c.LeaseTTL, DrainTimeout: c.DrainTimeout}
 }
 
-func memberProto(m store.Member) *v1.Member {
+func memberProto(m shard.Member) *v1.Member {
 	return &v1.Member{Id: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Metadata: m.Metadata}
-}
-
-func coordKeyspace(k store.Keyspace) coordinator.Keyspace {
-	return coordinator.Keyspace{Name: k.Name, Buckets: k.Buckets, Hash: k.Hash, Mode: coordinator.Mode(k.Mode), LeaseTTL: k.LeaseTTL, DrainTimeout: k.DrainTimeout}
-}
-
-func coordMember(m store.Member, lease store.LeaseID) coordinator.Member {
-	if m.Session == 0 {
-		m.Session = lease
-	}
-	return coordinator.Member{ID: m.ID, Address: m.Address, Weight: m.Weight, Zone: m.Zone, Session: int64(m.Session), Pending: m.Pending, Replaces: int64(m.Replaces), ReplacesFenced: m.ReplacesFenced}
-}
-
-func coordPairs(in []store.BucketToken) []coordinator.BucketToken {
-	out := make([]coordinator.BucketToken, len(in))
-	for i, bt := range in {
-		out[i] = coordinator.BucketToken{Bucket: bt.Bucket, Token: bt.Token}
-	}
-	return out
-}
-
-func storePairs(in []coordinator.BucketToken) []store.BucketToken {
-	out := make([]store.BucketToken, len(in))
-	for i, bt := range in {
-		out[i] = store.BucketToken{Bucket: bt.Bucket, Token: bt.Token}
-	}
-	return out
 }
 
 // snapshotEvents replays a snapshot as coordinator events, preceded by a
@@ -104,28 +79,28 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 	evs := []coordinator.Event{coordinator.Reset{}}
 	for name, ks := range s.Keyspaces {
 		if ks.Config.Exists() {
-			evs = append(evs, coordinator.KeyspacePut{Keyspace: coordKeyspace(ks.Config.Value)})
+			evs = append(evs, coordinator.KeyspacePut{Keyspace: ks.Config.Value})
 		}
 		for _, m := range ks.Members {
-			evs = append(evs, coordinator.MemberPut{Keyspace: name, Member: coordMember(m.Value, m.Lease)})
+			evs = append(evs, coordinator.MemberPut{Keyspace: name, Member: m.Value})
 		}
 		for id, d := range ks.Drains {
-			evs = append(evs, coordinator.DrainPut{Keyspace: name, ID: id, Drain: coordinator.Drain{Leave: d.Value.Leave, Session: int64(d.Lease)}})
+			evs = append(evs, coordinator.DrainPut{Keyspace: name, ID: id, Drain: d.Value, Session: d.Lease})
 		}
 		if ks.Map.Exists() {
-			evs = append(evs, coordinator.MapPut{Keyspace: name, Map: coordinator.Map{Epoch: ks.Map.Value.Epoch, Assignment: ks.Map.Value.Assignment()}, Rev: ks.Map.ModRevision})
+			evs = append(evs, coordinator.MapPut{Keyspace: name, Map: ks.Map.Value, Rev: ks.Map.ModRevision})
 		}
 		for id, g := range ks.Grants {
-			evs = append(evs, coordinator.GrantsPut{Keyspace: name, ID: id, Grants: coordinator.Grants{Session: int64(g.Value.Session), Buckets: coordPairs(g.Value.Buckets)}, Rev: g.ModRevision})
+			evs = append(evs, coordinator.GrantsPut{Keyspace: name, ID: id, Grants: g.Value, Rev: g.ModRevision})
 		}
 		for id, r := range ks.Releases {
-			evs = append(evs, coordinator.ReleasesPut{Keyspace: name, ID: id, Buckets: coordPairs(r.Value.Buckets), Rev: r.ModRevision})
+			evs = append(evs, coordinator.ReleasesPut{Keyspace: name, ID: id, Releases: r.Value, Rev: r.ModRevision})
 		}
 		if ks.Tokens.Exists() {
 			evs = append(evs, coordinator.TokensPut{Keyspace: name, Token: ks.Tokens.Value, Rev: ks.Tokens.ModRevision})
 		}
 		for id, q := range ks.Quarantines {
-			evs = append(evs, coordinator.QuarantinePut{Keyspace: name, ID: id, Buckets: q.Value.Buckets})
+			evs = append(evs, coordinator.QuarantinePut{Keyspace: name, ID: id, Quarantine: q.Value})
 		}
 	}
 	return evs
@@ -142,34 +117,32 @@ func changeEvent(c store.Change) coordinator.Event {
 		if c.Deleted {
 			return coordinator.KeyspaceDeleted{Name: c.Keyspace}
 		}
-		return coordinator.KeyspacePut{Keyspace: coordKeyspace(c.Value.(store.Keyspace))}
+		return coordinator.KeyspacePut{Keyspace: c.Value.(shard.Keyspace)}
 	case store.KindMember:
 		if c.Deleted {
 			return coordinator.MemberDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		return coordinator.MemberPut{Keyspace: c.Keyspace, Member: coordMember(c.Value.(store.Member), c.Lease)}
+		return coordinator.MemberPut{Keyspace: c.Keyspace, Member: c.Value.(shard.Member)}
 	case store.KindDrain:
 		if c.Deleted {
 			return coordinator.DrainDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		return coordinator.DrainPut{Keyspace: c.Keyspace, ID: c.ID, Drain: coordinator.Drain{Leave: c.Value.(store.DrainRequest).Leave, Session: int64(c.Lease)}}
+		return coordinator.DrainPut{Keyspace: c.Keyspace, ID: c.ID, Drain: c.Value.(shard.Drain), Session: c.Lease}
 	case store.KindMap:
 		if c.Deleted {
 			return nil
 		}
-		m := c.Value.(store.Map)
-		return coordinator.MapPut{Keyspace: c.Keyspace, Map: coordinator.Map{Epoch: m.Epoch, Assignment: m.Assignment()}, Rev: c.ModRevision}
+		return coordinator.MapPut{Keyspace: c.Keyspace, Map: c.Value.(shard.Map), Rev: c.ModRevision}
 	case store.KindGrants:
 		if c.Deleted {
 			return coordinator.GrantsDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		g := c.Value.(store.Grants)
-		return coordinator.GrantsPut{Keyspace: c.Keyspace, ID: c.ID, Grants: coordinator.Grants{Session: int64(g.Session), Buckets: coordPairs(g.Buckets)}, Rev: c.ModRevision}
+		return coordinator.GrantsPut{Keyspace: c.Keyspace, ID: c.ID, Grants: c.Value.(shard.Grants), Rev: c.ModRevision}
 	case store.KindReleases:
 		if c.Deleted {
 			return coordinator.ReleasesDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		return coordinator.ReleasesPut{Keyspace: c.Keyspace, ID: c.ID, Buckets: coordPairs(c.Value.(store.Releases).Buckets), Rev: c.ModRevision}
+		return coordinator.ReleasesPut{Keyspace: c.Keyspace, ID: c.ID, Releases: c.Value.(shard.Releases), Rev: c.ModRevision}
 	case store.KindTokens:
 		if c.Deleted {
 			return nil
@@ -179,7 +152,7 @@ func changeEvent(c store.Change) coordinator.Event {
 		if c.Deleted {
 			return coordinator.QuarantineDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
-		return coordinator.QuarantinePut{Keyspace: c.Keyspace, ID: c.ID, Buckets: c.Value.(store.Quarantine).Buckets}
+		return coordinator.QuarantinePut{Keyspace: c.Keyspace, ID: c.ID, Quarantine: c.Value.(shard.Quarantine)}
 	}
 	return nil
 }

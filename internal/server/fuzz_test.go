@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
-	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // FuzzCreateKeyspaceRequest decodes arbitrary JSON as a CreateKeyspace
@@ -66,7 +66,7 @@ func FuzzSessionToken(f *testing.F) {
 
 func TestSessionTokenForgery(t *testing.T) {
 	s := sessions{secret: []byte("0123456789abcdef0123456789abcdef")}
-	tok := s.token("rooms", "w1", store.LeaseID(0x1234))
+	tok := s.token("rooms", "w1", shard.LeaseID(0x1234))
 	if got, err := s.parse(tok); err != nil || got.member != "w1" || got.lease != 0x1234 {
 		t.Fatalf("round trip: %+v %v", got, err)
 	}

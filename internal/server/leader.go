@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -86,19 +87,42 @@ func (s *Server) term(ctx context.Context) error {
 		}
 	}()
 	g, gctx := errgroup.WithContext(lctx)
+	var st leaderStore = s.store
+	if s.seams.leader != nil {
+		st = s.seams.leader
+	}
 	g.Go(func() error { return s.holdLease(gctx, sess.LeaseID(), sess.TTL(), renewed) }) // exits when gctx ends or the deadline passes
-	g.Go(func() error { return s.lead(gctx, fence) })                                    // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.lead(gctx, st, fence) })                                // exits when gctx ends or a write is fenced
 	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) })                        // exits when gctx ends or a write is fenced
 	return g.Wait()
 }
 
-// lead runs the coordinator while this replica is leader.
+// leaderStore is what the leader's loop (lead) needs from the store, and
+// no more: the state to start from and the changes after it, the fenced
+// transaction each write is, and the leases a revocation reads and
+// quarantines on. *store.Store implements it; the loop's tests use one in
+// memory.
+type leaderStore interface {
+	LoadAll(ctx context.Context) (*store.Snapshot, error)
+	Watch(ctx context.Context, fromRev int64) <-chan store.Update
+	Commit(ctx context.Context, f store.Fence, writes []store.Write, expects []store.Expect) (int64, error)
+
+	// For RevokeSession.
+	QuarantineOf(ctx context.Context, ks, id string) (store.QuarantineInfo, error)
+	TimeToLive(ctx context.Context, id shard.LeaseID) (store.LeaseInfo, error)
+	Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, time.Duration, error)
+	Revoke(ctx context.Context, id shard.LeaseID) error
+}
+
+// lead runs the coordinator on st while this replica is leader.
 //
 // Writes are serial: each is one fenced transaction, bounded by its own
 // deadline (writeDeadline) so that a write stuck on a lost etcd leader does
 // not hold up every handoff for etcd's whole request timeout. A failed or
 // abandoned write is counted, and the machine replans it from its latest
-// view once a backoff (writeBackoff) has passed.
+// view once a backoff (writeBackoff) has passed. The store is not reloaded
+// for it: the watch brings every change, and the revisions each write
+// expects keep one planned from a view that is behind from applying.
 //
 // An abandoned write may still be applied by etcd later, but never as well
 // as its retry: both are fenced by the term's election key (Commit compares
@@ -111,14 +135,14 @@ func (s *Server) term(ctx context.Context) error {
 // expects the new revision and is a new round on top of it, not the same
 // one again. RevokeSession is idempotent: a second quarantine of the same
 // buckets only extends it, and revoking a revoked lease is a no-op.
-func (s *Server) lead(ctx context.Context, fence store.Fence) error {
+func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) error {
 	m := coordinator.New()
-	snap, err := s.loadAll(ctx)
+	snap, err := s.loadAll(ctx, st)
 	if err != nil {
 		return fmt.Errorf("load state: %w", err)
 	}
-	pending := m.StepAll(append(snapshotEvents(snap), coordinator.BecameLeader{}), s.clock.Now())
-	updates, stopWatch := s.watchStore(ctx, snap.Rev+1)
+	pending := m.StepAll(snapshotEvents(snap), s.clock.Now())
+	updates, stopWatch := watchStore(ctx, st, snap.Rev+1)
 	defer stopWatch() // the term ends only once the watch goroutine has exited
 	tick := s.clock.NewTicker(time.Second)
 	defer tick.Stop()
@@ -139,7 +163,7 @@ func (s *Server) lead(ctx context.Context, fence store.Fence) error {
 		for len(pending) > 0 {
 			a := pending[0]
 			pending = pending[1:]
-			rev, err := s.write(ctx, fence, a, writeDeadline(m.MinLeaseTTL()))
+			rev, err := s.write(ctx, st, fence, a, writeDeadline(m.MinLeaseTTL()))
 			switch {
 			case err == nil:
 				delete(failures, actionKeyspace(a))
@@ -243,10 +267,10 @@ func maxValue(counts map[string]int) int {
 // the longest write deadline and retried while the term lasts: a read
 // sent to an etcd member that is paused (its connection looks alive) would
 // otherwise hold the term up until the member resumes.
-func (s *Server) loadAll(ctx context.Context) (*store.Snapshot, error) {
+func (s *Server) loadAll(ctx context.Context, st leaderStore) (*store.Snapshot, error) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, maxWriteDeadline)
-		snap, err := s.store.LoadAll(actx)
+		snap, err := st.LoadAll(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			return snap, err
@@ -279,10 +303,10 @@ func actionKeyspace(a coordinator.Action) string {
 // write is do bounded by deadline d (by s's clock): when it passes, the
 // write's context is cancelled and write returns an error wrapping
 // errWriteDeadline. ctx still bounds it as a whole.
-func (s *Server) write(ctx context.Context, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
+func (s *Server) write(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
 	var rev int64
 	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
-		rev, err = s.do(wctx, fence, a)
+		rev, err = s.do(wctx, st, fence, a)
 		return err
 	})
 	if timedOut {
@@ -363,31 +387,12 @@ func (o ownWrites) events(evs []coordinator.Event, u store.Update) []coordinator
 	return evs
 }
 
-// committer is the leader's transactional store write: *store.Store, or
-// in tests one that fails or hangs on cue.
-type committer interface {
-	Commit(ctx context.Context, f store.Fence, writes []store.Write, expects []store.Expect) (int64, error)
-}
-
-// committer returns what the leader commits through: s.commit if set, else
-// the store.
-func (s *Server) committer() committer {
-	if s.commit != nil {
-		return s.commit
-	}
-	return s.store
-}
-
-// do applies one action as a fenced store write and returns the revision
+// do applies one action as a fenced write to st and returns the revision
 // it was committed at (0 for actions that are not one transaction).
-func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action) (int64, error) {
+func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
-		m, err := store.MapFromAssignment(a.Map.Epoch, a.Hash, a.Map.Assignment)
-		if err != nil {
-			return 0, err
-		}
-		rev, err := s.committer().Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, m)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		rev, err := st.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, a.Map)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
 		if err != nil {
 			return 0, err
 		}
@@ -399,7 +404,7 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 		var writes []store.Write
 		var expects []store.Expect
 		for id, g := range a.Grants {
-			writes = append(writes, store.PutGrants(a.Keyspace, id, store.Grants{Session: store.LeaseID(g.Session), Buckets: storePairs(g.Buckets)}))
+			writes = append(writes, store.PutGrants(a.Keyspace, id, g))
 		}
 		for _, e := range a.Expects {
 			switch e.Kind {
@@ -410,14 +415,14 @@ func (s *Server) do(ctx context.Context, fence store.Fence, a coordinator.Action
 			}
 		}
 		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
-		rev, err := s.committer().Commit(ctx, fence, writes, expects)
+		rev, err := st.Commit(ctx, fence, writes, expects)
 		if err != nil {
 			return 0, err
 		}
 		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
 		return rev, nil
 	case coordinator.RevokeSession:
-		return 0, s.revoke(ctx, fence, a)
+		return 0, s.revoke(ctx, st, fence, a)
 	case coordinator.Report:
 		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)

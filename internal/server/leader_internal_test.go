@@ -11,6 +11,7 @@ import (
 
 	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -49,7 +50,7 @@ func TestWriteBackoff(t *testing.T) {
 // is followed by that commit again.
 func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	grants := func(rev int64, buckets ...int) store.Change {
-		g := store.Grants{Session: testLease}
+		g := shard.Grants{Session: testLease}
 		for _, b := range buckets {
 			g.Buckets = append(g.Buckets, bt(b, uint64(rev)))
 		}
@@ -59,8 +60,8 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 		return store.Change{Kind: store.KindTokens, Keyspace: "rooms", Key: store.TokensKey("rooms"), Value: token, ModRevision: rev}
 	}
 	own := ownWrites{}
-	round := coordinator.WriteGrants{Keyspace: "rooms", Token: 7, Grants: map[string]coordinator.Grants{
-		"a": {Session: int64(testLease), Buckets: []coordinator.BucketToken{{Bucket: 0, Token: 7}}},
+	round := coordinator.WriteGrants{Keyspace: "rooms", Token: 7, Grants: map[string]shard.Grants{
+		"a": {Session: testLease, Buckets: []shard.BucketToken{{Bucket: 0, Token: 7}}},
 	}}
 	committed := own.committed(round, 40)
 	wantCommitted := []coordinator.Event{
@@ -106,11 +107,11 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	}
 }
 
-// hangingCommitter passes commits to the store, except the first grant
-// round, which hangs until its context ends, as a write to an etcd member
-// whose leader was killed does.
+// hangingCommitter is the store, except that the first grant round hangs
+// until its context ends, as a write to an etcd member whose leader was
+// killed does.
 type hangingCommitter struct {
-	st     *store.Store
+	*store.Store
 	once   sync.Once
 	hung   chan context.Context // receives the hanging write's context
 	landed chan int64           // revisions of the grant rounds committed
@@ -130,7 +131,7 @@ func (c *hangingCommitter) Commit(ctx context.Context, f store.Fence, writes []s
 			return 0, fmt.Errorf("store: commit: %w: %w", store.ErrUnavailable, ctx.Err())
 		}
 	}
-	rev, err := c.st.Commit(ctx, f, writes, expects)
+	rev, err := c.Store.Commit(ctx, f, writes, expects)
 	if err == nil && round {
 		c.landed <- rev
 	}
@@ -148,21 +149,20 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const ttl = 2 * time.Second
-	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: ttl}); err != nil {
+	if _, err := st.CreateKeyspace(ctx, shard.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeExclusive, LeaseTTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	lease, _, err := st.Grant(ctx, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: clk.Now()}, lease, false); err != nil {
+	if _, _, err := st.Join(ctx, "rooms", shard.Member{ID: "a", Weight: 1, JoinedAt: clk.Now()}, lease, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Activate(ctx, "rooms", "a", lease); err != nil {
 		t.Fatal(err)
 	}
-	hc := &hangingCommitter{st: st, hung: make(chan context.Context, 1), landed: make(chan int64, 16)}
-	s.commit = hc
+	hc := &hangingCommitter{Store: st, hung: make(chan context.Context, 1), landed: make(chan int64, 16)}
 	sess, err := st.NewSession(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	}
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- s.lead(lctx, fence) }() // exits when stop is called
+	go func() { done <- s.lead(lctx, hc, fence) }() // exits when stop is called
 	defer func() { stop(); <-done }()
 
 	var wctx context.Context

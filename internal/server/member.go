@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -46,7 +47,7 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 	case w == 0:
 		w = 1
 	}
-	rec := store.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
+	rec := shard.Member{ID: in.GetId(), Address: in.GetAddress(), Weight: w, Zone: in.GetZone(), Metadata: in.GetMetadata(), JoinedAt: s.clock.Now()}
 	if tok := req.Msg.GetFencedSession(); tok != "" {
 		fenced, err := s.fencedSession(tok, k.Name, rec.ID, req.Msg.GetReplace())
 		if err != nil {
@@ -55,7 +56,7 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		rec.Replaces = fenced // store.Join records whether it is the session replaced
 	}
 	var (
-		lease, old store.LeaseID
+		lease, old shard.LeaseID
 		ttl        time.Duration
 		rev        int64
 	)
@@ -101,7 +102,7 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 
 // fencedSession checks a Join's fenced_session: a session of the same
 // keyspace and member, issued by this cluster, sent with replace.
-func (s *Server) fencedSession(tok, ks, id string, replace bool) (store.LeaseID, error) {
+func (s *Server) fencedSession(tok, ks, id string, replace bool) (shard.LeaseID, error) {
 	if !replace {
 		return 0, invalid("fenced_session: set, but replace is not; a process re-joining after fencing itself sends both")
 	}
@@ -167,7 +168,7 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 // (which only a replaced session carries). (A view that is behind says
 // false; the check after the renewal catches that.)
 func (s *Server) replaced(sess session) bool {
-	var cur, quar store.LeaseID
+	var cur, quar shard.LeaseID
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
 			if m, ok := ks.Members[sess.member]; ok {
@@ -196,11 +197,11 @@ func sessionEnded(sess session) error {
 // KeepAlive acknowledges no renewal of it any more) is quarantined for
 // only what remains of its lease if that is shorter, one second added
 // because etcd reports whole seconds rounded down.
-func (s *Server) quarantineTTL(ctx context.Context, a coordinator.RevokeSession) (time.Duration, error) {
+func quarantineTTL(ctx context.Context, st leaderStore, a coordinator.RevokeSession) (time.Duration, error) {
 	if len(a.Quarantine) == 0 {
 		return 0, nil
 	}
-	info, err := s.store.TimeToLive(ctx, store.LeaseID(a.Session))
+	info, err := st.TimeToLive(ctx, a.Session)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return 0, nil
@@ -303,7 +304,7 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 				continue
 			}
 			resp.Grants = append(resp.Grants, &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token})
-			if ks.Map.Value.Owner(bt.Bucket) != sess.member {
+			if ks.Map.Value.Assignment.Owner(bt.Bucket) != sess.member {
 				resp.Release = append(resp.Release, uint32(bt.Bucket))
 			}
 		}
@@ -407,7 +408,7 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 	if err != nil {
 		return nil, err
 	}
-	buckets := make([]store.BucketToken, len(req.Msg.GetBuckets()))
+	buckets := make([]shard.BucketToken, len(req.Msg.GetBuckets()))
 	index := make(map[uint32]int, len(buckets))
 	for i, bg := range req.Msg.GetBuckets() {
 		b := bg.GetBucket()
@@ -418,7 +419,7 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 			return nil, invalid("buckets[%d] and buckets[%d] both name bucket %d; list each bucket once", j, i, b)
 		}
 		index[b] = i
-		buckets[i] = store.BucketToken{Bucket: int(b), Token: bg.GetToken()}
+		buckets[i] = shard.BucketToken{Bucket: int(b), Token: bg.GetToken()}
 	}
 	// The view's copy saves a read when it is current; the store checks it.
 	var guess *store.ReleaseState
@@ -462,7 +463,7 @@ func (m *memberService) Leave(ctx context.Context, req *connect.Request[v1.Leave
 	}
 	var rev int64
 	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
-		rev, err = m.s.store.PutDrain(ctx, sess.keyspace, sess.member, store.DrainRequest{RequestedAt: m.s.clock.Now(), By: "member", Leave: true})
+		rev, err = m.s.store.PutDrain(ctx, sess.keyspace, sess.member, shard.Drain{RequestedAt: m.s.clock.Now(), By: "member", Leave: true})
 		return err
 	})
 	if err != nil {

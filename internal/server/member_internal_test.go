@@ -16,6 +16,7 @@ import (
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -24,7 +25,7 @@ import (
 // holds only what the test applies, so it is exactly as stale as the test
 // wants.
 
-const testLease store.LeaseID = 0x51
+const testLease shard.LeaseID = 0x51
 
 // detached returns a server that has started nothing: no etcd (until
 // withStore), no watch, no API.
@@ -67,7 +68,7 @@ func withRooms(t *testing.T) (*Server, *store.Store) {
 	st := withStore(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := st.CreateKeyspace(ctx, store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}); err != nil {
+	if _, err := st.CreateKeyspace(ctx, shard.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeExclusive, LeaseTTL: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	return s, st
@@ -75,13 +76,13 @@ func withRooms(t *testing.T) (*Server, *store.Store) {
 
 // memberHolding joins member "a" to "rooms" on a new session and, as a
 // leader elected meanwhile, grants it buckets 0 and 1 at token 1.
-func memberHolding(ctx context.Context, t *testing.T, st *store.Store) (store.LeaseID, store.Fence) {
+func memberHolding(ctx context.Context, t *testing.T, st *store.Store) (shard.LeaseID, store.Fence) {
 	t.Helper()
 	old, _, err := st.Grant(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
+	if _, _, err := st.Join(ctx, "rooms", shard.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, old, false); err != nil {
 		t.Fatal(err)
 	}
 	leader, err := st.NewSession(ctx, 10*time.Second)
@@ -93,7 +94,7 @@ func memberHolding(ctx context.Context, t *testing.T, st *store.Store) (store.Le
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", store.Grants{Session: old, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
+	if _, err := st.Commit(ctx, fence, []store.Write{store.PutGrants("rooms", "a", shard.Grants{Session: old, Buckets: []shard.BucketToken{bt(0, 1), bt(1, 1)}})}, nil); err != nil {
 		t.Fatal(err)
 	}
 	return old, fence
@@ -103,25 +104,25 @@ func memberHolding(ctx context.Context, t *testing.T, st *store.Store) (store.Le
 // a (session testLease) and b, a map that targets buckets 0-1 at a and 2-3
 // at b, and a holding all four.
 func roomsChanges() []store.Change {
-	ks := store.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: store.ModeExclusive, LeaseTTL: 10 * time.Second}
-	m := store.Map{Epoch: 2, Buckets: 4, Hash: placement.HashXXH64, Members: []string{"a", "b"}, Owners: []uint16{1, 1, 2, 2}}
+	ks := shard.Keyspace{Name: "rooms", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeExclusive, LeaseTTL: 10 * time.Second}
+	m := shard.Map{Epoch: 2, Hash: placement.HashXXH64, Assignment: placement.Assignment{Members: []string{"a", "b"}, Owners: []int32{0, 0, 1, 1}}}
 	joined := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	return []store.Change{
 		{Kind: store.KindKeyspace, Keyspace: "rooms", Key: store.KeyspaceKey("rooms"), Value: ks, ModRevision: 1},
 		{Kind: store.KindMap, Keyspace: "rooms", Key: store.MapKey("rooms"), Value: m, ModRevision: 2},
-		{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: store.Member{ID: "a", Weight: 1, Session: testLease, JoinedAt: joined}, Lease: testLease, ModRevision: 3},
-		{Kind: store.KindMember, Keyspace: "rooms", ID: "b", Key: store.MemberKey("rooms", "b"), Value: store.Member{ID: "b", Weight: 1, Session: testLease + 1, JoinedAt: joined}, Lease: testLease + 1, ModRevision: 4},
-		{Kind: store.KindGrants, Keyspace: "rooms", ID: "a", Key: store.GrantsKey("rooms", "a"), Value: store.Grants{Session: testLease, Buckets: []store.BucketToken{bt(0, 1), bt(1, 1), bt(2, 1), bt(3, 3)}}, Lease: testLease, ModRevision: 5},
+		{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: shard.Member{ID: "a", Weight: 1, Session: testLease, JoinedAt: joined}, Lease: testLease, ModRevision: 3},
+		{Kind: store.KindMember, Keyspace: "rooms", ID: "b", Key: store.MemberKey("rooms", "b"), Value: shard.Member{ID: "b", Weight: 1, Session: testLease + 1, JoinedAt: joined}, Lease: testLease + 1, ModRevision: 4},
+		{Kind: store.KindGrants, Keyspace: "rooms", ID: "a", Key: store.GrantsKey("rooms", "a"), Value: shard.Grants{Session: testLease, Buckets: []shard.BucketToken{bt(0, 1), bt(1, 1), bt(2, 1), bt(3, 3)}}, Lease: testLease, ModRevision: 5},
 	}
 }
 
 // releaseChange is a's release record at rev: bucket 2 at the token it
 // holds it by, and bucket 3 at an older token (a grant since replaced).
 func releaseChange(rev int64) store.Change {
-	return store.Change{Kind: store.KindReleases, Keyspace: "rooms", ID: "a", Key: store.ReleasesKey("rooms", "a"), Value: store.Releases{Buckets: []store.BucketToken{bt(2, 1), bt(3, 2)}}, Lease: testLease, ModRevision: rev}
+	return store.Change{Kind: store.KindReleases, Keyspace: "rooms", ID: "a", Key: store.ReleasesKey("rooms", "a"), Value: shard.Releases{Buckets: []shard.BucketToken{bt(2, 1), bt(3, 2)}}, Lease: testLease, ModRevision: rev}
 }
 
-func bt(b int, token uint64) store.BucketToken { return store.BucketToken{Bucket: b, Token: token} }
+func bt(b int, token uint64) shard.BucketToken { return shard.BucketToken{Bucket: b, Token: token} }
 
 func apply(s *Server, rev int64, cs ...store.Change) {
 	s.view.apply(store.Update{Changes: cs, Rev: rev})
@@ -140,9 +141,9 @@ func timerSet(t *testing.T, clk *clocktest.Fake) <-chan struct{} {
 	return ch
 }
 
-func grantsOf(r *v1.GetGrantsResponse) (grants []store.BucketToken, release []uint32) {
+func grantsOf(r *v1.GetGrantsResponse) (grants []shard.BucketToken, release []uint32) {
 	for _, g := range r.Grants {
-		grants = append(grants, store.BucketToken{Bucket: int(g.Bucket), Token: g.Token})
+		grants = append(grants, shard.BucketToken{Bucket: int(g.Bucket), Token: g.Token})
 	}
 	return grants, r.Release
 }
@@ -160,7 +161,7 @@ func TestGetGrantsLeavesOutReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	grants, release := grantsOf(r.Msg)
-	if want := []store.BucketToken{bt(0, 1), bt(1, 1), bt(3, 3)}; !slices.Equal(grants, want) {
+	if want := []shard.BucketToken{bt(0, 1), bt(1, 1), bt(3, 3)}; !slices.Equal(grants, want) {
 		t.Errorf("grants %v, want %v", grants, want)
 	}
 	if want := []uint32{3}; !slices.Equal(release, want) {
@@ -201,7 +202,7 @@ func TestGetGrantsWaitsForMinRevision(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if grants, _ := grantsOf(a.r.Msg); slices.Contains(grants, store.BucketToken{Bucket: 2, Token: 1}) {
+	if grants, _ := grantsOf(a.r.Msg); slices.Contains(grants, shard.BucketToken{Bucket: 2, Token: 1}) {
 		t.Fatalf("grants %v list bucket 2, released at revision 6", grants)
 	}
 
@@ -264,13 +265,13 @@ func TestQuarantineTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(lease), Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
-	got, err := s.quarantineTTL(ctx, a)
+	a := coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: lease, Quarantine: []int{0}, TTL: time.Minute, Superseded: true}
+	got, err := quarantineTTL(ctx, st, a)
 	if err != nil || got <= 0 || got > granted+time.Second {
 		t.Fatalf("superseded session with %v left: quarantine %v, %v; want (0, %v]", granted, got, err, granted+time.Second)
 	}
 	a.Superseded = false
-	if got, err := s.quarantineTTL(ctx, a); err != nil || got != time.Minute {
+	if got, err := quarantineTTL(ctx, st, a); err != nil || got != time.Minute {
 		t.Fatalf("session revoked for a drain timeout: quarantine %v, %v; want the full %v", got, err, time.Minute)
 	}
 	if err := st.Revoke(ctx, lease); err != nil {
@@ -278,7 +279,7 @@ func TestQuarantineTTL(t *testing.T) {
 	}
 	for _, superseded := range []bool{true, false} {
 		a.Superseded = superseded
-		if got, err := s.quarantineTTL(ctx, a); err != nil || got != 0 {
+		if got, err := quarantineTTL(ctx, st, a); err != nil || got != 0 {
 			t.Fatalf("session already gone (superseded %v): quarantine %v, %v; want none", superseded, got, err)
 		}
 	}
@@ -411,11 +412,11 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.Join(ctx, "rooms", store.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, cur, true); err != nil {
+	if _, _, err := st.Join(ctx, "rooms", shard.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, cur, true); err != nil {
 		t.Fatal(err)
 	}
 
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, st, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, Quarantine: []int{0, 1}, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	snap, _, err := st.LoadKeyspace(ctx, "rooms")
@@ -435,7 +436,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	// A new leader, which sees the replaced session holding nothing, plans
 	// its revocation again: it must not revoke the lease, which carries
 	// the quarantine.
-	if err := s.revoke(ctx, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: int64(old), TTL: 10 * time.Second, Superseded: true}); err != nil {
+	if err := s.revoke(ctx, st, fence, coordinator.RevokeSession{Keyspace: "rooms", ID: "a", Session: old, TTL: 10 * time.Second, Superseded: true}); err != nil {
 		t.Fatal(err)
 	}
 	if qi, err := st.QuarantineOf(ctx, "rooms", "a"); err != nil || qi.Lease != old {
@@ -451,7 +452,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 
 	// A replica that knows of the replacement does not renew the old
 	// session; one that does not know it yet lets the renewal through.
-	apply(s, 9, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: store.Member{ID: "a", Weight: 1, Session: cur, JoinedAt: time.Now()}, Lease: cur, ModRevision: 9})
+	apply(s, 9, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Value: shard.Member{ID: "a", Weight: 1, Session: cur, JoinedAt: time.Now()}, Lease: cur, ModRevision: 9})
 	if !s.replaced(session{keyspace: "rooms", member: "a", lease: old}) || s.replaced(session{keyspace: "rooms", member: "a", lease: cur}) || s.replaced(session{keyspace: "rooms", member: "b", lease: old}) {
 		t.Fatal("replaced() does not follow the view's member record")
 	}
@@ -459,7 +460,7 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 	// quarantine on the old session's lease still marks it replaced.
 	apply(s, 10,
 		store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "a", Key: store.MemberKey("rooms", "a"), Deleted: true, ModRevision: 10},
-		store.Change{Kind: store.KindQuarantine, Keyspace: "rooms", ID: "a", Key: store.QuarantineKey("rooms", "a"), Value: store.Quarantine{Session: old, Buckets: []int{0, 1}}, Lease: old, ModRevision: 10})
+		store.Change{Kind: store.KindQuarantine, Keyspace: "rooms", ID: "a", Key: store.QuarantineKey("rooms", "a"), Value: shard.Quarantine{Session: old, Buckets: []int{0, 1}}, Lease: old, ModRevision: 10})
 	if !s.replaced(session{keyspace: "rooms", member: "a", lease: old}) || s.replaced(session{keyspace: "rooms", member: "a", lease: cur}) {
 		t.Fatal("replaced() does not follow the quarantine's lease")
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -25,16 +26,16 @@ import (
 //
 // Any other session is revoked, its quarantine on a lease of its own for
 // quarantineTTL.
-func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.RevokeSession) error {
-	prev, err := s.store.QuarantineOf(ctx, a.Keyspace, a.ID)
+func (s *Server) revoke(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.RevokeSession) error {
+	prev, err := st.QuarantineOf(ctx, a.Keyspace, a.ID)
 	if err != nil {
 		return err
 	}
 	if a.Superseded && len(a.Quarantine) > 0 && prev.Lease == 0 {
-		return s.quarantineOnLease(ctx, fence, a)
+		return s.quarantineOnLease(ctx, st, fence, a)
 	}
-	lease := store.LeaseID(a.Session)
-	qttl, err := s.quarantineTTL(ctx, a)
+	lease := a.Session
+	qttl, err := quarantineTTL(ctx, st, a)
 	if err != nil {
 		return err
 	}
@@ -44,14 +45,14 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 		if prev.Lease != 0 {
 			qttl = max(qttl, prev.Left+time.Second)
 		}
-		qlease, _, err := s.store.Grant(ctx, qttl)
+		qlease, _, err := st.Grant(ctx, qttl)
 		if err != nil {
 			return err
 		}
-		q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
-		if _, err := s.committer().Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
+		q := shard.Quarantine{Session: lease, Buckets: a.Quarantine}
+		if _, err := st.Commit(ctx, fence, []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, qlease)}, nil); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxWriteDeadline)
-			if rerr := s.store.Revoke(rctx, qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
+			if rerr := st.Revoke(rctx, qlease); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
 				s.log.Warn("could not revoke the lease of an unwritten quarantine; it expires on its own", "keyspace", a.Keyspace, "member", a.ID, "lease", qlease, "ttl", qttl, "err", rerr)
 			}
 			cancel()
@@ -65,7 +66,7 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 		s.log.Info("left a replaced member session to expire with its quarantine", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason)
 		return nil
 	}
-	if err := s.store.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
+	if err := st.Revoke(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
 		return err
 	}
 	s.log.Warn("revoked a member session", "keyspace", a.Keyspace, "member", a.ID, "session", lease, "reason", a.Reason, "quarantined_buckets", len(a.Quarantine), "quarantine", qttl)
@@ -74,11 +75,11 @@ func (s *Server) revoke(ctx context.Context, fence store.Fence, a coordinator.Re
 
 // quarantineOnLease quarantines superseded session a.Session's buckets on
 // its own lease and deletes its grants (see revoke).
-func (s *Server) quarantineOnLease(ctx context.Context, fence store.Fence, a coordinator.RevokeSession) error {
-	lease := store.LeaseID(a.Session)
-	q := store.Quarantine{Session: lease, Buckets: a.Quarantine}
+func (s *Server) quarantineOnLease(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.RevokeSession) error {
+	lease := a.Session
+	q := shard.Quarantine{Session: lease, Buckets: a.Quarantine}
 	writes := []store.Write{store.PutQuarantine(a.Keyspace, a.ID, q, lease), store.Delete(store.GrantsKey(a.Keyspace, a.ID))}
-	_, err := s.committer().Commit(ctx, fence, writes, nil)
+	_, err := st.Commit(ctx, fence, writes, nil)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		// The lease is gone, and with it the grants: nothing to quarantine.

@@ -44,7 +44,6 @@ type Server struct {
 	// Set by Run.
 	store    *store.Store
 	sessions sessions
-	commit   committer // the leader's commits; nil means store (tests replace it)
 
 	ready    chan struct{} // closed once the API listens and the view is synced
 	addr     string        // the bound API address, valid after ready

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // sessions mints and checks the session tokens handed to members. A token
@@ -20,16 +20,16 @@ type sessions struct{ secret []byte }
 // session is a parsed, verified session token.
 type session struct {
 	keyspace, member string
-	lease            store.LeaseID
+	lease            shard.LeaseID
 }
 
-func (s sessions) mac(ks, id string, lease store.LeaseID) string {
+func (s sessions) mac(ks, id string, lease shard.LeaseID) string {
 	h := hmac.New(sha256.New, s.secret)
 	fmt.Fprintf(h, "%s/%s/%s", ks, id, lease)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-func (s sessions) token(ks, id string, lease store.LeaseID) string {
+func (s sessions) token(ks, id string, lease shard.LeaseID) string {
 	return fmt.Sprintf("%s/%s/%s/%s", ks, id, lease, s.mac(ks, id, lease))
 }
 
@@ -46,9 +46,9 @@ func (s sessions) parse(tok string) (session, error) {
 	if err != nil || lease <= 0 {
 		return session{}, invalid("session %q is malformed; pass the session that Join returned", tok)
 	}
-	want := s.mac(parts[0], parts[1], store.LeaseID(lease))
+	want := s.mac(parts[0], parts[1], shard.LeaseID(lease))
 	if !hmac.Equal([]byte(want), []byte(parts[3])) {
 		return session{}, unauthenticated("session token does not verify: it was not issued by this cluster")
 	}
-	return session{keyspace: parts[0], member: parts[1], lease: store.LeaseID(lease)}, nil
+	return session{keyspace: parts[0], member: parts[1], lease: shard.LeaseID(lease)}, nil
 }

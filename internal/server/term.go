@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -17,13 +18,13 @@ var errLeaseDeadline = errors.New("server: election lease deadline passed withou
 // seams are the parts of a replica's store access that tests replace;
 // nil fields mean the store's.
 type seams struct {
-	renew  func(ctx context.Context, id store.LeaseID) (time.Duration, error)
+	renew  func(ctx context.Context, id shard.LeaseID) (time.Duration, error)
 	resign func(ctx context.Context, el *store.Election) error
-	watch  func(ctx context.Context, fromRev int64) <-chan store.Update
+	leader leaderStore                     // what a term's coordinator loop reads and writes
 	probe  func(ctx context.Context) error // the readiness probe's read
 }
 
-func (s *Server) renewLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+func (s *Server) renewLease(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.seams.renew != nil {
 		return s.seams.renew(ctx, id)
 	}
@@ -37,15 +38,11 @@ func (s *Server) resignElection(ctx context.Context, el *store.Election) error {
 	return el.Resign(ctx)
 }
 
-// watchStore starts a store watch that stop ends and waits for: once stop
+// watchStore starts a watch of st that stop ends and waits for: once stop
 // returns, the watch's goroutine has exited.
-func (s *Server) watchStore(ctx context.Context, fromRev int64) (updates <-chan store.Update, stop func()) {
+func watchStore(ctx context.Context, st leaderStore, fromRev int64) (updates <-chan store.Update, stop func()) {
 	wctx, cancel := context.WithCancel(ctx)
-	if s.seams.watch != nil {
-		updates = s.seams.watch(wctx, fromRev)
-	} else {
-		updates = s.store.Watch(wctx, fromRev)
-	}
+	updates = st.Watch(wctx, fromRev)
 	return updates, func() {
 		cancel()
 		for range updates { // the watch closes it when its goroutine exits
@@ -72,7 +69,7 @@ func leaseMargin(ttl time.Duration) time.Duration {
 // TTL). It returns errNotLeader if etcd says the lease is gone, and nil
 // once ctx is done. Each renewal runs in a goroutine, exited before
 // holdLease returns; one still in flight at the next renewal is abandoned.
-func (s *Server) holdLease(ctx context.Context, lease store.LeaseID, ttl time.Duration, renewed time.Time) error {
+func (s *Server) holdLease(ctx context.Context, lease shard.LeaseID, ttl time.Duration, renewed time.Time) error {
 	deadline := renewed.Add(ttl - leaseMargin(ttl))
 	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
 	defer expire.Stop()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/clock/clocktest"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -63,7 +64,7 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 	s.cfg.ElectionTTL = 3 * time.Second
 	var calls atomic.Int32
 	var lease atomic.Int64
-	s.seams.renew = func(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	s.seams.renew = func(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 		if calls.Add(1) == 1 { // the renewal right after winning
 			lease.Store(int64(id))
 			return st.KeepAliveOnce(ctx, id)
@@ -77,7 +78,7 @@ func TestTermEndsAtLeaseDeadline(t *testing.T) {
 		return el.Resign(ctx)
 	}
 	done := startTerm(t, ctx, s, clk)
-	info, err := st.TimeToLive(ctx, store.LeaseID(lease.Load()))
+	info, err := st.TimeToLive(ctx, shard.LeaseID(lease.Load()))
 	if err != nil || info.Granted != 3*time.Second {
 		t.Fatalf("election lease %v, %v; want the configured 3s", info, err)
 	}
@@ -112,7 +113,7 @@ func TestTermAbandonsStuckRenewal(t *testing.T) {
 	s.cfg.ElectionTTL = 3 * time.Second
 	var calls atomic.Int32
 	stuck, abandoned, next := make(chan struct{}), make(chan struct{}), make(chan struct{}, 8)
-	s.seams.renew = func(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	s.seams.renew = func(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 		switch calls.Add(1) {
 		case 1: // the renewal right after winning
 		case 2:
@@ -152,25 +153,15 @@ func TestTermAbandonsStuckRenewal(t *testing.T) {
 // channel, so a term that merely cancels it returns while it runs.
 func TestTermWaitsForItsWatch(t *testing.T) {
 	ctx, s, clk := fakeReplica(t)
-	withStore(t, s)
-	watches := make(chan chan store.Update, 1)
-	s.seams.watch = func(ctx context.Context, fromRev int64) <-chan store.Update {
-		ch := make(chan store.Update)
-		watches <- ch
-		go func() { // exits once its last update is received
-			<-ctx.Done()
-			ch <- store.Update{Rev: fromRev}
-			close(ch)
-		}()
-		return ch
-	}
+	st := &slowWatchStore{Store: withStore(t, s), watches: make(chan chan store.Update, 1)}
+	s.seams.leader = st
 	tctx, end := context.WithCancel(ctx)
 	done := startTerm(t, tctx, s, clk)
 	end()
 	if err := <-done; err != nil && !errors.Is(err, errNotLeader) && !errors.Is(err, context.Canceled) {
 		t.Fatalf("term: %v", err)
 	}
-	ch := <-watches
+	ch := <-st.watches
 	select {
 	case _, open := <-ch:
 		if open {
@@ -181,4 +172,23 @@ func TestTermWaitsForItsWatch(t *testing.T) {
 	default:
 		t.Fatal("term returned while its watch goroutine was still running")
 	}
+}
+
+// slowWatchStore is the store, except that its watch is slow to exit:
+// after its ctx ends it still sends one last update before it closes its
+// channel. watches receives each watch's channel.
+type slowWatchStore struct {
+	*store.Store
+	watches chan chan store.Update
+}
+
+func (st *slowWatchStore) Watch(ctx context.Context, fromRev int64) <-chan store.Update {
+	ch := make(chan store.Update)
+	st.watches <- ch
+	go func() { // exits once its last update is received
+		<-ctx.Done()
+		ch <- store.Update{Rev: fromRev}
+		close(ch)
+	}()
+	return ch
 }

@@ -114,9 +114,10 @@ func (v *view) rebuild(name string) {
 		return
 	}
 	m := ks.Map.Value
+	a := m.Assignment
 	mv := &mapView{epoch: m.Epoch, addr: map[string]string{}}
-	mv.proto = &v1.Map{Keyspace: name, Epoch: m.Epoch, Buckets: uint32(m.Buckets), Hash: string(m.Hash), Owners: make([]uint32, len(m.Owners))}
-	for _, id := range m.Members {
+	mv.proto = &v1.Map{Keyspace: name, Epoch: m.Epoch, Buckets: uint32(a.Buckets()), Hash: string(m.Hash), Owners: make([]uint32, len(a.Owners))}
+	for _, id := range a.Members {
 		mem := &v1.Member{Id: id}
 		if e, ok := ks.Members[id]; ok {
 			mem = memberProto(e.Value)
@@ -124,10 +125,10 @@ func (v *view) rebuild(name string) {
 		}
 		mv.proto.Members = append(mv.proto.Members, mem)
 	}
-	for b, o := range m.Owners {
-		mv.proto.Owners[b] = uint32(o)
+	for b, o := range a.Owners {
+		mv.proto.Owners[b] = uint32(o + 1) // 0: unassigned, i: Members[i-1]
 	}
-	table, err := placement.NewTable(m.Hash, m.Assignment())
+	table, err := placement.NewTable(m.Hash, a)
 	if err != nil {
 		v.log.Error("stored map does not make a lookup table", "keyspace", name, "err", err)
 		delete(v.maps, name)

@@ -15,27 +15,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
-)
-
-// LeaseID is an etcd lease id: a member's session or a replica's election
-// session. Zero means "no lease".
-type LeaseID int64
-
-// String formats id in hex, as etcdctl does.
-func (id LeaseID) String() string { return strconv.FormatInt(int64(id), 16) }
-
-// Mode is how a keyspace hands buckets over.
-type Mode string
-
-// The keyspace modes.
-const (
-	// ModeExclusive: a moved bucket is granted to its new owner only after
-	// the old owner released it or lost its session.
-	ModeExclusive Mode = "exclusive"
-	// ModeStream: like exclusive, and every bucket has a committed stream
-	// position its next owner resumes from.
-	ModeStream Mode = "stream"
 )
 
 // Limits on the values stored. They keep each key far below etcd's request
@@ -49,117 +30,13 @@ const (
 	MaxMetadataKeyLen = 128
 	MaxMetadataValLen = 1024
 	MaxDrainByLen     = 256
-	MaxMapMembers     = math.MaxUint16 // owner indexes are uint16, 0 = unassigned
+	MaxMapMembers     = math.MaxUint16 // stored owner indexes are uint16, 0 = unassigned
 )
 
-// Keyspace is the configuration stored at keyspaces/<ks>. Buckets, Hash and
-// Mode never change once created (UpdateKeyspace returns ErrImmutable).
-//
-// JSON: {"name","buckets","hash","mode","lease_ttl_ms","drain_timeout_ms"}.
-type Keyspace struct {
-	Name    string
-	Buckets int                // 1 to placement.MaxBuckets
-	Hash    placement.HashMode // explicit: "" is not accepted here
-	Mode    Mode
-	// LeaseTTL is the TTL of each member's session: whole seconds (etcd
-	// leases have second granularity), 1 s to MaxLeaseTTL.
-	LeaseTTL time.Duration
-	// DrainTimeout is how long the leader waits for a release before it
-	// revokes the holder's session: whole milliseconds, 0 to MaxDrainTimeout.
-	DrainTimeout time.Duration
-}
-
-// Member is the record stored at members/<ks>/<id>, on the member's lease.
-//
-// JSON: {"id","address","weight","zone","metadata","session","joined_at",
-// "pending","replaces","replaces_fenced"}; "pending" and
-// "replaces_fenced" are omitted when false and "replaces" when 0, so
-// records written before they existed read as active.
-type Member struct {
-	ID       string
-	Address  string            // where routers send work; up to MaxAddressLen bytes
-	Weight   float64           // finite, >= 0; 0 means draining
-	Zone     string            // up to MaxZoneLen bytes
-	Metadata map[string]string // up to MaxMetadata entries
-	Session  LeaseID           // the lease the record is attached to; Join sets it
-	JoinedAt time.Time         // must be set
-	// Pending is true from Join until the session's first keep-alive
-	// (Activate): the leader assigns no bucket to a pending member, so a
-	// Join that arrives late (delayed by a partition, its caller gone)
-	// takes no bucket away from anyone.
-	Pending bool
-	// Replaces is the session this one took the id over from (Join with
-	// replace), or 0. The leader revokes it, after quarantining what it
-	// held.
-	Replaces LeaseID
-	// ReplacesFenced: the process that joined this session held Replaces
-	// and fenced itself (it no longer acts on it), so the leader revokes
-	// Replaces without quarantine.
-	ReplacesFenced bool
-}
-
-// DrainRequest is stored at drain/<ks>/<id>, on the member's lease: the
-// member should hand over its buckets.
-//
-// JSON: {"requested_at","by","leave"}; "leave" is omitted when false.
-type DrainRequest struct {
-	RequestedAt time.Time // must be set
-	By          string    // who asked ("admin", "member", a user name); 1 to MaxDrainByLen bytes
-	// Leave: the member's session ends once it holds nothing (a member's
-	// Leave); otherwise it stays joined with nothing (an admin drain).
-	Leave bool
-}
-
-// Map is the target owner of every bucket of a keyspace, stored at
-// map/<ks>. Owners has one entry per bucket: 0 means unassigned and i > 0
-// means Members[i-1].
-//
-// JSON: {"epoch":N,"buckets":B,"hash":"xxh64","members":["a","b"],"owners":"<base64 of B little-endian uint16>"}.
-type Map struct {
-	Epoch   uint64 // >= 1; +1 for every new map
-	Buckets int
-	Hash    placement.HashMode
-	Members []string
-	Owners  []uint16
-}
-
-// BucketToken is a bucket with the fencing token it was granted (or
-// released) at. Tokens start at 1 and strictly increase per bucket.
-type BucketToken struct {
-	Bucket int
-	Token  uint64
-}
-
-// Grants lists the buckets granted to one member, stored at
-// grants/<ks>/<id> on the member's lease (Session). Buckets is sorted by
-// bucket, without duplicates.
-//
-// JSON: {"session":L,"buckets":[[bucket,token],...]}.
-type Grants struct {
-	Session LeaseID
-	Buckets []BucketToken
-}
-
-// Releases lists the (bucket, token) pairs a member has released, stored at
-// releases/<ks>/<id> on the member's lease. Sorted by bucket, no duplicates.
-//
-// JSON: {"buckets":[[bucket,token],...]}.
-type Releases struct {
-	Buckets []BucketToken
-}
-
-// Quarantine is stored at quarantine/<ks>/<id> by the leader before it
-// revokes member id's session: the buckets that session held, which must
-// not be granted again while the key lives. The key is attached to a lease
-// of its own, granted for one member lease TTL, so that etcd (not a local
-// timer) ends the quarantine. Session is the revoked session's lease.
-// Buckets is sorted, without duplicates.
-//
-// JSON: {"session":L,"buckets":[b,...]}.
-type Quarantine struct {
-	Session LeaseID
-	Buckets []int
-}
+// The records of a keyspace (internal/shard) are stored as JSON, each at
+// its key (see the package documentation for the layout). Encoding checks
+// a record against the limits above as well as its own rules; decoding
+// checks the same and that the value agrees with its key.
 
 // fieldError is a validation failure of one field, turned into ErrInvalid
 // (encoding) or a *CorruptError (decoding) by the caller.
@@ -206,16 +83,11 @@ func checkName(field string, kind Kind, s string) *fieldError {
 	return nil
 }
 
-// Validate checks k as CreateKeyspace and EncodeKeyspace do. The error wraps
-// ErrInvalid and names the field.
-func (k Keyspace) Validate() error {
-	if e := k.validate(); e != nil {
-		return e.invalid("keyspace")
-	}
-	return nil
-}
-
-func (k Keyspace) validate() *fieldError {
+// validateKeyspace checks k as CreateKeyspace and EncodeKeyspace do: a
+// valid name, 1 to placement.MaxBuckets buckets, an explicit hash mode, a
+// known mode, a lease TTL of whole seconds in [1 s, MaxLeaseTTL] and a
+// drain timeout of whole milliseconds in [0, MaxDrainTimeout].
+func validateKeyspace(k shard.Keyspace) *fieldError {
 	if e := checkName("name", KindKeyspace, k.Name); e != nil {
 		return e
 	}
@@ -229,9 +101,9 @@ func (k Keyspace) validate() *fieldError {
 		return ferr("hash", "%v", err)
 	}
 	switch k.Mode {
-	case ModeExclusive, ModeStream:
+	case shard.ModeExclusive, shard.ModeStream:
 	default:
-		return ferr("mode", "%q is unknown; use %q or %q", string(k.Mode), ModeExclusive, ModeStream)
+		return ferr("mode", "%q is unknown; use %q or %q", string(k.Mode), shard.ModeExclusive, shard.ModeStream)
 	}
 	if k.LeaseTTL < time.Second || k.LeaseTTL > MaxLeaseTTL || k.LeaseTTL%time.Second != 0 {
 		return ferr("lease_ttl_ms", "%v is not a whole number of seconds in [1s, %v]", k.LeaseTTL, MaxLeaseTTL)
@@ -242,16 +114,10 @@ func (k Keyspace) validate() *fieldError {
 	return nil
 }
 
-// Validate checks m as Join and EncodeMember do. The error wraps ErrInvalid
-// and names the field.
-func (m Member) Validate() error {
-	if e := m.validate(); e != nil {
-		return e.invalid("member")
-	}
-	return nil
-}
-
-func (m Member) validate() *fieldError {
+// validateMember checks m as Join and EncodeMember do: a valid id, an
+// address, zone and metadata within the limits, a finite weight >= 0, a
+// session, a replaced session other than it, and a join time.
+func validateMember(m shard.Member) *fieldError {
 	if e := checkName("id", KindMember, m.ID); e != nil {
 		return e
 	}
@@ -290,37 +156,25 @@ func (m Member) validate() *fieldError {
 	return nil
 }
 
-// Validate checks d as PutDrain and EncodeDrain do.
-func (d DrainRequest) Validate() error {
-	if e := d.validate(); e != nil {
-		return e.invalid("drain request")
-	}
-	return nil
-}
-
-func (d DrainRequest) validate() *fieldError {
+// validateDrain checks d as PutDrain and EncodeDrain do: a request time
+// and who asked.
+func validateDrain(d shard.Drain) *fieldError {
 	if e := checkTime("requested_at", d.RequestedAt); e != nil {
 		return e
 	}
 	return checkText("by", d.By, 1, MaxDrainByLen)
 }
 
-// Validate checks m as EncodeMap does: epoch >= 1, bucket count and hash
-// mode valid, member ids valid and distinct, one owner per bucket, each 0
-// or an index into Members plus one.
-func (m Map) Validate() error {
-	if e := m.validate(); e != nil {
-		return e.invalid("map")
-	}
-	return nil
-}
-
-func (m Map) validate() *fieldError {
+// validateMap checks m as EncodeMap does: epoch >= 1, bucket count and
+// hash mode valid, at most MaxMapMembers members, their ids valid and
+// distinct, and each bucket unassigned or owned by one of them.
+func validateMap(m shard.Map) *fieldError {
+	a := m.Assignment
 	if m.Epoch == 0 {
 		return ferr("epoch", "0; epochs start at 1")
 	}
-	if m.Buckets < placement.MinBuckets || m.Buckets > placement.MaxBuckets {
-		return ferr("buckets", "%d is outside [%d, %d]", m.Buckets, placement.MinBuckets, placement.MaxBuckets)
+	if b := a.Buckets(); b < placement.MinBuckets || b > placement.MaxBuckets {
+		return ferr("buckets", "%d is outside [%d, %d]", b, placement.MinBuckets, placement.MaxBuckets)
 	}
 	if m.Hash == "" {
 		return ferr("hash", "empty")
@@ -328,11 +182,11 @@ func (m Map) validate() *fieldError {
 	if err := m.Hash.Validate(); err != nil {
 		return ferr("hash", "%v", err)
 	}
-	if len(m.Members) > MaxMapMembers {
-		return ferr("members", "%d members; the limit is %d", len(m.Members), MaxMapMembers)
+	if len(a.Members) > MaxMapMembers {
+		return ferr("members", "%d members; the limit is %d", len(a.Members), MaxMapMembers)
 	}
-	seen := make(map[string]bool, len(m.Members))
-	for i, id := range m.Members {
+	seen := make(map[string]bool, len(a.Members))
+	for i, id := range a.Members {
 		if err := ValidateName(KindMember, id); err != nil {
 			return ferr("members", "member %d: %v", i, err)
 		}
@@ -341,72 +195,15 @@ func (m Map) validate() *fieldError {
 		}
 		seen[id] = true
 	}
-	if len(m.Owners) != m.Buckets {
-		return ferr("owners", "%d owners for %d buckets", len(m.Owners), m.Buckets)
-	}
-	for b, o := range m.Owners {
-		if int(o) > len(m.Members) {
-			return ferr("owners", "bucket %d has owner %d; there are %d members", b, o, len(m.Members))
+	for b, o := range a.Owners {
+		if o != placement.Unassigned && (o < 0 || int(o) >= len(a.Members)) {
+			return ferr("owners", "bucket %d has owner index %d; there are %d members", b, o, len(a.Members))
 		}
 	}
 	return nil
 }
 
-// Owner returns the id of the target owner of bucket b, or "" if it is
-// unassigned or out of range.
-func (m Map) Owner(b int) string {
-	if b < 0 || b >= len(m.Owners) {
-		return ""
-	}
-	o := int(m.Owners[b])
-	if o == 0 || o > len(m.Members) {
-		return ""
-	}
-	return m.Members[o-1]
-}
-
-// Assignment converts m to the placement form (owner index -1 for
-// unassigned). The result shares nothing with m.
-func (m Map) Assignment() placement.Assignment {
-	a := placement.Assignment{
-		Members: slices.Clone(m.Members),
-		Owners:  make([]int32, len(m.Owners)),
-	}
-	for b, o := range m.Owners {
-		a.Owners[b] = int32(o) - 1 // 0 -> Unassigned (-1)
-	}
-	return a
-}
-
-// MapFromAssignment builds the map of epoch from a placement assignment.
-// It returns an error wrapping ErrInvalid if a does not validate, has more
-// than MaxMapMembers members or a member id that is not a valid name.
-func MapFromAssignment(epoch uint64, hash placement.HashMode, a placement.Assignment) (Map, error) {
-	if err := a.Validate(); err != nil {
-		return Map{}, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	m := Map{
-		Epoch:   epoch,
-		Buckets: len(a.Owners),
-		Hash:    hash,
-		Members: slices.Clone(a.Members),
-		Owners:  make([]uint16, len(a.Owners)),
-	}
-	if len(m.Members) > MaxMapMembers {
-		return Map{}, invalidf("map: %d members; the limit is %d", len(m.Members), MaxMapMembers)
-	}
-	for b, o := range a.Owners {
-		if o != placement.Unassigned {
-			m.Owners[b] = uint16(o + 1)
-		}
-	}
-	if err := m.Validate(); err != nil {
-		return Map{}, err
-	}
-	return m, nil
-}
-
-func validatePairs(field string, pairs []BucketToken) *fieldError {
+func validatePairs(field string, pairs []shard.BucketToken) *fieldError {
 	for i, p := range pairs {
 		if p.Bucket < 0 || p.Bucket >= placement.MaxBuckets {
 			return ferr(field, "entry %d: bucket %d is outside [0, %d)", i, p.Bucket, placement.MaxBuckets)
@@ -424,7 +221,7 @@ func validatePairs(field string, pairs []BucketToken) *fieldError {
 	return nil
 }
 
-func checkPairsIn(field string, pairs []BucketToken, buckets int) *fieldError {
+func checkPairsIn(field string, pairs []shard.BucketToken, buckets int) *fieldError {
 	for _, p := range pairs {
 		if p.Bucket >= buckets {
 			return ferr(field, "bucket %d is outside the keyspace's %d buckets", p.Bucket, buckets)
@@ -433,38 +230,18 @@ func checkPairsIn(field string, pairs []BucketToken, buckets int) *fieldError {
 	return nil
 }
 
-// Validate checks g: a session and sorted, distinct buckets with tokens >= 1.
-func (g Grants) Validate() error {
-	if e := g.validate(); e != nil {
-		return e.invalid("grants")
-	}
-	return nil
-}
-
-func (g Grants) validate() *fieldError {
+// validateGrants checks g: a session and sorted, distinct buckets with
+// tokens >= 1.
+func validateGrants(g shard.Grants) *fieldError {
 	if g.Session <= 0 {
 		return ferr("session", "%d is not a lease id", int64(g.Session))
 	}
 	return validatePairs("buckets", g.Buckets)
 }
 
-// Validate checks r: sorted, distinct buckets with tokens >= 1.
-func (r Releases) Validate() error {
-	if e := validatePairs("buckets", r.Buckets); e != nil {
-		return e.invalid("releases")
-	}
-	return nil
-}
-
-// Validate checks q: a session and sorted, distinct buckets in range.
-func (q Quarantine) Validate() error {
-	if e := q.validate(); e != nil {
-		return e.invalid("quarantine")
-	}
-	return nil
-}
-
-func (q Quarantine) validate() *fieldError {
+// validateQuarantine checks q: a session and sorted, distinct buckets in
+// range.
+func validateQuarantine(q shard.Quarantine) *fieldError {
 	if q.Session <= 0 {
 		return ferr("session", "%d is not a lease id", int64(q.Session))
 	}
@@ -480,11 +257,6 @@ func (q Quarantine) validate() *fieldError {
 		}
 	}
 	return nil
-}
-
-// SortPairs sorts pairs by bucket in place, as Grants and Releases require.
-func SortPairs(pairs []BucketToken) {
-	slices.SortFunc(pairs, func(a, b BucketToken) int { return a.Bucket - b.Bucket })
 }
 
 // Wire forms. Encoding and decoding use separate structs so that decoding
@@ -569,7 +341,7 @@ type quarantineIn struct {
 
 var quarantineFields = []string{"session", "buckets"}
 
-func pairsOut(pairs []BucketToken) [][2]uint64 {
+func pairsOut(pairs []shard.BucketToken) [][2]uint64 {
 	out := make([][2]uint64, len(pairs))
 	for i, p := range pairs {
 		out[i] = [2]uint64{uint64(p.Bucket), p.Token}
@@ -579,11 +351,11 @@ func pairsOut(pairs []BucketToken) [][2]uint64 {
 
 // pairsIn parses [[bucket, token], ...] strictly: exactly two plain
 // non-negative integers (no sign, fraction, exponent or quotes) per pair.
-func pairsIn(key, field string, in [][]json.RawMessage) ([]BucketToken, error) {
+func pairsIn(key, field string, in [][]json.RawMessage) ([]shard.BucketToken, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
-	out := make([]BucketToken, len(in))
+	out := make([]shard.BucketToken, len(in))
 	for i, p := range in {
 		if len(p) != 2 {
 			return nil, corruptf(key, field, "entry %d has %d elements; want [bucket, token]", i, len(p))
@@ -599,7 +371,7 @@ func pairsIn(key, field string, in [][]json.RawMessage) ([]BucketToken, error) {
 		if b >= placement.MaxBuckets {
 			return nil, corruptf(key, field, "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
 		}
-		out[i] = BucketToken{Bucket: int(b), Token: t}
+		out[i] = shard.BucketToken{Bucket: int(b), Token: t}
 	}
 	return out, nil
 }
@@ -690,11 +462,14 @@ func parseTime(key, field, s string) (time.Time, error) {
 	return t, nil
 }
 
-// EncodeKeyspace returns the stored form of k. It returns an error wrapping
-// ErrInvalid if k does not validate.
-func EncodeKeyspace(k Keyspace) ([]byte, error) {
-	if err := k.Validate(); err != nil {
-		return nil, err
+// EncodeKeyspace returns the stored form of k, stored at keyspaces/<ks>:
+// {"name","buckets","hash","mode","lease_ttl_ms","drain_timeout_ms"}. It
+// returns an error wrapping ErrInvalid, naming the field, if k has no
+// valid name, bucket count, hash mode or mode, or a lease TTL or drain
+// timeout out of range.
+func EncodeKeyspace(k shard.Keyspace) ([]byte, error) {
+	if e := validateKeyspace(k); e != nil {
+		return nil, e.invalid("keyspace")
 	}
 	return marshal(keyspaceJSON{
 		Name:           k.Name,
@@ -709,40 +484,45 @@ func EncodeKeyspace(k Keyspace) ([]byte, error) {
 // DecodeKeyspace decodes the value stored at key. Errors wrap ErrCorrupt and
 // name key and field; the name in the value must match the key's when key
 // is a keyspace key.
-func DecodeKeyspace(key string, data []byte) (Keyspace, error) {
+func DecodeKeyspace(key string, data []byte) (shard.Keyspace, error) {
 	var w keyspaceJSON
 	if err := decodeStrict(key, data, keyspaceFields, &w); err != nil {
-		return Keyspace{}, err
+		return shard.Keyspace{}, err
 	}
 	const maxMs = math.MaxInt64 / int64(time.Millisecond)
 	if w.LeaseTTLMs < 0 || w.LeaseTTLMs > maxMs {
-		return Keyspace{}, corruptf(key, "lease_ttl_ms", "%d is out of range", w.LeaseTTLMs)
+		return shard.Keyspace{}, corruptf(key, "lease_ttl_ms", "%d is out of range", w.LeaseTTLMs)
 	}
 	if w.DrainTimeoutMs < 0 || w.DrainTimeoutMs > maxMs {
-		return Keyspace{}, corruptf(key, "drain_timeout_ms", "%d is out of range", w.DrainTimeoutMs)
+		return shard.Keyspace{}, corruptf(key, "drain_timeout_ms", "%d is out of range", w.DrainTimeoutMs)
 	}
-	k := Keyspace{
+	k := shard.Keyspace{
 		Name:         w.Name,
 		Buckets:      w.Buckets,
 		Hash:         placement.HashMode(w.Hash),
-		Mode:         Mode(w.Mode),
+		Mode:         shard.Mode(w.Mode),
 		LeaseTTL:     time.Duration(w.LeaseTTLMs) * time.Millisecond,
 		DrainTimeout: time.Duration(w.DrainTimeoutMs) * time.Millisecond,
 	}
-	if e := k.validate(); e != nil {
-		return Keyspace{}, e.corrupt(key)
+	if e := validateKeyspace(k); e != nil {
+		return shard.Keyspace{}, e.corrupt(key)
 	}
 	if kind, ks, _, err := ParseKey(key); err == nil && kind == KindKeyspace && ks != k.Name {
-		return Keyspace{}, corruptf(key, "name", "%q does not match the key", k.Name)
+		return shard.Keyspace{}, corruptf(key, "name", "%q does not match the key", k.Name)
 	}
 	return k, nil
 }
 
-// EncodeMember returns the stored form of m. It returns an error wrapping
-// ErrInvalid if m does not validate.
-func EncodeMember(m Member) ([]byte, error) {
-	if err := m.Validate(); err != nil {
-		return nil, err
+// EncodeMember returns the stored form of m, stored at members/<ks>/<id>
+// on the member's lease: {"id","address","weight","zone","metadata",
+// "session","joined_at","pending","replaces","replaces_fenced"}, where
+// "pending" and "replaces_fenced" are omitted when false and "replaces"
+// when 0, so records written before they existed read as active. It
+// returns an error wrapping ErrInvalid, naming the field, if m breaks a
+// limit or has no session or join time.
+func EncodeMember(m shard.Member) ([]byte, error) {
+	if e := validateMember(m); e != nil {
+		return nil, e.invalid("member")
 	}
 	return marshal(memberJSON{
 		ID:       m.ID,
@@ -760,80 +540,88 @@ func EncodeMember(m Member) ([]byte, error) {
 
 // DecodeMember decodes the value stored at key; the id must match the key's
 // when key is a member key. Errors wrap ErrCorrupt.
-func DecodeMember(key string, data []byte) (Member, error) {
+func DecodeMember(key string, data []byte) (shard.Member, error) {
 	var w memberJSON
 	if err := decodeStrict(key, data, memberFields, &w); err != nil {
-		return Member{}, err
+		return shard.Member{}, err
 	}
 	joined, err := parseTime(key, "joined_at", w.JoinedAt)
 	if err != nil {
-		return Member{}, err
+		return shard.Member{}, err
 	}
-	m := Member{
+	m := shard.Member{
 		ID:             w.ID,
 		Address:        w.Address,
 		Weight:         w.Weight,
 		Zone:           w.Zone,
 		Metadata:       w.Metadata,
-		Session:        LeaseID(w.Session),
+		Session:        shard.LeaseID(w.Session),
 		JoinedAt:       joined,
 		Pending:        w.Pending,
-		Replaces:       LeaseID(w.Replaces),
+		Replaces:       shard.LeaseID(w.Replaces),
 		ReplacesFenced: w.Fenced,
 	}
 	if len(m.Metadata) == 0 {
 		m.Metadata = nil
 	}
-	if e := m.validate(); e != nil {
-		return Member{}, e.corrupt(key)
+	if e := validateMember(m); e != nil {
+		return shard.Member{}, e.corrupt(key)
 	}
 	if kind, _, id, err := ParseKey(key); err == nil && kind == KindMember && id != m.ID {
-		return Member{}, corruptf(key, "id", "%q does not match the key", m.ID)
+		return shard.Member{}, corruptf(key, "id", "%q does not match the key", m.ID)
 	}
 	return m, nil
 }
 
-// EncodeDrain returns the stored form of d.
-func EncodeDrain(d DrainRequest) ([]byte, error) {
-	if err := d.Validate(); err != nil {
-		return nil, err
+// EncodeDrain returns the stored form of d, stored at drain/<ks>/<id> on
+// the member's lease: {"requested_at","by","leave"}, "leave" omitted when
+// false. It returns an error wrapping ErrInvalid if d has no request time
+// or no valid "by".
+func EncodeDrain(d shard.Drain) ([]byte, error) {
+	if e := validateDrain(d); e != nil {
+		return nil, e.invalid("drain request")
 	}
 	return marshal(drainJSON{RequestedAt: formatTime(d.RequestedAt), By: d.By, Leave: d.Leave})
 }
 
 // DecodeDrain decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeDrain(key string, data []byte) (DrainRequest, error) {
+func DecodeDrain(key string, data []byte) (shard.Drain, error) {
 	var w drainJSON
 	if err := decodeStrict(key, data, drainFields, &w); err != nil {
-		return DrainRequest{}, err
+		return shard.Drain{}, err
 	}
 	at, err := parseTime(key, "requested_at", w.RequestedAt)
 	if err != nil {
-		return DrainRequest{}, err
+		return shard.Drain{}, err
 	}
-	d := DrainRequest{RequestedAt: at, By: w.By, Leave: w.Leave}
-	if e := d.validate(); e != nil {
-		return DrainRequest{}, e.corrupt(key)
+	d := shard.Drain{RequestedAt: at, By: w.By, Leave: w.Leave}
+	if e := validateDrain(d); e != nil {
+		return shard.Drain{}, e.corrupt(key)
 	}
 	return d, nil
 }
 
-// EncodeMap returns the stored form of m.
-func EncodeMap(m Map) ([]byte, error) {
-	if err := m.Validate(); err != nil {
-		return nil, err
+// EncodeMap returns the stored form of m, stored at map/<ks>:
+// {"epoch":N,"buckets":B,"hash":"xxh64","members":["a","b"],"owners":"<base64>"},
+// where owners is B little-endian uint16, one per bucket: 0 for
+// unassigned, i > 0 for members[i-1]. It returns an error wrapping
+// ErrInvalid if m does not validate (validateMap).
+func EncodeMap(m shard.Map) ([]byte, error) {
+	if e := validateMap(m); e != nil {
+		return nil, e.invalid("map")
 	}
-	owners := make([]byte, 2*len(m.Owners))
-	for i, o := range m.Owners {
-		binary.LittleEndian.PutUint16(owners[2*i:], o)
+	a := m.Assignment
+	owners := make([]byte, 2*len(a.Owners))
+	for i, o := range a.Owners {
+		binary.LittleEndian.PutUint16(owners[2*i:], uint16(o+1)) // Unassigned (-1) is 0
 	}
-	members := m.Members
+	members := a.Members
 	if members == nil {
 		members = []string{}
 	}
 	return marshal(mapJSON{
 		Epoch:   m.Epoch,
-		Buckets: m.Buckets,
+		Buckets: len(a.Owners),
 		Hash:    string(m.Hash),
 		Members: members,
 		Owners:  base64.StdEncoding.EncodeToString(owners),
@@ -841,91 +629,105 @@ func EncodeMap(m Map) ([]byte, error) {
 }
 
 // DecodeMap decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeMap(key string, data []byte) (Map, error) {
+func DecodeMap(key string, data []byte) (shard.Map, error) {
 	var w mapJSON
 	if err := decodeStrict(key, data, mapFields, &w); err != nil {
-		return Map{}, err
+		return shard.Map{}, err
 	}
 	raw, err := base64.StdEncoding.Strict().DecodeString(w.Owners)
 	if err != nil {
-		return Map{}, corruptf(key, "owners", "bad base64: %v", err)
+		return shard.Map{}, corruptf(key, "owners", "bad base64: %v", err)
 	}
 	if len(raw)%2 != 0 {
-		return Map{}, corruptf(key, "owners", "%d bytes; want 2 per bucket", len(raw))
+		return shard.Map{}, corruptf(key, "owners", "%d bytes; want 2 per bucket", len(raw))
 	}
-	m := Map{
-		Epoch:   w.Epoch,
-		Buckets: w.Buckets,
-		Hash:    placement.HashMode(w.Hash),
-		Members: w.Members,
-		Owners:  make([]uint16, len(raw)/2),
+	if len(raw)/2 != w.Buckets {
+		return shard.Map{}, corruptf(key, "owners", "%d owners for %d buckets", len(raw)/2, w.Buckets)
 	}
-	if len(m.Members) == 0 {
-		m.Members = nil
+	m := shard.Map{
+		Epoch: w.Epoch,
+		Hash:  placement.HashMode(w.Hash),
+		Assignment: placement.Assignment{
+			Members: w.Members,
+			Owners:  make([]int32, len(raw)/2),
+		},
 	}
-	for i := range m.Owners {
-		m.Owners[i] = binary.LittleEndian.Uint16(raw[2*i:])
+	if len(m.Assignment.Members) == 0 {
+		m.Assignment.Members = nil
 	}
-	if e := m.validate(); e != nil {
-		return Map{}, e.corrupt(key)
+	for i := range m.Assignment.Owners {
+		m.Assignment.Owners[i] = int32(binary.LittleEndian.Uint16(raw[2*i:])) - 1 // 0 is Unassigned (-1)
+	}
+	if e := validateMap(m); e != nil {
+		return shard.Map{}, e.corrupt(key)
 	}
 	return m, nil
 }
 
-// EncodeGrants returns the stored form of g.
-func EncodeGrants(g Grants) ([]byte, error) {
-	if err := g.Validate(); err != nil {
-		return nil, err
+// EncodeGrants returns the stored form of g, stored at grants/<ks>/<id>
+// on the member's lease g.Session: {"session":L,"buckets":[[bucket,token],...]}.
+// It returns an error wrapping ErrInvalid if g has no session or its
+// buckets are not sorted and distinct with tokens >= 1.
+func EncodeGrants(g shard.Grants) ([]byte, error) {
+	if e := validateGrants(g); e != nil {
+		return nil, e.invalid("grants")
 	}
 	return marshal(grantsOut{Session: int64(g.Session), Buckets: pairsOut(g.Buckets)})
 }
 
 // DecodeGrants decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeGrants(key string, data []byte) (Grants, error) {
+func DecodeGrants(key string, data []byte) (shard.Grants, error) {
 	var w grantsIn
 	if err := decodeStrict(key, data, grantsFields, &w); err != nil {
-		return Grants{}, err
+		return shard.Grants{}, err
 	}
 	pairs, err := pairsIn(key, "buckets", w.Buckets)
 	if err != nil {
-		return Grants{}, err
+		return shard.Grants{}, err
 	}
-	g := Grants{Session: LeaseID(w.Session), Buckets: pairs}
-	if e := g.validate(); e != nil {
-		return Grants{}, e.corrupt(key)
+	g := shard.Grants{Session: shard.LeaseID(w.Session), Buckets: pairs}
+	if e := validateGrants(g); e != nil {
+		return shard.Grants{}, e.corrupt(key)
 	}
 	return g, nil
 }
 
-// EncodeReleases returns the stored form of r.
-func EncodeReleases(r Releases) ([]byte, error) {
-	if err := r.Validate(); err != nil {
-		return nil, err
+// EncodeReleases returns the stored form of r, stored at
+// releases/<ks>/<id> on the member's lease: {"buckets":[[bucket,token],...]}.
+// It returns an error wrapping ErrInvalid if the buckets are not sorted
+// and distinct with tokens >= 1.
+func EncodeReleases(r shard.Releases) ([]byte, error) {
+	if e := validatePairs("buckets", r.Buckets); e != nil {
+		return nil, e.invalid("releases")
 	}
 	return marshal(releasesOut{Buckets: pairsOut(r.Buckets)})
 }
 
 // DecodeReleases decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeReleases(key string, data []byte) (Releases, error) {
+func DecodeReleases(key string, data []byte) (shard.Releases, error) {
 	var w releasesIn
 	if err := decodeStrict(key, data, releasesFields, &w); err != nil {
-		return Releases{}, err
+		return shard.Releases{}, err
 	}
 	pairs, err := pairsIn(key, "buckets", w.Buckets)
 	if err != nil {
-		return Releases{}, err
+		return shard.Releases{}, err
 	}
-	r := Releases{Buckets: pairs}
+	r := shard.Releases{Buckets: pairs}
 	if e := validatePairs("buckets", r.Buckets); e != nil {
-		return Releases{}, e.corrupt(key)
+		return shard.Releases{}, e.corrupt(key)
 	}
 	return r, nil
 }
 
-// EncodeQuarantine returns the stored form of q.
-func EncodeQuarantine(q Quarantine) ([]byte, error) {
-	if err := q.Validate(); err != nil {
-		return nil, err
+// EncodeQuarantine returns the stored form of q, stored at
+// quarantine/<ks>/<id> by the leader before it revokes member id's
+// session: {"session":L,"buckets":[b,...]}. It returns an error wrapping
+// ErrInvalid if q has no session or its buckets are not sorted, distinct
+// and in range.
+func EncodeQuarantine(q shard.Quarantine) ([]byte, error) {
+	if e := validateQuarantine(q); e != nil {
+		return nil, e.invalid("quarantine")
 	}
 	buckets := q.Buckets
 	if buckets == nil {
@@ -935,24 +737,24 @@ func EncodeQuarantine(q Quarantine) ([]byte, error) {
 }
 
 // DecodeQuarantine decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeQuarantine(key string, data []byte) (Quarantine, error) {
+func DecodeQuarantine(key string, data []byte) (shard.Quarantine, error) {
 	var w quarantineIn
 	if err := decodeStrict(key, data, quarantineFields, &w); err != nil {
-		return Quarantine{}, err
+		return shard.Quarantine{}, err
 	}
-	q := Quarantine{Session: LeaseID(w.Session)}
+	q := shard.Quarantine{Session: shard.LeaseID(w.Session)}
 	for i, raw := range w.Buckets {
 		b, err := parseUint(raw)
 		if err != nil {
-			return Quarantine{}, corruptf(key, "buckets", "entry %d: %v", i, err)
+			return shard.Quarantine{}, corruptf(key, "buckets", "entry %d: %v", i, err)
 		}
 		if b >= placement.MaxBuckets {
-			return Quarantine{}, corruptf(key, "buckets", "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
+			return shard.Quarantine{}, corruptf(key, "buckets", "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
 		}
 		q.Buckets = append(q.Buckets, int(b))
 	}
-	if e := q.validate(); e != nil {
-		return Quarantine{}, e.corrupt(key)
+	if e := validateQuarantine(q); e != nil {
+		return shard.Quarantine{}, e.corrupt(key)
 	}
 	return q, nil
 }
@@ -980,8 +782,8 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 }
 
 // Decode decodes the value stored at key according to the key's kind and
-// returns the typed value: Keyspace, Member, DrainRequest, Map, Grants,
-// Releases, Quarantine, uint64 (tokens), HotPool, HotReport or
+// returns the typed value: a shard.Keyspace, Member, Drain, Map, Grants,
+// Releases or Quarantine, a uint64 (tokens), or a HotPool, HotReport or
 // OverflowSet. Leader keys decode to their value as a string (the
 // leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {

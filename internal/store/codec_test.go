@@ -1,6 +1,8 @@
 package store
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -15,23 +18,23 @@ var (
 	testTime = time.Date(2026, 3, 4, 5, 6, 7, 890000000, time.UTC)
 
 	sampleKeyspace = testKeyspace("rooms")
-	sampleMember   = Member{
+	sampleMember   = shard.Member{
 		ID: "w-1", Address: "10.0.0.1:8080", Weight: 1.5, Zone: "eu-1a",
 		Metadata: map[string]string{"version": "1.2.3"}, Session: 0x694d7b3c5a1e2f01, JoinedAt: testTime,
 	}
-	sampleDrain  = DrainRequest{RequestedAt: testTime, By: "admin"}
-	sampleMap    = Map{Epoch: 7, Buckets: 5, Hash: placement.HashXXH64, Members: []string{"a", "b"}, Owners: []uint16{1, 2, 0, 1, 2}}
-	sampleGrants = Grants{Session: 0x694d7b3c5a1e2f01, Buckets: []BucketToken{{0, 1}, {3, 9}, {4, 1<<53 + 1}}}
-	sampleRel    = Releases{Buckets: []BucketToken{{1, 2}, {65535, 3}}}
+	sampleDrain  = shard.Drain{RequestedAt: testTime, By: "admin"}
+	sampleMap    = shard.Map{Epoch: 7, Hash: placement.HashXXH64, Assignment: placement.Assignment{Members: []string{"a", "b"}, Owners: []int32{0, 1, placement.Unassigned, 0, 1}}}
+	sampleGrants = shard.Grants{Session: 0x694d7b3c5a1e2f01, Buckets: []shard.BucketToken{{Bucket: 0, Token: 1}, {Bucket: 3, Token: 9}, {Bucket: 4, Token: 1<<53 + 1}}}
+	sampleRel    = shard.Releases{Buckets: []shard.BucketToken{{Bucket: 1, Token: 2}, {Bucket: 65535, Token: 3}}}
 )
 
 func TestCodecRoundTrip(t *testing.T) {
 	opts := cmp.Options{cmpopts.EquateEmpty()}
 	t.Run("keyspace", func(t *testing.T) {
-		for _, k := range []Keyspace{
+		for _, k := range []shard.Keyspace{
 			sampleKeyspace,
-			{Name: "a", Buckets: 1, Hash: placement.HashSynapse, Mode: ModeStream, LeaseTTL: time.Second},
-			{Name: strings.Repeat("z", 128), Buckets: placement.MaxBuckets, Hash: placement.HashXXH64, Mode: ModeExclusive, LeaseTTL: 24 * time.Hour, DrainTimeout: 1500 * time.Millisecond},
+			{Name: "a", Buckets: 1, Hash: placement.HashSynapse, Mode: shard.ModeStream, LeaseTTL: time.Second},
+			{Name: strings.Repeat("z", 128), Buckets: placement.MaxBuckets, Hash: placement.HashXXH64, Mode: shard.ModeExclusive, LeaseTTL: 24 * time.Hour, DrainTimeout: 1500 * time.Millisecond},
 		} {
 			b, err := EncodeKeyspace(k)
 			if err != nil {
@@ -47,7 +50,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 	})
 	t.Run("member", func(t *testing.T) {
-		for _, m := range []Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}, {ID: "y", Session: 9, JoinedAt: testTime, Pending: true, Replaces: 7}, {ID: "z", Session: 9, JoinedAt: testTime, Replaces: 7, ReplacesFenced: true}} {
+		for _, m := range []shard.Member{sampleMember, {ID: "x", Session: 1, JoinedAt: testTime.In(time.FixedZone("x", 3600))}, {ID: "y", Session: 9, JoinedAt: testTime, Pending: true, Replaces: 7}, {ID: "z", Session: 9, JoinedAt: testTime, Replaces: 7, ReplacesFenced: true}} {
 			b, err := EncodeMember(m)
 			if err != nil {
 				t.Fatal(err)
@@ -70,8 +73,8 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 	})
 	t.Run("drain", func(t *testing.T) {
-		leave := DrainRequest{RequestedAt: testTime, By: "member", Leave: true}
-		for _, d := range []DrainRequest{sampleDrain, leave} {
+		leave := shard.Drain{RequestedAt: testTime, By: "member", Leave: true}
+		for _, d := range []shard.Drain{sampleDrain, leave} {
 			b, err := EncodeDrain(d)
 			if err != nil {
 				t.Fatal(err)
@@ -90,7 +93,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 	})
 	t.Run("quarantine", func(t *testing.T) {
-		for _, q := range []Quarantine{{Session: 9, Buckets: []int{0, 5, 65535}}, {Session: 1}} {
+		for _, q := range []shard.Quarantine{{Session: 9, Buckets: []int{0, 5, 65535}}, {Session: 1}} {
 			b, err := EncodeQuarantine(q)
 			if err != nil {
 				t.Fatal(err)
@@ -103,13 +106,13 @@ func TestCodecRoundTrip(t *testing.T) {
 				t.Errorf("round trip (-want +got):\n%s", diff)
 			}
 		}
-		b, _ := EncodeQuarantine(Quarantine{Session: 9, Buckets: []int{1, 2}})
+		b, _ := EncodeQuarantine(shard.Quarantine{Session: 9, Buckets: []int{1, 2}})
 		if want := `{"session":9,"buckets":[1,2]}`; string(b) != want {
 			t.Errorf("wire form %s, want %s", b, want)
 		}
 	})
 	t.Run("map", func(t *testing.T) {
-		for _, m := range []Map{sampleMap, {Epoch: 1, Buckets: 3, Hash: placement.HashSynapse, Owners: []uint16{0, 0, 0}}} {
+		for _, m := range []shard.Map{sampleMap, {Epoch: 1, Hash: placement.HashSynapse, Assignment: placement.NewAssignment(3)}} {
 			b, err := EncodeMap(m)
 			if err != nil {
 				t.Fatal(err)
@@ -128,14 +131,15 @@ func TestCodecRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// owners 1,2,0,1,2 as little-endian uint16 = 01 00 02 00 00 00 01 00 02 00
+		// owner indexes 0,1,-1,0,1 are stored as members[i-1] (0:
+		// unassigned) in little-endian uint16: 1,2,0,1,2 = 01 00 02 00 00 00 01 00 02 00
 		want := `{"epoch":7,"buckets":5,"hash":"xxh64","members":["a","b"],"owners":"AQACAAAAAQACAA=="}`
 		if string(b) != want {
 			t.Errorf("EncodeMap = %s\nwant        %s", b, want)
 		}
 	})
 	t.Run("grants", func(t *testing.T) {
-		for _, g := range []Grants{sampleGrants, {Session: 1}} {
+		for _, g := range []shard.Grants{sampleGrants, {Session: 1}} {
 			b, err := EncodeGrants(g)
 			if err != nil {
 				t.Fatal(err)
@@ -148,7 +152,7 @@ func TestCodecRoundTrip(t *testing.T) {
 				t.Errorf("round trip (-want +got):\n%s", diff)
 			}
 		}
-		b, _ := EncodeGrants(Grants{Session: 5, Buckets: []BucketToken{{2, 3}}})
+		b, _ := EncodeGrants(shard.Grants{Session: 5, Buckets: []shard.BucketToken{{Bucket: 2, Token: 3}}})
 		if want := `{"session":5,"buckets":[[2,3]]}`; string(b) != want {
 			t.Errorf("wire form %s, want %s", b, want)
 		}
@@ -207,24 +211,43 @@ func TestEncodeRejectsInvalid(t *testing.T) {
 			_, err := EncodeMember(m)
 			return err
 		}},
-		{"drain by", func() error { _, err := EncodeDrain(DrainRequest{RequestedAt: testTime}); return err }},
+		{"drain by", func() error { _, err := EncodeDrain(shard.Drain{RequestedAt: testTime}); return err }},
 		{"map epoch", func() error { m := sampleMap; m.Epoch = 0; _, err := EncodeMap(m); return err }},
-		{"map owner", func() error { m := sampleMap; m.Owners = []uint16{1, 2, 3, 0, 0}; _, err := EncodeMap(m); return err }},
-		{"map owners len", func() error { m := sampleMap; m.Owners = m.Owners[:4]; _, err := EncodeMap(m); return err }},
-		{"map dup member", func() error { m := sampleMap; m.Members = []string{"a", "a"}; _, err := EncodeMap(m); return err }},
+		{"map owner", func() error {
+			m := sampleMap
+			m.Assignment.Owners = []int32{0, 1, 2, -1, -1}
+			_, err := EncodeMap(m)
+			return err
+		}},
+		{"map no buckets", func() error { m := sampleMap; m.Assignment.Owners = nil; _, err := EncodeMap(m); return err }},
+		{"map dup member", func() error {
+			m := sampleMap
+			m.Assignment.Members = []string{"a", "a"}
+			_, err := EncodeMap(m)
+			return err
+		}},
 		{"grants unsorted", func() error {
-			_, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 1}, {1, 1}}})
+			_, err := EncodeGrants(shard.Grants{Session: 1, Buckets: []shard.BucketToken{{Bucket: 2, Token: 1}, {Bucket: 1, Token: 1}}})
 			return err
 		}},
 		{"grants dup", func() error {
-			_, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 1}, {2, 2}}})
+			_, err := EncodeGrants(shard.Grants{Session: 1, Buckets: []shard.BucketToken{{Bucket: 2, Token: 1}, {Bucket: 2, Token: 2}}})
 			return err
 		}},
-		{"grants token 0", func() error { _, err := EncodeGrants(Grants{Session: 1, Buckets: []BucketToken{{2, 0}}}); return err }},
-		{"grants no session", func() error { _, err := EncodeGrants(Grants{}); return err }},
-		{"quarantine unsorted", func() error { _, err := EncodeQuarantine(Quarantine{Session: 1, Buckets: []int{3, 1}}); return err }},
-		{"quarantine no session", func() error { _, err := EncodeQuarantine(Quarantine{Buckets: []int{1}}); return err }},
-		{"releases range", func() error { _, err := EncodeReleases(Releases{Buckets: []BucketToken{{65536, 1}}}); return err }},
+		{"grants token 0", func() error {
+			_, err := EncodeGrants(shard.Grants{Session: 1, Buckets: []shard.BucketToken{{Bucket: 2, Token: 0}}})
+			return err
+		}},
+		{"grants no session", func() error { _, err := EncodeGrants(shard.Grants{}); return err }},
+		{"quarantine unsorted", func() error {
+			_, err := EncodeQuarantine(shard.Quarantine{Session: 1, Buckets: []int{3, 1}})
+			return err
+		}},
+		{"quarantine no session", func() error { _, err := EncodeQuarantine(shard.Quarantine{Buckets: []int{1}}); return err }},
+		{"releases range", func() error {
+			_, err := EncodeReleases(shard.Releases{Buckets: []shard.BucketToken{{Bucket: 65536, Token: 1}}})
+			return err
+		}},
 	}
 	for _, tc := range bad {
 		if err := tc.enc(); !errors.Is(err, ErrInvalid) {
@@ -330,19 +353,31 @@ func decQuarantine(k string, b []byte) error {
 }
 func decTokens(k string, b []byte) error { _, err := DecodeTokens(k, b); return err }
 
-func TestMapAssignment(t *testing.T) {
+// TestMapOwners: a map's assignment is stored as one uint16 per bucket,
+// the owner's index + 1 (0: unassigned), and reads back as it was; an
+// assignment that is not a valid map does not encode.
+func TestMapOwners(t *testing.T) {
 	a := placement.Assignment{Members: []string{"a", "b", "c"}, Owners: []int32{0, 2, placement.Unassigned, 1, 1}}
-	m, err := MapFromAssignment(3, placement.HashXXH64, a)
+	b, err := EncodeMap(shard.Map{Epoch: 3, Hash: placement.HashXXH64, Assignment: a})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []uint16{1, 3, 0, 2, 2}; !cmp.Equal(m.Owners, want) {
-		t.Errorf("owners %v, want %v", m.Owners, want)
+	var w mapJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatal(err)
 	}
-	if m.Owner(1) != "c" || m.Owner(2) != "" || m.Owner(9) != "" {
-		t.Errorf("Owner: %q %q %q", m.Owner(1), m.Owner(2), m.Owner(9))
+	raw, err := base64.StdEncoding.DecodeString(w.Owners)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if diff := cmp.Diff(a, m.Assignment()); diff != "" {
+	if want := []byte{1, 0, 3, 0, 0, 0, 2, 0, 2, 0}; !cmp.Equal(raw, want) {
+		t.Errorf("stored owners %v, want %v", raw, want)
+	}
+	m, err := DecodeMap(MapKey("ks"), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(a, m.Assignment); diff != "" {
 		t.Errorf("Assignment (-want +got):\n%s", diff)
 	}
 	for _, bad := range []placement.Assignment{
@@ -351,8 +386,8 @@ func TestMapAssignment(t *testing.T) {
 		{Members: []string{"a", "a"}, Owners: []int32{0}},
 		{},
 	} {
-		if _, err := MapFromAssignment(1, placement.HashXXH64, bad); !errors.Is(err, ErrInvalid) {
-			t.Errorf("MapFromAssignment(%+v) = %v, want ErrInvalid", bad, err)
+		if _, err := EncodeMap(shard.Map{Epoch: 1, Hash: placement.HashXXH64, Assignment: bad}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("EncodeMap of %+v = %v, want ErrInvalid", bad, err)
 		}
 	}
 }
@@ -420,5 +455,33 @@ func TestKeys(t *testing.T) {
 	}
 	if _, _, _, err := ParseKey(Prefix + "members/ks/a b"); !errors.Is(err, ErrInvalidName) {
 		t.Errorf("ParseKey with a bad id = %v, want ErrInvalidName too", err)
+	}
+}
+
+// TestWriteChange: a Write's change is what Watch delivers once a Commit
+// applies it: decoded, on the write's lease, at the commit's revision; a
+// Write that failed to encode gives Commit's error.
+func TestWriteChange(t *testing.T) {
+	got, err := PutGrants("rooms", "a", sampleGrants).Change(12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Change{Kind: KindGrants, Keyspace: "rooms", ID: "a", Key: GrantsKey("rooms", "a"), Value: sampleGrants, Lease: sampleGrants.Session, ModRevision: 12}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("put (-want +got):\n%s", diff)
+	}
+	got, err = Delete(GrantsKey("rooms", "a")).Change(13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Change{Kind: KindGrants, Keyspace: "rooms", ID: "a", Key: GrantsKey("rooms", "a"), ModRevision: 13, Deleted: true}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("delete (-want +got):\n%s", diff)
+	}
+	if _, err := PutGrants("rooms", "a", shard.Grants{}).Change(14); !errors.Is(err, ErrInvalid) {
+		t.Errorf("invalid grants: %v, want ErrInvalid", err)
+	}
+	if _, err := (Write{}).Change(14); !errors.Is(err, ErrInvalid) {
+		t.Errorf("zero Write: %v, want ErrInvalid", err)
 	}
 }

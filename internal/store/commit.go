@@ -7,7 +7,10 @@ import (
 	"slices"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Write is one put or delete in a leader Commit. Build it with PutMap,
@@ -16,7 +19,7 @@ import (
 type Write struct {
 	key   string
 	val   []byte
-	lease LeaseID
+	lease shard.LeaseID
 	del   bool
 	err   error
 }
@@ -24,8 +27,26 @@ type Write struct {
 // Key returns the key written.
 func (w Write) Key() string { return w.key }
 
+// Change returns the change w makes once a Commit applies it at revision
+// rev, decoded as Watch delivers it, or the error wrapping ErrInvalid that
+// Commit refuses w with. A store that stands in for this one (in the
+// leader's tests, say) applies writes through it.
+func (w Write) Change(rev int64) (Change, error) {
+	if w.err != nil {
+		return Change{}, fmt.Errorf("store: commit: %w", w.err)
+	}
+	if w.key == "" {
+		return Change{}, invalidf("commit: zero Write")
+	}
+	ev := &clientv3.Event{Kv: &mvccpb.KeyValue{Key: []byte(w.key), Value: w.val, ModRevision: rev, Lease: int64(w.lease)}}
+	if w.del {
+		ev.Type = mvccpb.DELETE
+	}
+	return watchChange(ev), nil
+}
+
 // PutMap writes keyspace ks's map.
-func PutMap(ks string, m Map) Write {
+func PutMap(ks string, m shard.Map) Write {
 	b, err := EncodeMap(m)
 	return Write{key: MapKey(ks), val: b, err: nameErr(err, ks, "")}
 }
@@ -33,7 +54,7 @@ func PutMap(ks string, m Map) Write {
 // PutGrants writes member id's grants, attached to the member's lease
 // g.Session: if that lease is gone, the whole Commit fails with
 // ErrLeaseNotFound and writes nothing.
-func PutGrants(ks, id string, g Grants) Write {
+func PutGrants(ks, id string, g shard.Grants) Write {
 	b, err := EncodeGrants(g)
 	return Write{key: GrantsKey(ks, id), val: b, lease: g.Session, err: nameErr(err, ks, id)}
 }
@@ -42,7 +63,7 @@ func PutGrants(ks, id string, g Grants) Write {
 // attached to lease: a lease of its own, granted (Store.Grant) for one
 // member lease TTL and never renewed, so that etcd deletes the key when the
 // quarantine is over. Write it before revoking the session.
-func PutQuarantine(ks, id string, q Quarantine, lease LeaseID) Write {
+func PutQuarantine(ks, id string, q shard.Quarantine, lease shard.LeaseID) Write {
 	b, err := EncodeQuarantine(q)
 	if err == nil && lease <= 0 {
 		err = invalidf("quarantine of %s/%s: no lease; grant one of the member lease TTL", ks, id)
@@ -139,7 +160,7 @@ func (s *Store) Commit(ctx context.Context, f Fence, writes []Write, expects []E
 	}
 	ops := make([]clientv3.Op, 0, len(writes))
 	keys := make(map[string]bool, len(writes))
-	var leases []LeaseID
+	var leases []shard.LeaseID
 	for _, w := range writes {
 		if w.err != nil {
 			return 0, fmt.Errorf("store: commit: %w", w.err)

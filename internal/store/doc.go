@@ -2,7 +2,9 @@
 // the transactions that read and write it, leases, the watch that feeds the
 // coordinator, the leader election, and an etcd server embedded in the
 // process. It is the only package that imports etcd; everything above it
-// works on the typed values declared here.
+// works on the records of internal/shard (a keyspace's configuration,
+// members, maps, grants...), which this package encodes, and on the typed
+// values declared here (hot-key pools, snapshots, changes).
 //
 // A lease is not a lock. etcd leases, and the election built on them, cannot
 // guarantee mutual exclusion across process pauses and network partitions.
@@ -16,12 +18,13 @@
 // Every key is under Prefix, "/keyshard/v1/". Keyspace names, member ids,
 // hot-key pool names and producer ids are 1-128 characters of
 // [A-Za-z0-9._:@-] (ValidateName), so a key splits unambiguously
-// (ParseKey).
+// (ParseKey). The values of the keyspace kinds are internal/shard's
+// records; the hot-key ones are declared here.
 //
 //	key                   value (codec)                         written by            lease
 //	keyspaces/<ks>        Keyspace, JSON                        admin (API)           none
 //	members/<ks>/<id>     Member, JSON                          Join, Activate        member's session
-//	drain/<ks>/<id>       DrainRequest, JSON (+"leave")         admin drain / Leave   member's session
+//	drain/<ks>/<id>       Drain, JSON (+"leave")                admin drain / Leave   member's session
 //	map/<ks>              Map: JSON, owners base64 uint16 LE    leader Commit         none
 //	grants/<ks>/<id>      Grants {"session","buckets":[[b,t]]}  leader Commit         member's session
 //	releases/<ks>/<id>    Releases {"buckets":[[b,t]]}          the member            member's session

@@ -7,6 +7,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Fence is what every leader write is guarded by: the leader's election key
@@ -170,7 +172,7 @@ func (s *Store) ClearElection(ctx context.Context) (int, error) {
 		if kv.Lease == 0 {
 			continue
 		}
-		if err := s.Revoke(ctx, LeaseID(kv.Lease)); err != nil && !errors.Is(err, ErrLeaseNotFound) {
+		if err := s.Revoke(ctx, shard.LeaseID(kv.Lease)); err != nil && !errors.Is(err, ErrLeaseNotFound) {
 			return n, err
 		}
 		n++

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // fuzzDecoder checks that decode never panics, that every error wraps
@@ -96,7 +98,7 @@ func FuzzDecodeReleases(f *testing.F) {
 
 func FuzzDecodeQuarantine(f *testing.F) {
 	fuzzDecoder(f, QuarantineKey("ks", "w-1"), []string{
-		must(EncodeQuarantine(Quarantine{Session: 3, Buckets: []int{0, 7}})), `{"session":1,"buckets":[]}`, `{"session":1}`,
+		must(EncodeQuarantine(shard.Quarantine{Session: 3, Buckets: []int{0, 7}})), `{"session":1,"buckets":[]}`, `{"session":1}`,
 	}, DecodeQuarantine, EncodeQuarantine)
 }
 

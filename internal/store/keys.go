@@ -22,7 +22,7 @@ const (
 	KindUnknown  Kind = iota
 	KindKeyspace      // keyspaces/<ks>: Keyspace
 	KindMember        // members/<ks>/<id>: Member, on the member's lease
-	KindDrain         // drain/<ks>/<id>: DrainRequest, on the member's lease
+	KindDrain         // drain/<ks>/<id>: Drain, on the member's lease
 	KindMap           // map/<ks>: Map
 	KindGrants        // grants/<ks>/<id>: Grants, on the member's lease
 	KindReleases      // releases/<ks>/<id>: Releases, on the member's lease

@@ -9,6 +9,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // ttlSeconds rounds ttl up to whole seconds, at least 1: etcd leases have
@@ -44,7 +46,7 @@ func (s *Store) NewSession(ctx context.Context, ttl time.Duration) (*Session, er
 }
 
 // LeaseID returns the session's lease.
-func (se *Session) LeaseID() LeaseID { return LeaseID(se.cs.Lease()) }
+func (se *Session) LeaseID() shard.LeaseID { return shard.LeaseID(se.cs.Lease()) }
 
 // TTL returns the TTL etcd granted.
 func (se *Session) TTL() time.Duration { return se.ttl }
@@ -73,7 +75,7 @@ func (se *Session) Orphan() { se.cs.Orphan() }
 // keeps alive yet: the API server grants leases on behalf of HTTP clients
 // and renews them with KeepAliveOnce. It returns the TTL etcd granted,
 // which may be longer than asked.
-func (s *Store) Grant(ctx context.Context, ttl time.Duration) (LeaseID, time.Duration, error) {
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, time.Duration, error) {
 	if s.closed() {
 		return 0, 0, errClosed("grant lease")
 	}
@@ -81,12 +83,12 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (LeaseID, time.Dur
 	if err != nil {
 		return 0, 0, s.err("grant lease", err)
 	}
-	return LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
+	return shard.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
 // KeepAliveOnce renews lease id once and returns its new TTL. It returns
 // ErrLeaseNotFound if the lease has expired or was revoked.
-func (s *Store) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duration, error) {
+func (s *Store) KeepAliveOnce(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.closed() {
 		return 0, errClosed("keep lease alive")
 	}
@@ -105,7 +107,7 @@ type LeaseInfo struct {
 
 // TimeToLive returns the remaining and granted TTL of lease id, or
 // ErrLeaseNotFound if it has expired or was revoked.
-func (s *Store) TimeToLive(ctx context.Context, id LeaseID) (LeaseInfo, error) {
+func (s *Store) TimeToLive(ctx context.Context, id shard.LeaseID) (LeaseInfo, error) {
 	if s.closed() {
 		return LeaseInfo{}, errClosed("time to live")
 	}
@@ -121,7 +123,7 @@ func (s *Store) TimeToLive(ctx context.Context, id LeaseID) (LeaseInfo, error) {
 
 // Revoke revokes lease id: etcd deletes every key attached to it in the
 // same revision. It returns ErrLeaseNotFound if the lease was already gone.
-func (s *Store) Revoke(ctx context.Context, id LeaseID) error {
+func (s *Store) Revoke(ctx context.Context, id shard.LeaseID) error {
 	if s.closed() {
 		return errClosed("revoke lease")
 	}
@@ -132,7 +134,7 @@ func (s *Store) Revoke(ctx context.Context, id LeaseID) error {
 // QuarantineInfo is where member id's quarantine lives and how long it
 // has left.
 type QuarantineInfo struct {
-	Lease LeaseID       // 0: there is none
+	Lease shard.LeaseID // 0: there is none
 	Left  time.Duration // the lease's remaining TTL, rounded down to whole seconds
 }
 
@@ -153,7 +155,7 @@ func (s *Store) QuarantineOf(ctx context.Context, ks, id string) (QuarantineInfo
 	if len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
 		return QuarantineInfo{}, nil
 	}
-	lease := LeaseID(resp.Kvs[0].Lease)
+	lease := shard.LeaseID(resp.Kvs[0].Lease)
 	info, err := s.TimeToLive(ctx, lease)
 	if errors.Is(err, ErrLeaseNotFound) {
 		return QuarantineInfo{}, nil

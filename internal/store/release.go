@@ -7,6 +7,8 @@ import (
 	"sort"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // ErrNotHeld is returned by Release for a bucket the session does not hold
@@ -36,9 +38,9 @@ func (e *NotHeldError) Unwrap() error { return ErrNotHeld }
 // it in the same transaction that writes, and reads etcd only if it was
 // stale.
 type ReleaseState struct {
-	Grants      Grants
+	Grants      shard.Grants
 	GrantsRev   int64
-	Releases    Releases
+	Releases    shard.Releases
 	ReleasesRev int64
 }
 
@@ -61,7 +63,7 @@ const maxReleaseRetries = 64
 // Errors: *NotHeldError (wrapping ErrNotHeld), ErrNotFound (no such
 // member), ErrFenced (the id is held by another session), ErrConflict
 // (still contended after retries), ErrUnavailable.
-func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, buckets []BucketToken, guess *ReleaseState) (int64, error) {
+func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID, buckets []shard.BucketToken, guess *ReleaseState) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("release")
 	}
@@ -78,8 +80,8 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 		if len(mkv) == 0 {
 			return st, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
 		}
-		if LeaseID(mkv[0].Lease) != lease {
-			return st, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(mkv[0].Lease), lease)
+		if shard.LeaseID(mkv[0].Lease) != lease {
+			return st, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, shard.LeaseID(mkv[0].Lease), lease)
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 			g, err := DecodeGrants(gk, kvs[0].Value)
@@ -147,9 +149,9 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease LeaseID, bucke
 			guessed = false
 			continue
 		}
-		out := Releases{}
+		out := shard.Releases{}
 		for b, t := range merged {
-			out.Buckets = append(out.Buckets, BucketToken{Bucket: b, Token: t})
+			out.Buckets = append(out.Buckets, shard.BucketToken{Bucket: b, Token: t})
 		}
 		sort.Slice(out.Buckets, func(i, j int) bool { return out.Buckets[i].Bucket < out.Buckets[j].Bucket })
 		val, err := EncodeReleases(out)

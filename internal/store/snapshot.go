@@ -6,6 +6,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Entry is one stored value with the metadata a fenced write needs.
@@ -14,7 +16,7 @@ import (
 type Entry[T any] struct {
 	Value       T
 	ModRevision int64
-	Lease       LeaseID // 0 for keys without a lease
+	Lease       shard.LeaseID // 0 for keys without a lease
 }
 
 // Exists reports whether the key existed when read.
@@ -23,27 +25,27 @@ func (e Entry[T]) Exists() bool { return e.ModRevision != 0 }
 // KeyspaceState is every key of one keyspace, as of one revision.
 type KeyspaceState struct {
 	Name     string
-	Config   Entry[Keyspace]
-	Map      Entry[Map]
+	Config   Entry[shard.Keyspace]
+	Map      Entry[shard.Map]
 	Tokens   Entry[uint64] // the last token issued; 0 if none
-	Members  map[string]Entry[Member]
-	Drains   map[string]Entry[DrainRequest]
-	Grants   map[string]Entry[Grants]
-	Releases map[string]Entry[Releases]
+	Members  map[string]Entry[shard.Member]
+	Drains   map[string]Entry[shard.Drain]
+	Grants   map[string]Entry[shard.Grants]
+	Releases map[string]Entry[shard.Releases]
 	// Quarantines are on leases of their own (Entry.Lease), not the
 	// member's.
-	Quarantines map[string]Entry[Quarantine]
+	Quarantines map[string]Entry[shard.Quarantine]
 }
 
 func newKeyspaceState(ks string) *KeyspaceState {
 	return &KeyspaceState{
 		Name:     ks,
-		Members:  map[string]Entry[Member]{},
-		Drains:   map[string]Entry[DrainRequest]{},
-		Grants:   map[string]Entry[Grants]{},
-		Releases: map[string]Entry[Releases]{},
+		Members:  map[string]Entry[shard.Member]{},
+		Drains:   map[string]Entry[shard.Drain]{},
+		Grants:   map[string]Entry[shard.Grants]{},
+		Releases: map[string]Entry[shard.Releases]{},
 
-		Quarantines: map[string]Entry[Quarantine]{},
+		Quarantines: map[string]Entry[shard.Quarantine]{},
 	}
 }
 
@@ -125,9 +127,9 @@ func (s *Snapshot) apply(c Change) {
 	lease := c.Lease
 	switch c.Kind {
 	case KindKeyspace:
-		st.Config = entry[Keyspace](c)
+		st.Config = entry[shard.Keyspace](c)
 	case KindMap:
-		st.Map = entry[Map](c)
+		st.Map = entry[shard.Map](c)
 	case KindTokens:
 		st.Tokens = entry[uint64](c)
 	case KindMember:
@@ -176,7 +178,7 @@ func entry[T any](c Change) Entry[T] {
 	return Entry[T]{Value: c.Value.(T), ModRevision: c.ModRevision, Lease: c.Lease}
 }
 
-func setEntry[T any](m map[string]Entry[T], c Change, lease LeaseID) {
+func setEntry[T any](m map[string]Entry[T], c Change, lease shard.LeaseID) {
 	if c.Deleted {
 		delete(m, c.ID)
 		return
@@ -188,7 +190,7 @@ func setEntry[T any](m map[string]Entry[T], c Change, lease LeaseID) {
 // against the key: names match, and a member record or grants list names
 // the lease it is attached to.
 func decodeKV(kv *mvccpb.KeyValue) Change {
-	c := Change{Key: string(kv.Key), ModRevision: kv.ModRevision, Lease: LeaseID(kv.Lease)}
+	c := Change{Key: string(kv.Key), ModRevision: kv.ModRevision, Lease: shard.LeaseID(kv.Lease)}
 	kind, ks, id, err := ParseKey(c.Key)
 	c.Kind, c.Keyspace, c.ID = kind, ks, id
 	if err != nil {
@@ -201,12 +203,12 @@ func decodeKV(kv *mvccpb.KeyValue) Change {
 		return c
 	}
 	switch v := v.(type) {
-	case Member:
+	case shard.Member:
 		if v.Session != c.Lease {
 			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
 			return c
 		}
-	case Grants:
+	case shard.Grants:
 		if v.Session != c.Lease {
 			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
 			return c
@@ -227,12 +229,12 @@ func (s *Snapshot) crossCheck() {
 		if st.Map.Exists() {
 			m := st.Map.Value
 			switch {
-			case m.Buckets != cfg.Buckets:
-				s.Corrupt[MapKey(ks)] = corruptf(MapKey(ks), "buckets", "%d, but keyspace %q has %d", m.Buckets, ks, cfg.Buckets)
-				st.Map = Entry[Map]{}
+			case m.Assignment.Buckets() != cfg.Buckets:
+				s.Corrupt[MapKey(ks)] = corruptf(MapKey(ks), "buckets", "%d, but keyspace %q has %d", m.Assignment.Buckets(), ks, cfg.Buckets)
+				st.Map = Entry[shard.Map]{}
 			case m.Hash != cfg.Hash:
 				s.Corrupt[MapKey(ks)] = corruptf(MapKey(ks), "hash", "%q, but keyspace %q uses %q", m.Hash, ks, cfg.Hash)
-				st.Map = Entry[Map]{}
+				st.Map = Entry[shard.Map]{}
 			}
 		}
 		for id, g := range st.Grants {

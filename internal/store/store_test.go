@@ -11,11 +11,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
 
-func member(id string) Member {
-	return Member{ID: id, Address: id + ":9000", Weight: 1, JoinedAt: testTime}
+func member(id string) shard.Member {
+	return shard.Member{ID: id, Address: id + ":9000", Weight: 1, JoinedAt: testTime}
 }
 
 // newSession starts a session that is closed (its lease revoked) when the
@@ -30,7 +31,7 @@ func newSession(t *testing.T, s *Store, ttl time.Duration) *Session {
 	return se
 }
 
-func createKeyspace(t *testing.T, s *Store, name string) Keyspace {
+func createKeyspace(t *testing.T, s *Store, name string) shard.Keyspace {
 	t.Helper()
 	k := testKeyspace(name)
 	if _, err := s.CreateKeyspace(ctxFor(t, 10*time.Second), k); err != nil {
@@ -101,19 +102,19 @@ func TestKeyspaceAdmin(t *testing.T) {
 	if _, err := s.CreateKeyspace(ctx, k); !errors.Is(err, ErrExists) {
 		t.Fatalf("second create: %v, want ErrExists", err)
 	}
-	if _, err := s.CreateKeyspace(ctx, Keyspace{Name: "x y"}); !errors.Is(err, ErrInvalidName) {
+	if _, err := s.CreateKeyspace(ctx, shard.Keyspace{Name: "x y"}); !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("create bad name: %v, want ErrInvalidName", err)
 	}
-	if _, err := s.CreateKeyspace(ctx, Keyspace{Name: "admin-bad"}); !errors.Is(err, ErrInvalid) {
+	if _, err := s.CreateKeyspace(ctx, shard.Keyspace{Name: "admin-bad"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("create bad config: %v, want ErrInvalid", err)
 	}
 	for _, tc := range []struct {
 		field string
-		edit  func(*Keyspace)
+		edit  func(*shard.Keyspace)
 	}{
-		{"buckets", func(k *Keyspace) { k.Buckets = 128 }},
-		{"hash", func(k *Keyspace) { k.Hash = placement.HashSynapse }},
-		{"mode", func(k *Keyspace) { k.Mode = ModeStream }},
+		{"buckets", func(k *shard.Keyspace) { k.Buckets = 128 }},
+		{"hash", func(k *shard.Keyspace) { k.Hash = placement.HashSynapse }},
+		{"mode", func(k *shard.Keyspace) { k.Mode = shard.ModeStream }},
 	} {
 		k2 := k
 		tc.edit(&k2)
@@ -222,7 +223,7 @@ func TestJoinConflictAndReplace(t *testing.T) {
 	// says so, and only when the session it names is the one replaced.
 	c, d := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
 	for _, tc := range []struct {
-		lease, fenced LeaseID
+		lease, fenced shard.LeaseID
 		want          bool
 	}{{c.LeaseID(), a.LeaseID(), false}, {d.LeaseID(), c.LeaseID(), true}} {
 		m := member("w1")
@@ -258,28 +259,28 @@ func TestMemberWrites(t *testing.T) {
 	// The leader grants w1 a few buckets; w1 releases them one call at a
 	// time, and concurrently: every release must stay recorded.
 	_, fence := campaign(t, s, "leader-mw")
-	var granted []BucketToken
+	var granted []shard.BucketToken
 	for b := range 20 {
-		granted = append(granted, BucketToken{b, 7})
+		granted = append(granted, shard.BucketToken{Bucket: b, Token: 7})
 	}
-	grantsRev, err := s.Commit(ctx, fence, []Write{PutGrants("mw", "w1", Grants{Session: a.LeaseID(), Buckets: granted})}, nil)
+	grantsRev, err := s.Commit(ctx, fence, []Write{PutGrants("mw", "w1", shard.Grants{Session: a.LeaseID(), Buckets: granted})}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{3, 7}}, nil); err != nil {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []shard.BucketToken{{Bucket: 3, Token: 7}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var nh *NotHeldError
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{5, 8}}, nil); !errors.As(err, &nh) || nh.Held != 7 || !errors.Is(err, ErrNotHeld) {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []shard.BucketToken{{Bucket: 5, Token: 8}}, nil); !errors.As(err, &nh) || nh.Held != 7 || !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("release at the wrong token: %v", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{{40, 1}}, nil); !errors.As(err, &nh) || nh.Held != 0 {
+	if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []shard.BucketToken{{Bucket: 40, Token: 1}}, nil); !errors.As(err, &nh) || nh.Held != 0 {
 		t.Fatalf("release of a bucket not held: %v", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w1", b.LeaseID(), []BucketToken{{3, 7}}, nil); !errors.Is(err, ErrFenced) {
+	if _, err := s.Release(ctx, "mw", "w1", b.LeaseID(), []shard.BucketToken{{Bucket: 3, Token: 7}}, nil); !errors.Is(err, ErrFenced) {
 		t.Fatalf("release from another session: %v, want ErrFenced", err)
 	}
-	if _, err := s.Release(ctx, "mw", "w9", a.LeaseID(), []BucketToken{{3, 7}}, nil); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Release(ctx, "mw", "w9", a.LeaseID(), []shard.BucketToken{{Bucket: 3, Token: 7}}, nil); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("release of unknown member: %v, want ErrNotFound", err)
 	}
 	var wg sync.WaitGroup
@@ -288,14 +289,14 @@ func TestMemberWrites(t *testing.T) {
 		go func() { // exits after one release
 			defer wg.Done()
 			// A stale guess (nothing released yet) must not lose a release.
-			stale := &ReleaseState{Grants: Grants{Session: a.LeaseID(), Buckets: granted}, GrantsRev: grantsRev}
-			if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []BucketToken{bt}, stale); err != nil {
+			stale := &ReleaseState{Grants: shard.Grants{Session: a.LeaseID(), Buckets: granted}, GrantsRev: grantsRev}
+			if _, err := s.Release(ctx, "mw", "w1", a.LeaseID(), []shard.BucketToken{bt}, stale); err != nil {
 				t.Errorf("release %v: %v", bt, err)
 			}
 		}()
 	}
 	wg.Wait()
-	rel := Releases{Buckets: append([]BucketToken{{3, 7}}, granted[4:]...)}
+	rel := shard.Releases{Buckets: append([]shard.BucketToken{{Bucket: 3, Token: 7}}, granted[4:]...)}
 	if _, err := s.PutDrain(ctx, "mw", "w1", sampleDrain); err != nil {
 		t.Fatal(err)
 	}
@@ -401,11 +402,8 @@ func TestCommitFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := snap.Keyspaces["fence"]
-	m, err := MapFromAssignment(1, placement.HashXXH64, placement.NewAssignment(64))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := Grants{Session: w.LeaseID(), Buckets: []BucketToken{{0, 1}, {1, 2}}}
+	m := shard.Map{Epoch: 1, Hash: placement.HashXXH64, Assignment: placement.NewAssignment(64)}
+	g := shard.Grants{Session: w.LeaseID(), Buckets: []shard.BucketToken{{Bucket: 0, Token: 1}, {Bucket: 1, Token: 2}}}
 	writes := []Write{PutMap("fence", m), PutGrants("fence", "w1", g), PutTokens("fence", 2)}
 	expects := []Expect{
 		ExpectEntry(MapKey("fence"), st.Map),
@@ -498,7 +496,7 @@ func TestCommitGrantWithRevokedLease(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g := Grants{Session: w.LeaseID(), Buckets: []BucketToken{{5, 1}}}
+	g := shard.Grants{Session: w.LeaseID(), Buckets: []shard.BucketToken{{Bucket: 5, Token: 1}}}
 	_, err := s.Commit(ctx, f, []Write{PutGrants("revoked", "w1", g), PutTokens("revoked", 1)}, nil)
 	if !errors.Is(err, ErrLeaseNotFound) || !strings.Contains(err.Error(), w.LeaseID().String()) {
 		t.Fatalf("grant on revoked lease: %v, want ErrLeaseNotFound naming %v", err, w.LeaseID())
@@ -550,7 +548,7 @@ func TestWatchSeesLeaseRevoke(t *testing.T) {
 	if _, _, err := s.Join(ctx, "wrevoke", member("w1"), w.LeaseID(), false); err != nil {
 		t.Fatal(err)
 	}
-	g := Grants{Session: w.LeaseID(), Buckets: []BucketToken{{1, 1}}}
+	g := shard.Grants{Session: w.LeaseID(), Buckets: []shard.BucketToken{{Bucket: 1, Token: 1}}}
 	if _, err := s.Commit(ctx, f, []Write{PutGrants("wrevoke", "w1", g), PutTokens("wrevoke", 1)}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -651,7 +649,7 @@ func TestSnapshotReportsCorruptValues(t *testing.T) {
 	if _, err := s.client.Put(ctx, MapKey("corrupt"), `{"epoch":1}`); err != nil {
 		t.Fatal(err)
 	}
-	bad := Map{Epoch: 1, Buckets: 8, Hash: placement.HashXXH64, Owners: make([]uint16, 8)}
+	bad := shard.Map{Epoch: 1, Hash: placement.HashXXH64, Assignment: placement.NewAssignment(8)}
 	b, _ := EncodeMap(bad)
 	if _, err := s.client.Put(ctx, TokensKey("corrupt"), "x"); err != nil {
 		t.Fatal(err)
@@ -778,7 +776,7 @@ func TestExpiredSessionKeysVanish(t *testing.T) {
 	waitFor(t, ctx, updates, &snap, "member record deleted on expiry", func(s *Snapshot) bool {
 		return !s.Keyspaces["expire"].Members["w1"].Exists()
 	})
-	g := Grants{Session: w.LeaseID(), Buckets: []BucketToken{{0, 1}}}
+	g := shard.Grants{Session: w.LeaseID(), Buckets: []shard.BucketToken{{Bucket: 0, Token: 1}}}
 	if _, err := s.Commit(ctx, f, []Write{PutGrants("expire", "w1", g)}, nil); !errors.Is(err, ErrLeaseNotFound) {
 		t.Fatalf("grant on an expired lease: %v, want ErrLeaseNotFound", err)
 	}
@@ -802,7 +800,7 @@ func TestQuarantineLivesOnItsOwnLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := Quarantine{Session: w.LeaseID(), Buckets: []int{2, 9}}
+	q := shard.Quarantine{Session: w.LeaseID(), Buckets: []int{2, 9}}
 	if _, err := s.Commit(ctx, f, []Write{PutQuarantine("quar", "w1", q, 0)}, nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("quarantine without a lease: %v, want ErrInvalid", err)
 	}
@@ -877,7 +875,7 @@ func TestActivate(t *testing.T) {
 	ctx := ctxFor(t, 20*time.Second)
 	createKeyspace(t, s, "act")
 	a, b := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
-	record := func() Member {
+	record := func() shard.Member {
 		t.Helper()
 		snap, _, err := s.LoadKeyspace(ctx, "act")
 		if err != nil {
@@ -933,14 +931,14 @@ func TestReleaseTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, fence := campaign(t, s, "leader-rel2")
-	if _, err := s.Commit(ctx, fence, []Write{PutGrants("rel2", "w1", Grants{Session: a.LeaseID(), Buckets: []BucketToken{{1, 4}, {2, 4}}})}, nil); err != nil {
+	if _, err := s.Commit(ctx, fence, []Write{PutGrants("rel2", "w1", shard.Grants{Session: a.LeaseID(), Buckets: []shard.BucketToken{{Bucket: 1, Token: 4}, {Bucket: 2, Token: 4}}})}, nil); err != nil {
 		t.Fatal(err)
 	}
-	first, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []BucketToken{{2, 4}}, nil)
+	first, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []shard.BucketToken{{Bucket: 2, Token: 4}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []BucketToken{{2, 4}}, nil)
+	second, err := s.Release(ctx, "rel2", "w1", a.LeaseID(), []shard.BucketToken{{Bucket: 2, Token: 4}}, nil)
 	if err != nil || second <= first {
 		t.Fatalf("second release: rev %d, %v; want success after rev %d", second, err, first)
 	}
@@ -948,7 +946,7 @@ func TestReleaseTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := snap.Keyspaces["rel2"].Releases["w1"].Value, (Releases{Buckets: []BucketToken{{2, 4}}}); !cmp.Equal(got, want) {
+	if got, want := snap.Keyspaces["rel2"].Releases["w1"].Value, (shard.Releases{Buckets: []shard.BucketToken{{Bucket: 2, Token: 4}}}); !cmp.Equal(got, want) {
 		t.Fatalf("releases %+v, want %+v", got, want)
 	}
 }

@@ -6,6 +6,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Change is one key's change, decoded.
@@ -16,12 +18,12 @@ type Change struct {
 	Keyspace string
 	ID       string // member id for per-member kinds, producer id for reports, "" otherwise
 	Key      string // the etcd key
-	// Value is the decoded value: Keyspace, Member, DrainRequest, Map,
-	// Grants, Releases, Quarantine, uint64 (tokens), HotPool, HotReport or
-	// OverflowSet. Nil when Deleted or Err != nil.
+	// Value is the decoded value: a shard.Keyspace, Member, Drain, Map,
+	// Grants, Releases or Quarantine, a uint64 (tokens), or a HotPool,
+	// HotReport or OverflowSet. Nil when Deleted or Err != nil.
 	Value       any
-	Lease       LeaseID // the lease the key is attached to (0 if none or deleted)
-	ModRevision int64   // the revision of the change
+	Lease       shard.LeaseID // the lease the key is attached to (0 if none or deleted)
+	ModRevision int64         // the revision of the change
 	// Deleted is set when the key was deleted, by a delete or because its
 	// lease expired or was revoked.
 	Deleted bool

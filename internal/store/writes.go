@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
 )
 
 // Reads that need a key's lease fetch the value too: etcd 3.7 answers
@@ -47,7 +49,7 @@ func checkNames(ks, id string) error {
 //
 // Errors: ErrNotFound (no such keyspace), ErrExists, ErrLeaseNotFound
 // (lease expired or revoked), ErrInvalidName, ErrInvalid, ErrUnavailable.
-func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, replace bool) (old LeaseID, rev int64, err error) {
+func (s *Store) Join(ctx context.Context, ks string, m shard.Member, lease shard.LeaseID, replace bool) (old shard.LeaseID, rev int64, err error) {
 	if s.closed() {
 		return 0, 0, errClosed("join")
 	}
@@ -75,7 +77,7 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 		m.Pending, m.Replaces, m.ReplacesFenced = true, 0, false
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			curRev = kvs[0].ModRevision
-			switch cur := LeaseID(kvs[0].Lease); {
+			switch cur := shard.LeaseID(kvs[0].Lease); {
 			case cur == lease:
 				if prev, err := DecodeMember(key, kvs[0].Value); err == nil {
 					m.Pending, m.Replaces, m.ReplacesFenced = prev.Pending, prev.Replaces, prev.ReplacesFenced
@@ -117,7 +119,7 @@ func (s *Store) Join(ctx context.Context, ks string, m Member, lease LeaseID, re
 // ended cannot count a renewal made after that as its own.
 // Errors: ErrNotFound (no member record), ErrFenced (the id is held by
 // another session), ErrCorrupt, ErrConflict, ErrUnavailable.
-func (s *Store) Activate(ctx context.Context, ks, id string, lease LeaseID) (int64, error) {
+func (s *Store) Activate(ctx context.Context, ks, id string, lease shard.LeaseID) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("activate")
 	}
@@ -135,8 +137,8 @@ func (s *Store) Activate(ctx context.Context, ks, id string, lease LeaseID) (int
 			return 0, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
 		}
 		kv := resp.Kvs[0]
-		if LeaseID(kv.Lease) != lease {
-			return 0, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(kv.Lease), lease)
+		if shard.LeaseID(kv.Lease) != lease {
+			return 0, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, shard.LeaseID(kv.Lease), lease)
 		}
 		m, err := DecodeMember(key, kv.Value)
 		if err != nil {
@@ -166,18 +168,18 @@ func (s *Store) Activate(ctx context.Context, ks, id string, lease LeaseID) (int
 
 // memberFenced reports why a member write fenced on the member key's lease
 // failed, from the Else branch's read of the member key.
-func memberFenced(op string, resp *clientv3.TxnResponse, id string, lease LeaseID) error {
+func memberFenced(op string, resp *clientv3.TxnResponse, id string, lease shard.LeaseID) error {
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
 		return fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
 	}
-	return fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, LeaseID(kvs[0].Lease), lease)
+	return fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, shard.LeaseID(kvs[0].Lease), lease)
 }
 
 // PutDrain asks member id to drain: it writes d at drain/<ks>/<id>,
 // attached to the member's current session so that it vanishes with it.
 // Errors: ErrNotFound (no such member), ErrInvalid, ErrUnavailable.
-func (s *Store) PutDrain(ctx context.Context, ks, id string, d DrainRequest) (int64, error) {
+func (s *Store) PutDrain(ctx context.Context, ks, id string, d shard.Drain) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("put drain")
 	}
@@ -242,7 +244,7 @@ func (s *Store) DeleteDrain(ctx context.Context, ks, id string) (int64, error) {
 // them or the session's lease is deleted: to make a member leave at once,
 // revoke its session instead. Errors: ErrNotFound, ErrFenced (held by
 // another session), ErrUnavailable.
-func (s *Store) DeleteMember(ctx context.Context, ks, id string, lease LeaseID) (int64, error) {
+func (s *Store) DeleteMember(ctx context.Context, ks, id string, lease shard.LeaseID) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("delete member")
 	}
@@ -271,7 +273,7 @@ func (s *Store) DeleteMember(ctx context.Context, ks, id string, lease LeaseID) 
 
 // CreateKeyspace stores a new keyspace's configuration. Errors: ErrExists,
 // ErrInvalid, ErrInvalidName, ErrUnavailable.
-func (s *Store) CreateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
+func (s *Store) CreateKeyspace(ctx context.Context, k shard.Keyspace) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("create keyspace")
 	}
@@ -304,7 +306,7 @@ func (s *Store) create(ctx context.Context, op, key string, val []byte) (int64, 
 // Mode cannot change: a different value fails with ErrImmutable naming the
 // field. Errors: ErrNotFound, ErrImmutable, ErrInvalid, ErrCorrupt (the
 // stored value does not decode), ErrUnavailable.
-func (s *Store) UpdateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
+func (s *Store) UpdateKeyspace(ctx context.Context, k shard.Keyspace) (int64, error) {
 	if err := ValidateName(KindKeyspace, k.Name); err != nil {
 		return 0, err
 	}
@@ -343,24 +345,24 @@ func (s *Store) UpdateKeyspace(ctx context.Context, k Keyspace) (int64, error) {
 
 // GetKeyspace returns keyspace ks's configuration and the ModRevision of
 // its key. Errors: ErrNotFound, ErrCorrupt, ErrInvalidName, ErrUnavailable.
-func (s *Store) GetKeyspace(ctx context.Context, ks string) (Keyspace, int64, error) {
+func (s *Store) GetKeyspace(ctx context.Context, ks string) (shard.Keyspace, int64, error) {
 	if s.closed() {
-		return Keyspace{}, 0, errClosed("get keyspace")
+		return shard.Keyspace{}, 0, errClosed("get keyspace")
 	}
 	if err := ValidateName(KindKeyspace, ks); err != nil {
-		return Keyspace{}, 0, err
+		return shard.Keyspace{}, 0, err
 	}
 	key := KeyspaceKey(ks)
 	resp, err := s.client.Get(ctx, key)
 	if err != nil {
-		return Keyspace{}, 0, s.err(fmt.Sprintf("get keyspace %q", ks), err)
+		return shard.Keyspace{}, 0, s.err(fmt.Sprintf("get keyspace %q", ks), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return Keyspace{}, 0, fmt.Errorf("store: get keyspace %q: %w", ks, ErrNotFound)
+		return shard.Keyspace{}, 0, fmt.Errorf("store: get keyspace %q: %w", ks, ErrNotFound)
 	}
 	k, err := DecodeKeyspace(key, resp.Kvs[0].Value)
 	if err != nil {
-		return Keyspace{}, 0, err
+		return shard.Keyspace{}, 0, err
 	}
 	return k, resp.Kvs[0].ModRevision, nil
 }
@@ -369,7 +371,7 @@ func (s *Store) GetKeyspace(ctx context.Context, ks string) (Keyspace, int64, er
 // the revision read. Keyspaces whose value does not decode are left out;
 // then err wraps ErrCorrupt and names them, and the list is still
 // returned.
-func (s *Store) ListKeyspaces(ctx context.Context) ([]Keyspace, int64, error) {
+func (s *Store) ListKeyspaces(ctx context.Context) ([]shard.Keyspace, int64, error) {
 	if s.closed() {
 		return nil, 0, errClosed("list keyspaces")
 	}
@@ -377,7 +379,7 @@ func (s *Store) ListKeyspaces(ctx context.Context) ([]Keyspace, int64, error) {
 	if err != nil {
 		return nil, 0, s.err("list keyspaces", err)
 	}
-	var out []Keyspace
+	var out []shard.Keyspace
 	var errs []error
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
@@ -386,7 +388,7 @@ func (s *Store) ListKeyspaces(ctx context.Context) ([]Keyspace, int64, error) {
 			err = corruptf(key, "", "not a keyspace key")
 		}
 		if err == nil {
-			var k Keyspace
+			var k shard.Keyspace
 			if k, err = DecodeKeyspace(key, kv.Value); err == nil {
 				out = append(out, k)
 				continue
@@ -394,7 +396,7 @@ func (s *Store) ListKeyspaces(ctx context.Context) ([]Keyspace, int64, error) {
 		}
 		errs = append(errs, err)
 	}
-	slices.SortFunc(out, func(a, b Keyspace) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b shard.Keyspace) int { return strings.Compare(a.Name, b.Name) })
 	return out, resp.Header.Revision, errors.Join(errs...)
 }
 
