@@ -55,19 +55,9 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		}
 		rec.Replaces = fenced // store.Join records whether it is the session replaced
 	}
-	var (
-		lease, old shard.LeaseID
-		ttl        time.Duration
-		rev        int64
-	)
-	err = s.memberStore(ctx, k.Name, func(ctx context.Context) (err error) {
-		if lease, ttl, err = s.store.Grant(ctx, k.LeaseTTL); err != nil {
-			lease = 0
-			return err
-		}
-		old, rev, err = s.store.Join(ctx, k.Name, rec, lease, req.Msg.GetReplace())
-		return err
-	})
+	j := &joinOp{s: s, ks: k, rec: rec, replace: req.Msg.GetReplace()}
+	err = s.memberStore(ctx, k.Name, j.attempt)
+	lease, old, ttl, rev := j.lease, j.old, j.ttl, j.rev
 	if err != nil && lease == 0 {
 		return nil, apiError(err)
 	}
@@ -98,6 +88,35 @@ func (m *memberService) Join(ctx context.Context, req *connect.Request[v1.JoinRe
 		LeaseTtl: durationpb.New(ttl),
 		Keyspace: keyspaceProto(k),
 	}), nil
+}
+
+// joinOp is the store operation of a Join, which memberStore may repeat:
+// an attempt abandoned at its deadline may still have landed. The
+// session's lease is therefore granted once, by the first attempt that
+// gets one, and a repeated Join on that lease finds the record already on
+// it and succeeds (store.Join is idempotent per lease). Granting a lease
+// per attempt instead would have a repeat find the id held by the first
+// attempt's live session and refuse the member's join.
+type joinOp struct {
+	s       *Server
+	ks      shard.Keyspace
+	rec     shard.Member
+	replace bool
+
+	lease, old shard.LeaseID
+	ttl        time.Duration
+	rev        int64
+}
+
+func (j *joinOp) attempt(ctx context.Context) (err error) {
+	if j.lease == 0 {
+		if j.lease, j.ttl, err = j.s.store.Grant(ctx, j.ks.LeaseTTL); err != nil {
+			j.lease = 0
+			return err
+		}
+	}
+	j.old, j.rev, err = j.s.store.Join(ctx, j.ks.Name, j.rec, j.lease, j.replace)
+	return err
 }
 
 // fencedSession checks a Join's fenced_session: a session of the same

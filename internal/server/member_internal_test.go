@@ -465,3 +465,40 @@ func TestReplacedSessionQuarantinedOnItsLease(t *testing.T) {
 		t.Fatal("replaced() does not follow the quarantine's lease")
 	}
 }
+
+// TestJoinAttemptRepeats: memberStore repeats a Join's store operation
+// when an attempt misses its share of the deadline, though that attempt
+// may have landed. A repeat must then succeed on the same session, not
+// find the id held by the first attempt's live session and refuse the
+// join; another process joining the same id is still refused.
+func TestJoinAttemptRepeats(t *testing.T) {
+	s, st := withRooms(t)
+	ctx := t.Context()
+	ks, err := s.keyspace(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := shard.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}
+	j := &joinOp{s: s, ks: ks, rec: rec}
+	if err := j.attempt(ctx); err != nil { // lands; its answer is lost
+		t.Fatal(err)
+	}
+	first := j.lease
+	if err := j.attempt(ctx); err != nil {
+		t.Fatalf("repeated join attempt: %v; want success on the first attempt's session", err)
+	}
+	if j.lease != first {
+		t.Fatalf("the repeat joined on session %v, want the first attempt's %v", j.lease, first)
+	}
+	snap, err := st.LoadAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := snap.Keyspaces["rooms"].Members["a"]; m.Value.Session != first {
+		t.Fatalf("member a is on session %v, want %v", m.Value.Session, first)
+	}
+	other := &joinOp{s: s, ks: ks, rec: rec}
+	if err := other.attempt(ctx); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("another process joining a: %v, want ErrExists", err)
+	}
+}
