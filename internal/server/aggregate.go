@@ -89,7 +89,7 @@ type poolWork struct {
 	name    string
 	cfg     store.HotPool
 	reports []hotkey.Report
-	prev    store.Entry[store.OverflowSet]
+	prev    store.Entry[hotkey.OverflowSet]
 	stale   []store.Expect // reports older than 2×report_max_age, at the revision read
 	corrupt error          // the stored set did not decode
 }
@@ -108,7 +108,7 @@ func (s *Server) hotKeyWork(now time.Time) []poolWork {
 					w.stale = append(w.stale, store.ExpectEntry(store.HotReportKey(name, id), r))
 					continue
 				}
-				w.reports = append(w.reports, hotReport(r.Value))
+				w.reports = append(w.reports, r.Value)
 			}
 			out = append(out, w)
 		}
@@ -119,14 +119,14 @@ func (s *Server) hotKeyWork(now time.Time) []poolWork {
 
 // aggregatePool runs one round for one pool.
 func (s *Server) aggregatePool(ctx context.Context, fence store.Fence, w poolWork, now time.Time) error {
-	prev := overflowFromStore(w.prev.Value)
+	prev := w.prev.Value
 	next, err := hotkey.Aggregate(prev, w.reports, now, aggregateConfig(w.cfg))
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
 	if setChanged(prev, next) {
 		rev, err := s.store.Commit(ctx, fence,
-			[]store.Write{store.PutOverflow(w.name, overflowToStore(next))},
+			[]store.Write{store.PutOverflow(w.name, next)},
 			[]store.Expect{store.ExpectEntry(store.OverflowKey(w.name), w.prev)})
 		if err != nil {
 			return fmt.Errorf("write the overflow set: %w", err)

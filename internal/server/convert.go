@@ -204,31 +204,7 @@ func aggregateConfig(p store.HotPool) hotkey.AggregateConfig {
 	return hotkey.AggregateConfig{Threshold: p.Threshold, LowThreshold: p.LowThreshold, Cooldown: p.Cooldown, MaxAge: p.ReportMaxAge, MaxKeys: p.MaxKeys}
 }
 
-func hotReport(r store.HotReport) hotkey.Report {
-	out := hotkey.Report{Producer: r.Producer, At: r.At, Keys: make([]hotkey.KeyRate, len(r.Keys))}
-	for i, kr := range r.Keys {
-		out.Keys[i] = hotkey.KeyRate{Key: kr.Key, Rate: kr.Rate}
-	}
-	return out
-}
-
-func overflowFromStore(s store.OverflowSet) hotkey.OverflowSet {
-	out := hotkey.OverflowSet{Version: s.Version, Entries: make([]hotkey.OverflowEntry, len(s.Entries))}
-	for i, e := range s.Entries {
-		out.Entries[i] = hotkey.OverflowEntry{Key: e.Key, Rate: e.Rate, Since: e.Since, BelowSince: e.BelowSince}
-	}
-	return out
-}
-
-func overflowToStore(s hotkey.OverflowSet) store.OverflowSet {
-	out := store.OverflowSet{Version: s.Version, Entries: make([]store.OverflowEntry, len(s.Entries))}
-	for i, e := range s.Entries {
-		out.Entries[i] = store.OverflowEntry{Key: e.Key, Rate: e.Rate, Since: e.Since, BelowSince: e.BelowSince}
-	}
-	return out
-}
-
-func overflowProto(pool string, s store.OverflowSet) *v1.OverflowSet {
+func overflowProto(pool string, s hotkey.OverflowSet) *v1.OverflowSet {
 	out := &v1.OverflowSet{Pool: pool, Version: s.Version, Keys: make([]*v1.OverflowKey, len(s.Entries))}
 	for i, e := range s.Entries {
 		k := &v1.OverflowKey{Key: e.Key, Rate: e.Rate, Since: timestamppb.New(e.Since)}

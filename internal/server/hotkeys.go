@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -41,7 +42,7 @@ func (h *hotKeyService) ReportHotKeys(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	rev, err := s.store.PutHotReport(ctx, pool.Name, store.HotReport{Producer: producer, At: s.clock.Now(), Keys: keys})
+	rev, err := s.store.PutHotReport(ctx, pool.Name, hotkey.Report{Producer: producer, At: s.clock.Now(), Keys: keys})
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, poolNotFound(pool.Name)
@@ -56,12 +57,12 @@ func (h *hotKeyService) ReportHotKeys(ctx context.Context, req *connect.Request[
 
 // reportKeys checks a report's keys and returns them sorted, as the store
 // keeps them. Errors are INVALID_ARGUMENT naming the entry.
-func reportKeys(in []*v1.KeyRate) ([]store.KeyRate, error) {
+func reportKeys(in []*v1.KeyRate) ([]hotkey.KeyRate, error) {
 	if len(in) > store.MaxReportKeys {
 		return nil, invalid("keys: %d keys in one report; send at most %d, the ones with the highest rates", len(in), store.MaxReportKeys)
 	}
 	seen := make(map[string]int, len(in))
-	out := make([]store.KeyRate, len(in))
+	out := make([]hotkey.KeyRate, len(in))
 	for i, kr := range in {
 		key, rate := kr.GetKey(), kr.GetRate()
 		switch {
@@ -76,7 +77,7 @@ func reportKeys(in []*v1.KeyRate) ([]store.KeyRate, error) {
 			return nil, invalid("keys[%d].key: %.40q appears twice (also keys[%d]); send each key once, with its total local rate", i, key, j)
 		}
 		seen[key] = i
-		out[i] = store.KeyRate{Key: key, Rate: rate}
+		out[i] = hotkey.KeyRate{Key: key, Rate: rate}
 	}
 	store.SortKeyRates(out)
 	return out, nil

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -783,8 +784,8 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 
 // Decode decodes the value stored at key according to the key's kind and
 // returns the typed value: a shard.Keyspace, Member, Drain, Map, Grants,
-// Releases or Quarantine, a uint64 (tokens), or a HotPool, HotReport or
-// OverflowSet. Leader keys decode to their value as a string (the
+// Releases or Quarantine, a uint64 (tokens), or a HotPool, hotkey.Report or
+// hotkey.OverflowSet. Leader keys decode to their value as a string (the
 // leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {
 	kind, _, _, err := ParseKey(key)
@@ -863,47 +864,26 @@ type HotPool struct {
 	MaxKeys int
 }
 
-// KeyRate is one key's rate (per second) as one producer measured it.
-type KeyRate struct {
-	Key  string  // 1 to MaxHotKeyLen bytes of UTF-8
-	Rate float64 // finite, >= 0
-}
-
-// HotReport is one producer's latest heavy hitters, stored at
+// Hot-key reports and overflow sets are hotkey's records (hotkey.Report,
+// hotkey.KeyRate, hotkey.OverflowSet, hotkey.OverflowEntry): the leader's
+// aggregation reads and writes them as they are stored.
+//
+// A report is one producer's latest heavy hitters, stored at
 // hotreports/<pool>/<producer> without a lease; each report replaces the
 // producer's previous one, and the leader deletes reports older than twice
-// the pool's ReportMaxAge.
-//
+// the pool's ReportMaxAge. Its producer must match the key, At (when the
+// replica that received it stored it) must be set, and Keys are sorted by
+// key, without duplicates, at most MaxReportKeys, each 1 to MaxHotKeyLen
+// bytes of UTF-8 with a finite rate >= 0.
 // JSON: {"producer","at","keys":[{"key","rate"},...]}.
-type HotReport struct {
-	Producer string    // must match the key
-	At       time.Time // when the replica that received it stored it; must be set
-	// Keys is sorted by key, without duplicates, at most MaxReportKeys.
-	Keys []KeyRate
-}
-
-// OverflowEntry is one key of an OverflowSet.
-type OverflowEntry struct {
-	Key  string  // 1 to MaxHotKeyLen bytes of UTF-8
-	Rate float64 // summed over producers when the set was written; finite, >= 0
-	// Since is when the key entered the set (must be set); BelowSince when
-	// its summed rate fell below the pool's LowThreshold (zero while it is
-	// above).
-	Since, BelowSince time.Time
-}
-
-// OverflowSet is a pool's cluster-wide overflow set, stored at
-// overflow/<pool> by the leader only (a fenced Commit). Version rises by
-// one whenever the keys change; a set that has ever had keys has a
-// version >= 1.
 //
+// An overflow set is a pool's cluster-wide set, stored at overflow/<pool>
+// by the leader only (a fenced Commit). Version rises by one whenever the
+// keys change; a set that has ever had keys has a version >= 1. Entries
+// are sorted by key, without duplicates, at most MaxOverflowKeys, each
+// with a Since that is set.
 // JSON: {"version":N,"entries":[{"key","rate","since","below_since"},...]};
 // below_since is omitted while the key is above the low threshold.
-type OverflowSet struct {
-	Version uint64
-	// Entries is sorted by key, without duplicates, at most MaxOverflowKeys.
-	Entries []OverflowEntry
-}
 
 // Validate checks p as PutHotPool and EncodeHotPool do. The error wraps
 // ErrInvalid and names the field.
@@ -962,15 +942,15 @@ func checkHotKey(field string, i int, key string, rate float64, prev string) *fi
 	return nil
 }
 
-// Validate checks r as PutHotReport and EncodeHotReport do.
-func (r HotReport) Validate() error {
-	if e := r.validate(); e != nil {
+// ValidateHotReport checks r as PutHotReport and EncodeHotReport do.
+func ValidateHotReport(r hotkey.Report) error {
+	if e := validateHotReport(r); e != nil {
 		return e.invalid("hot-key report")
 	}
 	return nil
 }
 
-func (r HotReport) validate() *fieldError {
+func validateHotReport(r hotkey.Report) *fieldError {
 	if e := checkName("producer", KindHotReport, r.Producer); e != nil {
 		return e
 	}
@@ -992,20 +972,20 @@ func (r HotReport) validate() *fieldError {
 	return nil
 }
 
-// SortKeyRates sorts keys by key in place, as HotReport requires.
-func SortKeyRates(keys []KeyRate) {
-	slices.SortFunc(keys, func(a, b KeyRate) int { return strings.Compare(a.Key, b.Key) })
+// SortKeyRates sorts keys by key in place, as hotkey.Report requires.
+func SortKeyRates(keys []hotkey.KeyRate) {
+	slices.SortFunc(keys, func(a, b hotkey.KeyRate) int { return strings.Compare(a.Key, b.Key) })
 }
 
-// Validate checks s as EncodeOverflow does.
-func (s OverflowSet) Validate() error {
-	if e := s.validate(); e != nil {
+// ValidateOverflowSet checks s as EncodeOverflow does.
+func ValidateOverflowSet(s hotkey.OverflowSet) error {
+	if e := validateOverflowSet(s); e != nil {
 		return e.invalid("overflow set")
 	}
 	return nil
 }
 
-func (s OverflowSet) validate() *fieldError {
+func validateOverflowSet(s hotkey.OverflowSet) *fieldError {
 	if len(s.Entries) > MaxOverflowKeys {
 		return ferr("entries", "%d entries; the limit is %d", len(s.Entries), MaxOverflowKeys)
 	}
@@ -1151,8 +1131,8 @@ func DecodeHotPool(key string, data []byte) (HotPool, error) {
 }
 
 // EncodeHotReport returns the stored form of r.
-func EncodeHotReport(r HotReport) ([]byte, error) {
-	if err := r.Validate(); err != nil {
+func EncodeHotReport(r hotkey.Report) ([]byte, error) {
+	if err := ValidateHotReport(r); err != nil {
 		return nil, err
 	}
 	keys := make([]keyRateJSON, len(r.Keys))
@@ -1164,38 +1144,38 @@ func EncodeHotReport(r HotReport) ([]byte, error) {
 
 // DecodeHotReport decodes the value stored at key; the producer must match
 // the key's when key is a report key. Errors wrap ErrCorrupt.
-func DecodeHotReport(key string, data []byte) (HotReport, error) {
+func DecodeHotReport(key string, data []byte) (hotkey.Report, error) {
 	var w hotReportIn
 	if err := decodeStrict(key, data, hotReportFields, &w); err != nil {
-		return HotReport{}, err
+		return hotkey.Report{}, err
 	}
 	at, err := parseTime(key, "at", w.At)
 	if err != nil {
-		return HotReport{}, err
+		return hotkey.Report{}, err
 	}
 	if len(w.Keys) > MaxReportKeys {
-		return HotReport{}, corruptf(key, "keys", "%d keys; the limit is %d", len(w.Keys), MaxReportKeys)
+		return hotkey.Report{}, corruptf(key, "keys", "%d keys; the limit is %d", len(w.Keys), MaxReportKeys)
 	}
-	r := HotReport{Producer: w.Producer, At: at}
+	r := hotkey.Report{Producer: w.Producer, At: at}
 	for i, raw := range w.Keys {
 		var kr keyRateJSON
 		if err := decodeEntry(key, "keys", i, raw, keyRateFields, &kr); err != nil {
-			return HotReport{}, err
+			return hotkey.Report{}, err
 		}
-		r.Keys = append(r.Keys, KeyRate(kr))
+		r.Keys = append(r.Keys, hotkey.KeyRate(kr))
 	}
-	if e := r.validate(); e != nil {
-		return HotReport{}, e.corrupt(key)
+	if e := validateHotReport(r); e != nil {
+		return hotkey.Report{}, e.corrupt(key)
 	}
 	if kind, _, id, err := ParseKey(key); err == nil && kind == KindHotReport && id != r.Producer {
-		return HotReport{}, corruptf(key, "producer", "%q does not match the key", r.Producer)
+		return hotkey.Report{}, corruptf(key, "producer", "%q does not match the key", r.Producer)
 	}
 	return r, nil
 }
 
 // EncodeOverflow returns the stored form of s.
-func EncodeOverflow(s OverflowSet) ([]byte, error) {
-	if err := s.Validate(); err != nil {
+func EncodeOverflow(s hotkey.OverflowSet) ([]byte, error) {
+	if err := ValidateOverflowSet(s); err != nil {
 		return nil, err
 	}
 	entries := make([]overflowEntryJSON, len(s.Entries))
@@ -1209,32 +1189,32 @@ func EncodeOverflow(s OverflowSet) ([]byte, error) {
 }
 
 // DecodeOverflow decodes the value stored at key. Errors wrap ErrCorrupt.
-func DecodeOverflow(key string, data []byte) (OverflowSet, error) {
+func DecodeOverflow(key string, data []byte) (hotkey.OverflowSet, error) {
 	var w overflowIn
 	if err := decodeStrict(key, data, overflowFields, &w); err != nil {
-		return OverflowSet{}, err
+		return hotkey.OverflowSet{}, err
 	}
 	if len(w.Entries) > MaxOverflowKeys {
-		return OverflowSet{}, corruptf(key, "entries", "%d entries; the limit is %d", len(w.Entries), MaxOverflowKeys)
+		return hotkey.OverflowSet{}, corruptf(key, "entries", "%d entries; the limit is %d", len(w.Entries), MaxOverflowKeys)
 	}
-	s := OverflowSet{Version: w.Version}
+	s := hotkey.OverflowSet{Version: w.Version}
 	for i, raw := range w.Entries {
 		var ej overflowEntryJSON
 		if err := decodeEntry(key, "entries", i, raw, overflowEntryFields, &ej); err != nil {
-			return OverflowSet{}, err
+			return hotkey.OverflowSet{}, err
 		}
-		e := OverflowEntry{Key: ej.Key, Rate: ej.Rate}
+		e := hotkey.OverflowEntry{Key: ej.Key, Rate: ej.Rate}
 		var err error
 		if e.Since, err = parseTime(key, "entries", ej.Since); err != nil {
-			return OverflowSet{}, corruptf(key, "entries", "entry %d: since: %.40q is not an RFC 3339 time", i, ej.Since)
+			return hotkey.OverflowSet{}, corruptf(key, "entries", "entry %d: since: %.40q is not an RFC 3339 time", i, ej.Since)
 		}
 		if e.BelowSince, err = parseTime(key, "entries", ej.BelowSince); err != nil {
-			return OverflowSet{}, corruptf(key, "entries", "entry %d: below_since: %.40q is not an RFC 3339 time", i, ej.BelowSince)
+			return hotkey.OverflowSet{}, corruptf(key, "entries", "entry %d: below_since: %.40q is not an RFC 3339 time", i, ej.BelowSince)
 		}
 		s.Entries = append(s.Entries, e)
 	}
-	if e := s.validate(); e != nil {
-		return OverflowSet{}, e.corrupt(key)
+	if e := validateOverflowSet(s); e != nil {
+		return hotkey.OverflowSet{}, e.corrupt(key)
 	}
 	return s, nil
 }

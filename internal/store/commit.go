@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/shard"
 )
 
@@ -80,7 +81,7 @@ func PutTokens(ks string, last uint64) Write {
 // it, with an expectation on the set it read (ExpectEntry(OverflowKey(pool),
 // ...)), so that a deposed leader, or one whose view is behind, cannot
 // overwrite a newer set.
-func PutOverflow(pool string, set OverflowSet) Write {
+func PutOverflow(pool string, set hotkey.OverflowSet) Write {
 	b, err := EncodeOverflow(set)
 	if err == nil {
 		err = ValidateName(KindHotPool, pool)

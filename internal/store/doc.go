@@ -31,8 +31,8 @@
 //	tokens/<ks>           last fencing token, decimal           leader Commit         none
 //	quarantine/<ks>/<id>  Quarantine {"session","buckets":[b]}  leader Commit         its own, one TTL
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
-//	hotreports/<pool>/<p> HotReport {"producer","at","keys"}    the producer (API)    none; leader deletes stale ones
-//	overflow/<pool>       OverflowSet {"version","entries"}     leader Commit         none
+//	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
+//	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none
 //	leader/<lease hex>    the campaigner's id                   Election              replica's session
 //
 // The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace: a

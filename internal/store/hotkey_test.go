@@ -9,12 +9,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/keyshard/keyshard/hotkey"
 )
 
 var (
 	samplePool = HotPool{Name: "ingest", Threshold: 1000, LowThreshold: 500, Cooldown: 30 * time.Second, ReportThreshold: 15.625, ReportMaxAge: 30 * time.Second, MaxKeys: 1024}
-	sampleHotR = HotReport{Producer: "p-1", At: testTime, Keys: []KeyRate{{"user:1", 62.5}, {"user:42", 0}, {"ü", 1e6}}}
-	sampleSet  = OverflowSet{Version: 3, Entries: []OverflowEntry{
+	sampleHotR = hotkey.Report{Producer: "p-1", At: testTime, Keys: []hotkey.KeyRate{{Key: "user:1", Rate: 62.5}, {Key: "user:42", Rate: 0}, {Key: "ü", Rate: 1e6}}}
+	sampleSet  = hotkey.OverflowSet{Version: 3, Entries: []hotkey.OverflowEntry{
 		{Key: "a", Rate: 1200, Since: testTime},
 		{Key: "b", Rate: 12.5, Since: testTime, BelowSince: testTime.Add(time.Second)},
 	}}
@@ -48,11 +50,11 @@ func TestHotKeyCodecRoundTrip(t *testing.T) {
 	})
 	t.Run("report", func(t *testing.T) {
 		long := strings.Repeat("k", MaxHotKeyLen)
-		full := HotReport{Producer: "p", At: testTime.In(time.FixedZone("x", 3600))}
+		full := hotkey.Report{Producer: "p", At: testTime.In(time.FixedZone("x", 3600))}
 		for i := range MaxReportKeys {
-			full.Keys = append(full.Keys, KeyRate{Key: long[:MaxHotKeyLen-4] + string(rune('a'+i/676)) + string(rune('a'+i/26%26)) + string(rune('a'+i%26)) + "!", Rate: float64(i)})
+			full.Keys = append(full.Keys, hotkey.KeyRate{Key: long[:MaxHotKeyLen-4] + string(rune('a'+i/676)) + string(rune('a'+i/26%26)) + string(rune('a'+i%26)) + "!", Rate: float64(i)})
 		}
-		for _, r := range []HotReport{sampleHotR, {Producer: "empty", At: testTime}, full} {
+		for _, r := range []hotkey.Report{sampleHotR, {Producer: "empty", At: testTime}, full} {
 			b, err := EncodeHotReport(r)
 			if err != nil {
 				t.Fatal(err)
@@ -65,17 +67,17 @@ func TestHotKeyCodecRoundTrip(t *testing.T) {
 				t.Errorf("round trip (-want +got):\n%s", diff)
 			}
 		}
-		b, _ := EncodeHotReport(HotReport{Producer: "p", At: testTime, Keys: []KeyRate{{"a<b", 1.5}}})
+		b, _ := EncodeHotReport(hotkey.Report{Producer: "p", At: testTime, Keys: []hotkey.KeyRate{{Key: "a<b", Rate: 1.5}}})
 		if want := `{"producer":"p","at":"2026-03-04T05:06:07.89Z","keys":[{"key":"a\u003cb","rate":1.5}]}`; string(b) != want {
 			t.Errorf("wire form %s\nwant      %s", b, want)
 		}
-		b, _ = EncodeHotReport(HotReport{Producer: "p", At: testTime})
+		b, _ = EncodeHotReport(hotkey.Report{Producer: "p", At: testTime})
 		if want := `{"producer":"p","at":"2026-03-04T05:06:07.89Z","keys":[]}`; string(b) != want {
 			t.Errorf("empty report %s, want %s", b, want)
 		}
 	})
 	t.Run("overflow", func(t *testing.T) {
-		for _, s := range []OverflowSet{sampleSet, {}, {Version: 9}} {
+		for _, s := range []hotkey.OverflowSet{sampleSet, {}, {Version: 9}} {
 			b, err := EncodeOverflow(s)
 			if err != nil {
 				t.Fatal(err)
@@ -100,28 +102,28 @@ func TestHotKeyEncodeRejectsInvalid(t *testing.T) {
 	pool := func(f func(*HotPool)) func() error {
 		return func() error { p := samplePool; f(&p); _, err := EncodeHotPool(p); return err }
 	}
-	report := func(f func(*HotReport)) func() error {
+	report := func(f func(*hotkey.Report)) func() error {
 		return func() error {
 			r := sampleHotR
-			r.Keys = append([]KeyRate(nil), r.Keys...)
+			r.Keys = append([]hotkey.KeyRate(nil), r.Keys...)
 			f(&r)
 			_, err := EncodeHotReport(r)
 			return err
 		}
 	}
-	set := func(f func(*OverflowSet)) func() error {
+	set := func(f func(*hotkey.OverflowSet)) func() error {
 		return func() error {
 			s := sampleSet
-			s.Entries = append([]OverflowEntry(nil), s.Entries...)
+			s.Entries = append([]hotkey.OverflowEntry(nil), s.Entries...)
 			f(&s)
 			_, err := EncodeOverflow(s)
 			return err
 		}
 	}
-	tooMany := func(n int) []KeyRate {
-		out := make([]KeyRate, n)
+	tooMany := func(n int) []hotkey.KeyRate {
+		out := make([]hotkey.KeyRate, n)
 		for i := range out {
-			out[i] = KeyRate{Key: strings.Repeat("k", 1+i/256) + string(rune('a'+i%256)), Rate: 1}
+			out[i] = hotkey.KeyRate{Key: strings.Repeat("k", 1+i/256) + string(rune('a'+i%256)), Rate: 1}
 		}
 		SortKeyRates(out)
 		return out
@@ -146,37 +148,37 @@ func TestHotKeyEncodeRejectsInvalid(t *testing.T) {
 		{"pool max age long", `"report_max_age_ms"`, pool(func(p *HotPool) { p.ReportMaxAge = 25 * time.Hour })},
 		{"pool max keys 0", `"max_keys"`, pool(func(p *HotPool) { p.MaxKeys = 0 })},
 		{"pool max keys big", `"max_keys"`, pool(func(p *HotPool) { p.MaxKeys = MaxOverflowKeys + 1 })},
-		{"report producer", `"producer"`, report(func(r *HotReport) { r.Producer = "p 1" })},
-		{"report at", `"at"`, report(func(r *HotReport) { r.At = time.Time{} })},
-		{"report too many", `"keys"`, report(func(r *HotReport) { r.Keys = tooMany(MaxReportKeys + 1) })},
-		{"report empty key", `"keys"`, report(func(r *HotReport) { r.Keys[0].Key = "" })},
-		{"report long key", `"keys"`, report(func(r *HotReport) { r.Keys = []KeyRate{{strings.Repeat("k", MaxHotKeyLen+1), 1}} })},
-		{"report bad utf8", `"keys"`, report(func(r *HotReport) { r.Keys = []KeyRate{{"\xff", 1}} })},
-		{"report negative", `"keys"`, report(func(r *HotReport) { r.Keys[1].Rate = -1 })},
-		{"report NaN", `"keys"`, report(func(r *HotReport) { r.Keys[1].Rate = math.NaN() })},
-		{"report Inf", `"keys"`, report(func(r *HotReport) { r.Keys[1].Rate = math.Inf(1) })},
-		{"report unsorted", `"keys"`, report(func(r *HotReport) { r.Keys[0], r.Keys[1] = r.Keys[1], r.Keys[0] })},
-		{"report duplicate", `"keys"`, report(func(r *HotReport) { r.Keys[1].Key = r.Keys[0].Key })},
-		{"set version 0", `"version"`, set(func(s *OverflowSet) { s.Version = 0 })},
-		{"set since", `"entries"`, set(func(s *OverflowSet) { s.Entries[0].Since = time.Time{} })},
-		{"set below_since year", `"entries"`, set(func(s *OverflowSet) { s.Entries[0].BelowSince = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) })},
-		{"set rate", `"entries"`, set(func(s *OverflowSet) { s.Entries[1].Rate = math.Inf(-1) })},
-		{"set duplicate", `"entries"`, set(func(s *OverflowSet) { s.Entries[1].Key = "a" })},
-		{"set empty key", `"entries"`, set(func(s *OverflowSet) { s.Entries[0].Key = "" })},
-		{"set too many", `"entries"`, set(func(s *OverflowSet) { s.Entries = make([]OverflowEntry, MaxOverflowKeys+1) })},
+		{"report producer", `"producer"`, report(func(r *hotkey.Report) { r.Producer = "p 1" })},
+		{"report at", `"at"`, report(func(r *hotkey.Report) { r.At = time.Time{} })},
+		{"report too many", `"keys"`, report(func(r *hotkey.Report) { r.Keys = tooMany(MaxReportKeys + 1) })},
+		{"report empty key", `"keys"`, report(func(r *hotkey.Report) { r.Keys[0].Key = "" })},
+		{"report long key", `"keys"`, report(func(r *hotkey.Report) { r.Keys = []hotkey.KeyRate{{Key: strings.Repeat("k", MaxHotKeyLen+1), Rate: 1}} })},
+		{"report bad utf8", `"keys"`, report(func(r *hotkey.Report) { r.Keys = []hotkey.KeyRate{{Key: "\xff", Rate: 1}} })},
+		{"report negative", `"keys"`, report(func(r *hotkey.Report) { r.Keys[1].Rate = -1 })},
+		{"report NaN", `"keys"`, report(func(r *hotkey.Report) { r.Keys[1].Rate = math.NaN() })},
+		{"report Inf", `"keys"`, report(func(r *hotkey.Report) { r.Keys[1].Rate = math.Inf(1) })},
+		{"report unsorted", `"keys"`, report(func(r *hotkey.Report) { r.Keys[0], r.Keys[1] = r.Keys[1], r.Keys[0] })},
+		{"report duplicate", `"keys"`, report(func(r *hotkey.Report) { r.Keys[1].Key = r.Keys[0].Key })},
+		{"set version 0", `"version"`, set(func(s *hotkey.OverflowSet) { s.Version = 0 })},
+		{"set since", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries[0].Since = time.Time{} })},
+		{"set below_since year", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries[0].BelowSince = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) })},
+		{"set rate", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries[1].Rate = math.Inf(-1) })},
+		{"set duplicate", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries[1].Key = "a" })},
+		{"set empty key", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries[0].Key = "" })},
+		{"set too many", `"entries"`, set(func(s *hotkey.OverflowSet) { s.Entries = make([]hotkey.OverflowEntry, MaxOverflowKeys+1) })},
 	} {
 		err := tc.enc()
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "field "+tc.field) {
 			t.Errorf("%s: got %v, want ErrInvalid naming field %s", tc.name, err, tc.field)
 		}
 	}
-	if _, err := EncodeHotReport(HotReport{Producer: "p", At: testTime, Keys: tooMany(MaxReportKeys)}); err != nil {
+	if _, err := EncodeHotReport(hotkey.Report{Producer: "p", At: testTime, Keys: tooMany(MaxReportKeys)}); err != nil {
 		t.Errorf("a report of exactly %d keys: %v", MaxReportKeys, err)
 	}
 	if err := PutOverflow("bad name", sampleSet).err; !errors.Is(err, ErrInvalidName) {
 		t.Errorf("PutOverflow with a bad pool name: %v, want ErrInvalidName", err)
 	}
-	if err := PutOverflow("p", OverflowSet{Entries: sampleSet.Entries}).err; !errors.Is(err, ErrInvalid) {
+	if err := PutOverflow("p", hotkey.OverflowSet{Entries: sampleSet.Entries}).err; !errors.Is(err, ErrInvalid) {
 		t.Errorf("PutOverflow of an invalid set: %v, want ErrInvalid", err)
 	}
 }
@@ -316,9 +318,9 @@ func hotChange(t *testing.T, key string, v any, rev int64) Change {
 	switch v := v.(type) {
 	case HotPool:
 		b, err = EncodeHotPool(v)
-	case HotReport:
+	case hotkey.Report:
 		b, err = EncodeHotReport(v)
-	case OverflowSet:
+	case hotkey.OverflowSet:
 		b, err = EncodeOverflow(v)
 	case string:
 		b = []byte(v)
@@ -343,7 +345,7 @@ func TestHotKeySnapshotApply(t *testing.T) {
 	s.Apply(Change{Kind: KindKeyspace, Keyspace: "ingest", Key: KeyspaceKey("ingest"), Value: ks, ModRevision: 2})
 	s.Apply(hotChange(t, HotPoolKey("ingest"), samplePool, 3))
 	s.Apply(hotChange(t, HotReportKey("ingest", "p-1"), sampleHotR, 4))
-	r2 := HotReport{Producer: "p-2", At: testTime}
+	r2 := hotkey.Report{Producer: "p-2", At: testTime}
 	s.Apply(hotChange(t, HotReportKey("ingest", "p-2"), r2, 5))
 	s.Apply(hotChange(t, OverflowKey("ingest"), sampleSet, 6))
 	if s.Rev != 6 {
@@ -398,7 +400,7 @@ func TestHotKeyStore(t *testing.T) {
 	createKeyspace(t, s, "hk-store") // a keyspace of the same name stays apart
 
 	// A report needs its pool.
-	r := HotReport{Producer: "p-1", At: testTime, Keys: []KeyRate{{"k", 5}}}
+	r := hotkey.Report{Producer: "p-1", At: testTime, Keys: []hotkey.KeyRate{{Key: "k", Rate: 5}}}
 	if _, err := s.PutHotReport(ctx, pool.Name, r); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `"hk-store"`) {
 		t.Fatalf("report before the pool exists: %v, want ErrNotFound naming the pool", err)
 	}
@@ -426,7 +428,7 @@ func TestHotKeyStore(t *testing.T) {
 	if _, err := s.PutHotPool(ctx, HotPool{Name: "hk bad"}); !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("bad pool name: %v", err)
 	}
-	if _, err := s.PutHotReport(ctx, pool.Name, HotReport{Producer: "p-1"}); !errors.Is(err, ErrInvalid) {
+	if _, err := s.PutHotReport(ctx, pool.Name, hotkey.Report{Producer: "p-1"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("invalid report: %v", err)
 	}
 
@@ -454,7 +456,7 @@ func TestHotKeyStore(t *testing.T) {
 	// The overflow set is written by the leader only, fenced and expected.
 	el, f := campaign(t, s, "hk-leader")
 	ps := snap.Pools[pool.Name]
-	set := OverflowSet{Version: 1, Entries: []OverflowEntry{{Key: "k", Rate: 2500, Since: testTime}}}
+	set := hotkey.OverflowSet{Version: 1, Entries: []hotkey.OverflowEntry{{Key: "k", Rate: 2500, Since: testTime}}}
 	setRev, err := s.Commit(ctx, f, []Write{PutOverflow(pool.Name, set)}, []Expect{ExpectEntry(OverflowKey(pool.Name), ps.Overflow)})
 	if err != nil {
 		t.Fatal(err)
@@ -492,7 +494,7 @@ func TestHotKeyStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur := snap.Pools[pool.Name].Overflow
-	if _, err := s.Commit(ctx, f, []Write{PutOverflow(pool.Name, OverflowSet{Version: 2})}, []Expect{ExpectEntry(OverflowKey(pool.Name), cur)}); !errors.Is(err, ErrFenced) {
+	if _, err := s.Commit(ctx, f, []Write{PutOverflow(pool.Name, hotkey.OverflowSet{Version: 2})}, []Expect{ExpectEntry(OverflowKey(pool.Name), cur)}); !errors.Is(err, ErrFenced) {
 		t.Fatalf("deposed leader's set: %v, want ErrFenced", err)
 	}
 	// A corrupt report shows up in Corrupt, not in the pool.

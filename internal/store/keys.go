@@ -34,8 +34,8 @@ const (
 	// The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace;
 	// they live in Snapshot.Pools.
 	KindHotPool   // hotpools/<pool>: HotPool
-	KindHotReport // hotreports/<pool>/<producer>: HotReport
-	KindOverflow  // overflow/<pool>: OverflowSet
+	KindHotReport // hotreports/<pool>/<producer>: hotkey.Report
+	KindOverflow  // overflow/<pool>: hotkey.OverflowSet
 )
 
 var kindSegs = [...]string{

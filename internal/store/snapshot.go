@@ -7,6 +7,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/shard"
 )
 
@@ -58,12 +59,12 @@ func (st *KeyspaceState) empty() bool {
 type PoolState struct {
 	Name     string
 	Config   Entry[HotPool]
-	Reports  map[string]Entry[HotReport] // by producer id
-	Overflow Entry[OverflowSet]
+	Reports  map[string]Entry[hotkey.Report] // by producer id
+	Overflow Entry[hotkey.OverflowSet]
 }
 
 func newPoolState(pool string) *PoolState {
-	return &PoolState{Name: pool, Reports: map[string]Entry[HotReport]{}}
+	return &PoolState{Name: pool, Reports: map[string]Entry[hotkey.Report]{}}
 }
 
 func (p *PoolState) empty() bool {
@@ -164,7 +165,7 @@ func (s *Snapshot) applyPool(c Change) {
 	case KindHotReport:
 		setEntry(p.Reports, c, c.Lease)
 	case KindOverflow:
-		p.Overflow = entry[OverflowSet](c)
+		p.Overflow = entry[hotkey.OverflowSet](c)
 	}
 	if c.Deleted && p.empty() {
 		delete(s.Pools, c.Keyspace)

@@ -20,7 +20,7 @@ type Change struct {
 	Key      string // the etcd key
 	// Value is the decoded value: a shard.Keyspace, Member, Drain, Map,
 	// Grants, Releases or Quarantine, a uint64 (tokens), or a HotPool,
-	// HotReport or OverflowSet. Nil when Deleted or Err != nil.
+	// hotkey.Report or hotkey.OverflowSet. Nil when Deleted or Err != nil.
 	Value       any
 	Lease       shard.LeaseID // the lease the key is attached to (0 if none or deleted)
 	ModRevision int64         // the revision of the change

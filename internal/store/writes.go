@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/keyshard/keyshard/hotkey"
 	"github.com/keyshard/keyshard/internal/shard"
 )
 
@@ -499,7 +500,7 @@ func (s *Store) GetHotPool(ctx context.Context, pool string) (HotPool, int64, er
 // write. It writes only if the pool exists, in the same transaction.
 // Errors: ErrNotFound (no such pool), ErrInvalid, ErrInvalidName,
 // ErrUnavailable.
-func (s *Store) PutHotReport(ctx context.Context, pool string, r HotReport) (int64, error) {
+func (s *Store) PutHotReport(ctx context.Context, pool string, r hotkey.Report) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("put hot-key report")
 	}
