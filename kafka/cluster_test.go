@@ -582,7 +582,7 @@ func TestClusterConfigErrors(t *testing.T) {
 	} {
 		cfg := testConfig(e)
 		cfg.ClusterHotKeys = &c.hk
-		_, err := NewRouter(testCtx(t), e.cl, e.adm, cfg)
+		_, err := NewRouter(e.cl, e.adm, cfg)
 		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: err = %v, want ErrBadConfig mentioning %q", c.hk, err, c.want)
 		}

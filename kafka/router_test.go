@@ -85,13 +85,21 @@ func TestPartitionerCheck(t *testing.T) {
 	}
 
 	e := newEnv(t)
-	if _, err := NewRouter(testCtx(t), e.client(t, kgo.RecordPartitioner(kgo.RoundRobinPartitioner())), e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
+	if _, err := NewRouter(e.client(t, kgo.RecordPartitioner(kgo.RoundRobinPartitioner())), e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("NewRouter with a round-robin client: %v, want ErrBadConfig", err)
 	}
 }
 
 func TestConfigErrors(t *testing.T) {
 	e := newEnv(t)
+	start := func(cfg Config) error { // NewRouter's checks, then Start's
+		r, err := NewRouter(e.cl, e.adm, cfg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		return r.Start(testCtx(t))
+	}
 	for _, c := range []struct {
 		field string
 		edit  func(*Config)
@@ -114,17 +122,17 @@ func TestConfigErrors(t *testing.T) {
 	} {
 		cfg := testConfig(e)
 		c.edit(&cfg)
-		_, err := NewRouter(testCtx(t), e.cl, e.adm, cfg)
+		err := start(cfg)
 		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: err = %v, want ErrBadConfig naming the field", c.field, err)
 		}
 	}
-	if _, err := NewRouter(testCtx(t), nil, e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
+	if _, err := NewRouter(nil, e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("nil client: %v", err)
 	}
 	cfg := testConfig(e)
 	cfg.Policy.Detector.Threshold = 0
-	if _, err := NewRouter(testCtx(t), e.cl, e.adm, cfg); !errors.Is(err, hotkey.ErrBadConfig) {
+	if _, err := NewRouter(e.cl, e.adm, cfg); !errors.Is(err, hotkey.ErrBadConfig) {
 		t.Errorf("bad policy: %v does not wrap hotkey.ErrBadConfig", err)
 	}
 
