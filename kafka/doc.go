@@ -3,9 +3,9 @@
 // produces them with a franz-go client, and its Barrier lets consumers of
 // either lane honour the order of a key that moves between lanes.
 //
-// It shares Keyshard's module because `keyshard demo --mode hotkeys`
-// builds on it; franz-go is pure Go, and programs that do not import this
-// package do not link it.
+// It is a module of its own, github.com/keyshard/keyshard/kafka, so that
+// programs using the SDK (package client) do not depend on franz-go or
+// the Prometheus client; it depends on the SDK, never on the server.
 //
 // # Guarantees
 //
