@@ -107,7 +107,7 @@ func benchPolicy() hotkey.PolicyConfig {
 }
 
 func benchRouter(b *testing.B, clk clock.Clock) *Router {
-	r, err := newRouter(context.Background(), &ackProducer{}, fixedAdmin{}, Config{
+	r, err := newRouter(&ackProducer{}, fixedAdmin{}, Config{
 		MainTopic: mainTopic, OverflowTopic: overflowTopic, OverflowGroup: overflowGroup,
 		Policy: benchPolicy(), Clock: clk,
 	})
@@ -115,6 +115,9 @@ func benchRouter(b *testing.B, clk clock.Clock) *Router {
 		b.Fatal(err)
 	}
 	b.Cleanup(r.Close)
+	if err := r.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 	return r
 }
 

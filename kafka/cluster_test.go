@@ -563,32 +563,6 @@ func TestClusterControlPlaneUnreachable(t *testing.T) {
 	}
 }
 
-// TestClusterConfigErrors: the hookup's fields are checked by NewRouter.
-func TestClusterConfigErrors(t *testing.T) {
-	e := newEnv(t)
-	kc, err := client.Dial("http://127.0.0.1:7400") // no IO
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	for _, c := range []struct {
-		hk   ClusterHotKeysConfig
-		want string
-	}{
-		{ClusterHotKeysConfig{Pool: "events", Producer: "p1"}, "Config.ClusterHotKeys.Client is nil"},
-		{ClusterHotKeysConfig{Client: kc, Producer: "p1"}, "Config.ClusterHotKeys: keyshard: invalid argument: NewHotKeys: HotKeysConfig.Pool is empty"},
-		{ClusterHotKeysConfig{Client: kc, Pool: "events"}, "HotKeysConfig.Producer is empty"},
-		{ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1", Interval: -time.Second}, "Interval"},
-	} {
-		cfg := testConfig(e)
-		cfg.ClusterHotKeys = &c.hk
-		_, err := NewRouter(testCtx(t), e.cl, e.adm, cfg)
-		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%+v: err = %v, want ErrBadConfig mentioning %q", c.hk, err, c.want)
-		}
-	}
-}
-
 // TestEndToEndClusterKey: a key that is cold here but in the cluster set
 // moves to overflow while its main records are unprocessed, and back once
 // it leaves the set, with a consumer group per lane honouring the

@@ -26,13 +26,19 @@ var (
 	// record may still be written later (counted in Stats.LateAcks); the
 	// client may still read it, so do not modify or reuse it.
 	ErrTimeout = errors.New("kafka: send timed out")
-	// ErrClosed: Produce was called after Close.
+	// ErrClosed: Produce or Start was called after Close. Never produced;
+	// counted as failed.
 	ErrClosed = errors.New("kafka: router closed")
+	// ErrNotStarted: Produce or Refresh was called before Start returned
+	// nil. Never produced; counted as failed.
+	ErrNotStarted = errors.New("kafka: router not started; call Start first")
 	// ErrNoDeadLetterTopic: a dead-letter rule matched the key but
 	// Config.DeadLetterTopic is empty. Never produced; counted as failed.
 	ErrNoDeadLetterTopic = errors.New("kafka: dead-letter rule matched but no dead-letter topic is configured")
 	// ErrBadConfig is wrapped by every configuration error of NewRouter,
-	// NewBarrier and Router.SetRules; the message names the field.
+	// Router.Start (a topic missing or not describable, metrics refused),
+	// NewBarrier and Router.SetRules; the message names the argument or
+	// field.
 	ErrBadConfig = errors.New("kafka: bad config")
 	// ErrBadHeader is wrapped by Barrier.Wait for a barrier header that is
 	// not "<partition>:<offset>".
@@ -97,8 +103,8 @@ const (
 // Config configures a Router. MainTopic, OverflowTopic, OverflowGroup and
 // Policy.Detector are required; the rest have defaults.
 type Config struct {
-	// MainTopic and OverflowTopic are the two lanes. They must exist and
-	// differ.
+	// MainTopic and OverflowTopic are the two lanes. They must differ, and
+	// exist when Start runs.
 	MainTopic, OverflowTopic string
 	// DeadLetterTopic receives the keys that dead-letter rules match.
 	// Optional unless such rules are configured.
@@ -141,7 +147,8 @@ type Config struct {
 	// stays. Nil: local detection only.
 	ClusterHotKeys *ClusterHotKeysConfig
 	// Registerer, if set, gets the router's metrics, labelled with the
-	// main and overflow topics; Close unregisters them. They are
+	// main and overflow topics: Start registers them and Close unregisters
+	// them. They are
 	// keyshard_router_sends_total{result}, keyshard_router_late_acks_total,
 	// keyshard_router_decisions_total{outcome,reason},
 	// keyshard_router_overflow_keys, keyshard_router_held_records,

@@ -3,9 +3,9 @@
 // produces them with a franz-go client, and its Barrier lets consumers of
 // either lane honour the order of a key that moves between lanes.
 //
-// It shares Keyshard's module because `keyshard demo --mode hotkeys`
-// builds on it; franz-go is pure Go, and programs that do not import this
-// package do not link it.
+// It is a module of its own, github.com/keyshard/keyshard/kafka, so that
+// programs using the SDK (package client) do not depend on franz-go or
+// the Prometheus client; it depends on the SDK, never on the server.
 //
 // # Guarantees
 //
@@ -19,7 +19,8 @@
 //     partitions; its Kafka key is then moved to the HeaderKey header.
 //   - Nothing is dropped silently. A record without a key fails with
 //     ErrMissingKey, or gets a key from Config.KeyFunc. A record a drop rule
-//     matches fails with ErrDropped and is counted.
+//     matches fails with ErrDropped and is counted. A record sent before
+//     Start or after Close fails with ErrNotStarted or ErrClosed.
 //   - Every send resolves, exactly once, within Config.SendTimeout: with
 //     nil once the broker acknowledged it, or with an error. A broker that
 //     never answers yields ErrTimeout (the record may still be written
@@ -57,12 +58,13 @@
 //		kgo.RecordDeliveryTimeout(10*time.Second)) // the default partitioner is murmur2
 //	if err != nil { return err }
 //	defer cl.Close()
-//	r, err := kafka.NewRouter(ctx, cl, kadm.NewClient(cl), kafka.Config{
+//	r, err := kafka.NewRouter(cl, kadm.NewClient(cl), kafka.Config{
 //		MainTopic: "events", OverflowTopic: "events-overflow", OverflowGroup: "ingest-overflow",
 //		Policy: hotkey.PolicyConfig{Detector: hotkey.DetectorConfig{Threshold: 1000, MaxTotalRate: 200_000}},
 //	})
-//	if err != nil { return err } // wraps ErrBadConfig: names the field
+//	if err != nil { return err } // wraps ErrBadConfig: names the field; nothing was sent
 //	defer r.Close()
+//	if err := r.Start(ctx); err != nil { return err } // loads the topics; a missing one: ErrBadConfig naming it
 //	r.Produce(ctx, &kgo.Record{Key: distinctID, Value: event}, func(rec *kgo.Record, err error) {
 //		// exactly once: nil, ErrMissingKey, ErrDropped, ErrTimeout or the client's error
 //	})
@@ -92,10 +94,11 @@
 // only once its overflow records are committed.
 //
 //	kc, err := client.Dial("http://keyshard:7400", client.Token(token))
-//	r, err := kafka.NewRouter(ctx, cl, adm, kafka.Config{
+//	r, err := kafka.NewRouter(cl, adm, kafka.Config{
 //		...,
 //		ClusterHotKeys: &kafka.ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: hostname},
 //	})
+//	err = r.Start(ctx) // the sync starts with the router; it does not delay Start
 //
 // It fails open: sends never wait for the control plane, only for the
 // router's lock, which the sync holds to scan the detector and to install
@@ -108,18 +111,25 @@
 //
 // # Lifecycle and threading
 //
-// NewRouter checks the configuration and the topics, then starts two
-// goroutines: the refresh loop (every Config.RefreshInterval it runs
-// Refresh: committed offsets, drain, sweep, backlog, partition count) and
-// the one that times out sends; with Config.ClusterHotKeys, a third runs
-// the cluster hot-key sync. Produce, ProduceSync, Flush, Refresh, Stats,
+// A Router has the shape of the SDK's long-lived types (see "Lifecycle"
+// in the client package). NewRouter checks its arguments and the
+// configuration; it does no IO and starts no goroutine. Start loads the
+// topics' metadata, retrying while Kafka cannot be reached until its ctx
+// ends but failing at once for a missing topic, registers the metrics and
+// starts two goroutines: the refresh loop (every Config.RefreshInterval it
+// runs Refresh: committed offsets, drain, sweep, backlog, partition count)
+// and the one that times out sends; with Config.ClusterHotKeys, a third
+// runs the cluster hot-key sync. Start returns once the router routes;
+// until then Produce resolves with ErrNotStarted. Unlike the SDK's
+// Router.Start, a failed Start leaves the router as NewRouter returned it,
+// to be started again. Produce, ProduceSync, Flush, Refresh, Stats,
 // SetEnabled, SetRules, ApplyClusterSet and WaitClusterVersion are safe
 // for concurrent use. A promise is called from Produce's own goroutine
 // (errors found before producing), from the client's promise goroutine,
 // or from the router's timeout goroutine; it must not block, nor call
 // ProduceSync, Flush or Close. Close stops accepting sends, waits until
 // every accepted send has resolved (at most SendTimeout), stops the
-// goroutines and unregisters the metrics; it is idempotent. The router
-// does not own the Kafka clients, nor the Keyshard client: close them
-// after the router.
+// goroutines and unregisters the metrics; it is idempotent and needs no
+// Start (Start after Close returns ErrClosed). The router does not own the
+// Kafka clients, nor the Keyshard client: close them after the router.
 package kafka

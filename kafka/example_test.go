@@ -37,8 +37,9 @@ func ExampleParsePosition() {
 	// true
 }
 
-// A router in front of a main and an overflow topic. Compiled, not run: it
-// needs a broker.
+// A router in front of a main and an overflow topic: NewRouter checks the
+// arguments, Start loads the topics and starts the router. Compiled, not
+// run: it needs a broker.
 func ExampleNewRouter() {
 	ctx := context.Background()
 	cl, err := kgo.NewClient(
@@ -53,7 +54,7 @@ func ExampleNewRouter() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, err := kafka.NewRouter(ctx, cl, kadm.NewClient(cl), kafka.Config{
+	r, err := kafka.NewRouter(cl, kadm.NewClient(cl), kafka.Config{
 		MainTopic:     "events",
 		OverflowTopic: "events-overflow",
 		OverflowGroup: "ingest-overflow",
@@ -66,9 +67,16 @@ func ExampleNewRouter() {
 		},
 	})
 	if err != nil {
-		log.Fatal(err) // wraps kafka.ErrBadConfig and names the field
+		log.Fatal(err) // wraps kafka.ErrBadConfig and names the field; nothing was sent
 	}
 	defer r.Close()
+	// Start waits for the brokers (retrying) until its ctx ends, and fails
+	// at once for a missing topic.
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := r.Start(startCtx); err != nil {
+		log.Fatal(err) // a missing topic: wraps kafka.ErrBadConfig and names it
+	}
 
 	r.Produce(ctx, &kgo.Record{Key: []byte("user:42"), Value: []byte(`{"event":"pageview"}`)},
 		func(rec *kgo.Record, err error) {

@@ -85,13 +85,17 @@ func testConfig(e *testEnv) Config {
 	}
 }
 
+// router returns a started router, closed when the test ends.
 func (e *testEnv) router(t *testing.T, cfg Config) *Router {
 	t.Helper()
-	r, err := NewRouter(testCtx(t), e.cl, e.adm, cfg)
+	r, err := NewRouter(e.cl, e.adm, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
+	if err := r.Start(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
 	return r
 }
 

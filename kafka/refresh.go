@@ -19,8 +19,15 @@ import (
 // cooled down and drained (hotkey.Policy.Sweep); updates the overflow
 // backlog per partition and warns when one approaches retention.bytes; and
 // reloads the main topic's partition count. It returns the errors of the
-// requests that failed (the others still apply).
+// requests that failed (the others still apply), or ErrNotStarted before
+// Start.
 func (r *Router) Refresh(ctx context.Context) error {
+	r.mu.Lock()
+	started := r.started
+	r.mu.Unlock()
+	if !started {
+		return ErrNotStarted
+	}
 	var errs []error
 	fail := func(what string, err error) {
 		errs = append(errs, fmt.Errorf("%s: %w", what, err))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keyshard/keyshard/client"
@@ -63,7 +64,8 @@ const (
 // hotkey.Policy, and produces them with a franz-go client. See the package
 // documentation for its guarantees.
 //
-// A Router is safe for concurrent use. NewRouter starts two goroutines (the
+// A Router is safe for concurrent use. NewRouter checks the arguments and
+// starts nothing; Start loads the topics and starts two goroutines (the
 // refresh loop and the one that times out sends), and a third with
 // Config.ClusterHotKeys (the cluster hot-key sync); a key's entry barrier
 // starts one while it releases held records. Close stops them.
@@ -91,6 +93,9 @@ type Router struct {
 	// e when it was set, so a lookup checks its key (see cachedKey).
 	byEntry   []*keyState
 	held      int
+	started   bool               // Start succeeded: Produce accepts sends
+	starting  bool               // a Start is loading the topics
+	stopStart context.CancelFunc // ends the Start in progress (Close)
 	closed    bool
 	stopped   bool
 	retention int64 // overflow retention.bytes; ≤ 0 is unlimited
@@ -121,9 +126,10 @@ type Router struct {
 
 	hot *client.HotKeys // the cluster hot-key sync; nil without Config.ClusterHotKeys
 
-	collector *collector
-	cancel    context.CancelFunc
+	collector *collector         // registered by Start
+	cancel    context.CancelFunc // stops the goroutines Start started
 	wg        sync.WaitGroup
+	starts    sync.WaitGroup // a Start in progress; Close waits for it
 	closeOnce sync.Once
 }
 
@@ -193,26 +199,29 @@ type send struct {
 	expired    bool // timed out before the client resolved it
 }
 
-// NewRouter returns a router that produces with cl and reads offsets and
-// metadata with adm. It checks the configuration, that cl's partitioner
+// NewRouter returns a router that will produce with cl and read offsets
+// and metadata with adm; call Start before Produce. It checks what can be
+// checked without IO: that cl and adm are not nil, that cl's partitioner
 // places keys as Kafka's Java client does (murmur2; franz-go's default
-// partitioner and kgo.StickyKeyPartitioner(nil) do), and that the topics
-// exist, then starts the refresh loop, and with Config.ClusterHotKeys the
-// cluster hot-key sync. Errors wrap ErrBadConfig, or are the metadata
-// request's.
+// partitioner and kgo.StickyKeyPartitioner(nil) do), the configuration,
+// the policy and Config.ClusterHotKeys. It sends nothing and starts no
+// goroutine. Errors wrap ErrBadConfig and name the argument or field.
 //
 // The router does not own cl or adm: close them after Close. Build cl
 // with kgo.RecordDeliveryTimeout at or below Config.SendTimeout so that the
 // client, too, gives up on records it cannot deliver.
-func NewRouter(ctx context.Context, cl *kgo.Client, adm *kadm.Client, cfg Config) (*Router, error) {
-	if cl == nil || adm == nil {
-		return nil, fmt.Errorf("%w: NewRouter needs a *kgo.Client and a *kadm.Client", ErrBadConfig)
+func NewRouter(cl *kgo.Client, adm *kadm.Client, cfg Config) (*Router, error) {
+	switch {
+	case cl == nil:
+		return nil, fmt.Errorf("%w: NewRouter: the *kgo.Client is nil; build one with kgo.NewClient", ErrBadConfig)
+	case adm == nil:
+		return nil, fmt.Errorf("%w: NewRouter: the *kadm.Client is nil; build one with kadm.NewClient(cl)", ErrBadConfig)
 	}
 	p, _ := cl.OptValue(kgo.RecordPartitioner).(kgo.Partitioner)
 	if err := checkPartitioner(p); err != nil {
 		return nil, err
 	}
-	r, err := newRouter(ctx, cl, adm, cfg)
+	r, err := newRouter(cl, adm, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +232,7 @@ func NewRouter(ctx context.Context, cl *kgo.Client, adm *kadm.Client, cfg Config
 	return r, nil
 }
 
-func newRouter(ctx context.Context, prod producer, adm admin, cfg Config) (*Router, error) {
+func newRouter(prod producer, adm admin, cfg Config) (*Router, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -253,30 +262,132 @@ func newRouter(ctx context.Context, prod producer, adm admin, cfg Config) (*Rout
 			return nil, fmt.Errorf("%w: Config.ClusterHotKeys: %w", ErrBadConfig, err)
 		}
 	}
-	if err := r.loadTopics(ctx); err != nil {
-		return nil, err
-	}
-	if cfg.Registerer != nil {
-		r.collector = newCollector(r)
-		if err := cfg.Registerer.Register(r.collector); err != nil {
-			return nil, fmt.Errorf("%w: Config.Registerer: %w", ErrBadConfig, err)
-		}
-	}
-	loopCtx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	r.wg.Add(2)
-	go r.loop(loopCtx)       // exits when Close cancels loopCtx
-	go r.expireLoop(loopCtx) // exits when Close cancels loopCtx
-	if r.hot != nil {
-		r.wg.Add(1)
-		go r.syncHotKeys(loopCtx) // exits when Close cancels loopCtx
-	}
 	return r, nil
 }
 
-// loadTopics checks that the topics exist and learns the partition count of
-// the main topic.
+// Backoff of Start between failed metadata requests.
+const (
+	startBackoffMin = 100 * time.Millisecond
+	startBackoffMax = 5 * time.Second
+)
+
+// Start loads the topics' metadata (the main topic's partition count, and
+// that every topic exists), registers the metrics with Config.Registerer
+// and starts the router's goroutines (see Router). It returns once the
+// router routes: until then Produce resolves with ErrNotStarted. ctx
+// bounds only the loading; the goroutines run until Close.
+//
+// A producer that starts while Kafka is briefly unreachable (a rolling
+// restart, a broker still starting) should wait for it rather than fail,
+// so Start retries what may pass by waiting, a failed metadata request or
+// a topic without a leader yet, with backoff from 100ms to 5s, logging each
+// failure, until ctx ends; it then returns an error wrapping ctx.Err() and
+// the last failure. Give it a deadline. A missing topic does not appear by
+// waiting: Start returns at once an error wrapping ErrBadConfig that names
+// the field and the topic, and wraps kerr.UnknownTopicOrPartition. Errors
+// wrapping ErrBadConfig also come from a topic the client may not describe
+// (with kerr's error) and from Config.Registerer refusing the metrics.
+//
+// A failed Start starts nothing, and may be called again (the Kafka
+// client caches metadata, a missing topic included, for
+// kgo.MetadataMinAge). Start returns ErrClosed after Close, or if Close
+// ends it; and an error if it has succeeded before or runs already.
+func (r *Router) Start(ctx context.Context) error {
+	r.mu.Lock()
+	switch {
+	case r.closed:
+		r.mu.Unlock()
+		return ErrClosed
+	case r.started:
+		r.mu.Unlock()
+		return errors.New("kafka: Router.Start called after it succeeded")
+	case r.starting:
+		r.mu.Unlock()
+		return errors.New("kafka: Router.Start called while another Start runs")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.starting, r.stopStart = true, cancel
+	r.starts.Add(1) // Close waits for it
+	r.mu.Unlock()
+	defer r.starts.Done()
+
+	err := r.loadTopics(ctx)
+	if err == nil && r.cfg.Registerer != nil {
+		c := newCollector(r)
+		if err = r.cfg.Registerer.Register(c); err != nil {
+			err = fmt.Errorf("%w: Config.Registerer: %w", ErrBadConfig, err)
+		} else {
+			r.collector = c
+		}
+	}
+	r.mu.Lock()
+	r.starting, r.stopStart = false, nil
+	closed := r.closed
+	if err == nil && !closed {
+		r.started = true
+		r.run()
+	}
+	r.mu.Unlock()
+	if closed {
+		if r.collector != nil {
+			r.cfg.Registerer.Unregister(r.collector)
+			r.collector = nil
+		}
+		return ErrClosed
+	}
+	return err
+}
+
+// run starts the router's goroutines. r.mu is held.
+func (r *Router) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.wg.Add(2)
+	go r.loop(ctx)       // exits when Close cancels ctx
+	go r.expireLoop(ctx) // exits when Close cancels ctx
+	if r.hot != nil {
+		r.wg.Add(1)
+		go r.syncHotKeys(ctx) // exits when Close cancels ctx
+	}
+}
+
+// loadTopics learns the partition count of the main topic, and that every
+// topic exists. It retries transient failures with backoff until ctx ends
+// (see Start).
 func (r *Router) loadTopics(ctx context.Context) error {
+	var last error // the last failure other than ctx's
+	for wait := startBackoffMin; ; wait = min(2*wait, startBackoffMax) {
+		n, retry, err := r.describeTopics(ctx)
+		switch {
+		case err == nil:
+			r.mu.Lock()
+			r.setMainPartitions(n)
+			r.mu.Unlock()
+			return nil
+		case !retry:
+			return err
+		case ctx.Err() == nil:
+			last = err
+			r.log.Warn("kafka router: cannot load the topics yet; retrying", "err", err, "retry_in", wait)
+			t := r.clk.NewTimer(wait)
+			select {
+			case <-t.C():
+				continue
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		if last == nil {
+			last = err
+		}
+		return fmt.Errorf("kafka: start: waiting for the topics' metadata: %w; last failure: %w", ctx.Err(), last)
+	}
+}
+
+// describeTopics reads the topics' metadata once and returns the main
+// topic's partition count, or an error and whether it may pass by waiting.
+func (r *Router) describeTopics(ctx context.Context) (mainN int32, retry bool, err error) {
 	topics := []string{r.cfg.MainTopic, r.cfg.OverflowTopic}
 	fields := []string{"MainTopic", "OverflowTopic"}
 	if r.cfg.DeadLetterTopic != "" {
@@ -285,23 +396,28 @@ func (r *Router) loadTopics(ctx context.Context) error {
 	}
 	td, err := r.adm.ListTopics(ctx, topics...)
 	if err != nil {
-		return fmt.Errorf("kafka: list topics: %w", err)
+		// The client retried already; only an error the broker says is
+		// final (an authorization failure, say) is not worth waiting on.
+		var ke *kerr.Error
+		return 0, !errors.As(err, &ke) || ke.Retriable, fmt.Errorf("kafka: list topics: %w", err)
 	}
 	for i, t := range topics {
 		d, ok := td[t]
 		switch {
-		case !ok:
-			return fmt.Errorf("%w: Config.%s %q: topic not found", ErrBadConfig, fields[i], t)
+		case !ok: // not in the answer: the same
+			d.Err = kerr.UnknownTopicOrPartition
+			fallthrough
+		case errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+			return 0, false, fmt.Errorf("%w: Config.%s %q: topic not found; create it or fix the name: %w", ErrBadConfig, fields[i], t, d.Err)
+		case kerr.IsRetriable(d.Err): // a leader election, a topic being created
+			return 0, true, fmt.Errorf("kafka: Config.%s %q: %w", fields[i], t, d.Err)
 		case d.Err != nil:
-			return fmt.Errorf("%w: Config.%s %q: %w", ErrBadConfig, fields[i], t, d.Err)
+			return 0, false, fmt.Errorf("%w: Config.%s %q: %w", ErrBadConfig, fields[i], t, d.Err)
 		case len(d.Partitions) == 0:
-			return fmt.Errorf("%w: Config.%s %q: no partitions", ErrBadConfig, fields[i], t)
+			return 0, false, fmt.Errorf("%w: Config.%s %q: no partitions", ErrBadConfig, fields[i], t)
 		}
 	}
-	r.mu.Lock()
-	r.setMainPartitions(int32(len(td[r.cfg.MainTopic].Partitions)))
-	r.mu.Unlock()
-	return nil
+	return int32(len(td[r.cfg.MainTopic].Partitions)), false, nil
 }
 
 func (r *Router) setMainPartitions(n int32) {
@@ -325,8 +441,8 @@ func (r *Router) part(p int32) *mainPart {
 // broker has acknowledged it, or with an error. It sets rec.Topic to the
 // lane's topic and keeps rec.Key, so that partitioning by key puts a hot
 // key on one overflow partition. Errors: ErrMissingKey, ErrDropped,
-// ErrNoDeadLetterTopic and ErrClosed (promise called before Produce
-// returns), ErrTimeout (SendTimeout passed), or the client's error.
+// ErrNoDeadLetterTopic, ErrNotStarted and ErrClosed (promise called before
+// Produce returns), ErrTimeout (SendTimeout passed), or the client's error.
 //
 // Produce blocks only while the client's buffer is full (see
 // kgo.MaxBufferedRecords), bounded by ctx. The router owns rec until
@@ -352,10 +468,14 @@ func (r *Router) Produce(ctx context.Context, rec *kgo.Record, promise func(*kgo
 	s := &send{r: r, ctx: ctx, rec: rec, promise: promise}
 	now := r.clk.Now() // outside the lock
 	r.mu.Lock()
-	if r.closed {
+	if !r.started || r.closed {
+		err := ErrNotStarted
+		if r.closed {
+			err = ErrClosed
+		}
 		r.mu.Unlock()
 		r.results[resFailed].Add(1)
-		promise(rec, ErrClosed)
+		promise(rec, err)
 		return
 	}
 	act, wake := r.accept(s, now)
@@ -882,19 +1002,26 @@ func (r *Router) Flush(ctx context.Context) error {
 	}
 }
 
-// Close stops accepting sends (Produce resolves with ErrClosed), waits
-// until every accepted send has resolved (at most SendTimeout), stops the
-// router's goroutines (the cluster hot-key sync included) and unregisters
-// its metrics. It is idempotent and
-// safe to call concurrently; every call returns once the router is closed.
-// It closes neither the Kafka client nor the admin client.
+// Close stops accepting sends (Produce resolves with ErrClosed), ends a
+// Start in progress (which returns ErrClosed) and waits until it has
+// returned, waits until every accepted send has resolved (at most
+// SendTimeout), stops the router's goroutines (the cluster hot-key sync
+// included) and unregisters its metrics. It is idempotent, safe to call
+// concurrently and without Start; every call returns once the router is
+// closed. It closes neither the Kafka client nor the admin client, nor the
+// Keyshard client of Config.ClusterHotKeys.
 func (r *Router) Close() {
 	r.closeOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
 		close(r.clusterChanged) // WaitClusterVersion returns ErrClosed
 		r.clusterChanged = make(chan struct{})
+		stopStart := r.stopStart
 		r.mu.Unlock()
+		if stopStart != nil {
+			stopStart()
+		}
+		r.starts.Wait()
 		_ = r.Flush(context.Background()) // bounded: every send expires by its deadline
 		r.mu.Lock()
 		r.stopped = true
@@ -903,9 +1030,15 @@ func (r *Router) Close() {
 			st.pending -= len(st.held)
 			st.held = nil
 		}
+		cancel := r.cancel // nil without Start
 		r.mu.Unlock()
-		r.cancel()
+		if cancel != nil {
+			cancel()
+		}
 		r.wg.Wait()
+		if r.hot != nil {
+			_ = r.hot.Close() // it never ran without Start; always nil
+		}
 		if r.collector != nil {
 			r.cfg.Registerer.Unregister(r.collector)
 		}

@@ -83,56 +83,17 @@ func TestPartitionerCheck(t *testing.T) {
 			t.Errorf("%s: %v does not wrap ErrBadConfig", c.name, err)
 		}
 	}
-
-	e := newEnv(t)
-	if _, err := NewRouter(testCtx(t), e.client(t, kgo.RecordPartitioner(kgo.RoundRobinPartitioner())), e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
-		t.Errorf("NewRouter with a round-robin client: %v, want ErrBadConfig", err)
-	}
 }
 
-func TestConfigErrors(t *testing.T) {
+// TestSetRulesChecksDeadLetter: a dead-letter rule needs a dead-letter
+// topic. (NewRouter's checks: TestNewRouterErrors.)
+func TestSetRulesChecksDeadLetter(t *testing.T) {
 	e := newEnv(t)
-	for _, c := range []struct {
-		field string
-		edit  func(*Config)
-	}{
-		{"Config.MainTopic", func(c *Config) { c.MainTopic = "" }},
-		{"Config.OverflowTopic", func(c *Config) { c.OverflowTopic = "" }},
-		{"Config.OverflowTopic", func(c *Config) { c.OverflowTopic = c.MainTopic }},
-		{"Config.DeadLetterTopic", func(c *Config) { c.DeadLetterTopic = c.MainTopic }},
-		{"Config.OverflowGroup", func(c *Config) { c.OverflowGroup = "" }},
-		{"Config.SendTimeout", func(c *Config) { c.SendTimeout = -time.Second }},
-		{"Config.RefreshInterval", func(c *Config) { c.RefreshInterval = -time.Second }},
-		{"Config.RetentionWarnFraction", func(c *Config) { c.RetentionWarnFraction = 1.5 }},
-		{"Config.Policy", func(c *Config) { c.Policy.Detector.Threshold = 0 }},
-		{"Config.Policy.Rules", func(c *Config) {
-			c.DeadLetterTopic = ""
-			c.Policy.Rules = mustRules(t, "dead-letter k:*")
-		}},
-		{"Config.MainTopic", func(c *Config) { c.MainTopic = "no-such-topic" }},
-		{"Config.DeadLetterTopic", func(c *Config) { c.DeadLetterTopic = "no-such-dlq" }},
-	} {
-		cfg := testConfig(e)
-		c.edit(&cfg)
-		_, err := NewRouter(testCtx(t), e.cl, e.adm, cfg)
-		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), c.field) {
-			t.Errorf("%s: err = %v, want ErrBadConfig naming the field", c.field, err)
-		}
-	}
-	if _, err := NewRouter(testCtx(t), nil, e.adm, testConfig(e)); !errors.Is(err, ErrBadConfig) {
-		t.Errorf("nil client: %v", err)
-	}
-	cfg := testConfig(e)
-	cfg.Policy.Detector.Threshold = 0
-	if _, err := NewRouter(testCtx(t), e.cl, e.adm, cfg); !errors.Is(err, hotkey.ErrBadConfig) {
-		t.Errorf("bad policy: %v does not wrap hotkey.ErrBadConfig", err)
-	}
-
 	r := e.router(t, testConfig(e))
 	if err := r.SetRules(mustRules(t, "dead-letter x")); err != nil {
 		t.Errorf("SetRules: %v", err)
 	}
-	cfg = testConfig(e)
+	cfg := testConfig(e)
 	cfg.DeadLetterTopic = ""
 	r2 := e.router(t, cfg)
 	if err := r2.SetRules(mustRules(t, "dead-letter x")); !errors.Is(err, ErrBadConfig) {
@@ -806,6 +767,8 @@ func TestBacklogMetric(t *testing.T) {
 	}
 }
 
+// TestClose: Close is idempotent, safe to call concurrently, and returns
+// once the router's goroutines have exited; Produce and Start then fail.
 func TestClose(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
@@ -813,14 +776,21 @@ func TestClose(t *testing.T) {
 	if err := r.ProduceSync(ctx, rec("k", "v")); err != nil {
 		t.Fatal(err)
 	}
+	e.clk.MustBlockUntil(t, 1) // the refresh loop's ticker
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(r.Close)
 	}
 	wg.Wait()
 	r.Close()
+	if n := e.clk.Waiters(); n != 0 {
+		t.Errorf("%d timers waiting after Close: a goroutine still runs", n)
+	}
 	if err := r.ProduceSync(ctx, rec("k", "v")); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
+	}
+	if err := r.Start(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Start after Close: %v, want ErrClosed", err)
 	}
 	if s := r.Stats(); s.Main != 1 || s.Failed != 1 {
 		t.Errorf("stats: %+v", s)

@@ -172,7 +172,7 @@ func (h *hotkeysDemo) run(ctx context.Context) (HotkeysReport, error) {
 	}
 	h.say("kfake: 1 broker, topics %s and %s (%d partitions each), %s; threshold %.0f msg/s per key, half-life %v, cooldown %v",
 		hkMainTopic, hkOverflowTopic, hkPartitions, hkDeadTopic, hkThreshold, hkHalfLife, hkCooldown)
-	h.router, err = kafka.NewRouter(ctx, prodCl, adm, kafka.Config{
+	h.router, err = kafka.NewRouter(prodCl, adm, kafka.Config{
 		MainTopic: hkMainTopic, OverflowTopic: hkOverflowTopic, DeadLetterTopic: hkDeadTopic, OverflowGroup: hkOverflowGroup,
 		Policy: hotkey.PolicyConfig{
 			Detector: hotkey.DetectorConfig{Threshold: hkThreshold, HalfLife: hkHalfLife, Capacity: 4096},
@@ -191,6 +191,9 @@ func (h *hotkeysDemo) run(ctx context.Context) (HotkeysReport, error) {
 			h.router.Close()
 		}
 	}()
+	if err := h.router.Start(ctx); err != nil {
+		return HotkeysReport{}, err
+	}
 
 	// One consumer group per lane; each honours the other lane's barrier
 	// and commits after processing.

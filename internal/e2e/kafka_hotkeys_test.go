@@ -62,8 +62,12 @@ func TestClusterHotKeysSixteenProducers(t *testing.T) {
 		// Locally, nothing here is ever hot: only the sum can catch a key.
 		cfg.Policy.Detector = hotkey.DetectorConfig{Threshold: 1000, HalfLife: 2 * time.Second, Capacity: 256}
 		cfg.ClusterHotKeys = &kafka.ClusterHotKeysConfig{Client: cl, Pool: "ingest", Producer: fmt.Sprintf("ingest-%02d", i)}
-		r, err := kafka.NewRouter(ctx, e.cl, e.adm, cfg)
+		r, err := kafka.NewRouter(e.cl, e.adm, cfg)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(ctx); err != nil {
+			r.Close()
 			t.Fatal(err)
 		}
 		return r
