@@ -949,3 +949,59 @@ func TestWorkerOwnsBeforeFirstMap(t *testing.T) {
 		t.Errorf("Owns once the map names us = %v, want ErrNotGranted", err)
 	}
 }
+
+// TestWorkerWaitGrantAfterJoin: right after a join, the worker's map can
+// be one from before its join took effect (the empty map of a new
+// keyspace, or a map of other members): WaitGrant waits through it
+// instead of answering WrongOwner, and returns once the worker holds the
+// bucket. WrongOwner is its answer only under a map that names the
+// worker.
+func TestWorkerWaitGrantAfterJoin(t *testing.T) {
+	f := newFake(t)
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.SetMap("rooms", nil, nil) // epoch 1: the empty map of a new keyspace
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	if err := w.router.WaitEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte(keyInBucket(t, 10, 16))
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if g, err := w.WaitGrant(cancelled, key); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitGrant under the empty map = %+v, %v; want it to wait (context.Canceled)", g, err)
+	}
+	// A map of other members, from before the worker's join took effect.
+	f.SetMap("rooms", members("w2"), func(int) string { return "w2" })
+	if err := w.router.WaitEpoch(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := w.WaitGrant(cancelled, key); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitGrant under a map without w1 = %+v, %v; want it to wait (context.Canceled)", g, err)
+	}
+
+	type result struct {
+		g   Grant
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() { // exits once WaitGrant returns: the grant below, or the worker's Close
+		g, err := w.WaitGrant(context.Background(), key)
+		waited <- result{g, err}
+	}()
+	owner := func(b int) string { return []string{"w1", "w2"}[b%2] } // bucket 10 is w1's
+	f.SetMap("rooms", members("w1", "w2"), owner)
+	tok := f.Grant(sid, 10)
+	if r := recv(t, waited, "WaitGrant"); r.err != nil || plain(r.g) != (Grant{Bucket: 10, Token: tok}) {
+		t.Errorf("WaitGrant = %+v, %v; want bucket 10 at token %d", r.g, r.err, tok)
+	}
+	// Under a map that names w1, another member's bucket is a final answer.
+	if err := w.router.WaitEpoch(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.WaitGrant(cancelled, []byte(keyInBucket(t, 3, 16)))
+	if wo, ok := AsWrongOwner(err); !ok || *wo != (WrongOwnerError{Bucket: 3, Owner: "w2", Address: "w2.internal:9000", Epoch: 3}) {
+		t.Errorf("WaitGrant for w2's bucket = %v, want WrongOwner naming w2 at epoch 3", err)
+	}
+}
