@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 )
 
 // faults are the switches the test sets; guarded by Server.mu.
@@ -61,6 +63,40 @@ func (f *faults) refuseLocked(procedure string) error {
 		}
 	}
 	return fl.err
+}
+
+// arrival is what the faults in force when a unary call arrived make
+// its handler do.
+type arrival struct {
+	keepAlive      KeepAliveFault
+	keepAliveDelay time.Duration
+	keepAliveGate  *Gate
+	joinDelay      time.Duration
+	joinHang       bool
+	releaseGate    *Gate
+	stallLeaves    bool
+}
+
+type arrivalKey struct{}
+
+// arrivalOf returns the faults a call took when it arrived.
+func arrivalOf(ctx context.Context) arrival {
+	a, _ := ctx.Value(arrivalKey{}).(arrival)
+	return a
+}
+
+// arrivalLocked takes the faults for a call of procedure that arrives
+// now.
+func (f *faults) arrivalLocked(procedure string) arrival {
+	a := arrival{
+		keepAlive: f.keepAlive, keepAliveDelay: f.keepAliveDelay, keepAliveGate: f.keepAliveGate,
+		joinDelay: f.joinDelay, releaseGate: f.releaseGate, stallLeaves: f.stallLeaves,
+	}
+	if procedure == keyshardv1connect.MemberServiceJoinProcedure && f.joinHangs > 0 {
+		f.joinHangs--
+		a.joinHang = true
+	}
+	return a
 }
 
 // Fail makes every call of procedure (a keyshardv1connect ...Procedure

@@ -14,8 +14,11 @@ import (
 // order they arrived, for the test to take one at a time. A request is
 // recorded when its call is admitted (its token checked), before the
 // fake's faults or state answer it: a call that then fails, hangs or is
-// held is recorded too. Nothing is dropped and the fake never waits for
-// the test. Its methods are safe for concurrent use.
+// held is recorded too. It is recorded in the same step in which the
+// call takes the faults in force (the fault switches of Server), which
+// answer it: once the test has taken a request, switching a fault changes
+// the answers of later calls only. Nothing is dropped and the fake never
+// waits for the test. Its methods are safe for concurrent use.
 type Requests[T any] struct {
 	mu      sync.Mutex
 	queue   []T

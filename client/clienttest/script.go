@@ -157,15 +157,17 @@ func (s *Server) publishLocked(k *keyspace, members []*keyshardv1.Member, owner 
 // Assign plays the leader: it publishes a new map of keyspace in which
 // owner(b) owns bucket b ("" = unassigned), naming every member that has
 // a live session, and moves the grants to match, as keyshard serve hands
-// buckets over. A bucket no session holds is granted at once to its
-// owner's session; one that another session holds is asked back (listed
-// for release) and granted to its owner once released or once that
-// session ends. Every owner must have a live session (workers join by
-// themselves; see Session). It returns the map's epoch.
+// buckets over. A bucket no session holds is granted to its owner's
+// session at once, or, like keyshard serve, once the session's first
+// keep-alive was answered; one that another session holds is asked back
+// (listed for release) and granted to its owner once released or once
+// that session ends. Every owner must have a live session (workers join
+// by themselves; see WaitSession). It returns the map's epoch.
 //
-// From then on the fake keeps moving the keyspace's buckets after every
-// release, until the next Assign; Grant, AskRelease and Revoke still
-// script single changes.
+// From then on the fake keeps moving the keyspace's buckets to their
+// owners after every release, session end and new session of an owner
+// (a worker that re-joined gets its buckets back), until the next Assign;
+// Grant, AskRelease and Revoke still script single changes.
 func (s *Server) Assign(keyspace string, owner func(bucket int) string) uint64 {
 	if s.tb != nil {
 		s.tb.Helper()
@@ -249,7 +251,7 @@ func (s *Server) settleLocked(k *keyspace) {
 				h.rev++
 				changed = true
 			}
-		case want != nil && !want.leaving:
+		case want != nil && want.active && !want.leaving:
 			s.grantLocked(want, bb)
 			changed = true
 		}

@@ -78,6 +78,7 @@ type sessionState struct {
 	release  map[uint32]bool
 	rev      uint64
 	renewed  time.Time // Join, then every keep-alive answered
+	active   bool      // a keep-alive was answered: Assign's grants may go to it
 	gone     bool
 	leaving  bool
 	draining bool
@@ -285,16 +286,21 @@ func (i interceptor) admit(procedure string, h http.Header) error {
 	return nil
 }
 
-// arrived records the request of a call that was admitted and returns
-// the error the fake's faults answer it with, if any.
-func (i interceptor) arrived(procedure string, msg any) error {
+// arrived records the request of a call that was admitted and, in the
+// same step, takes the faults that answer it: the error that refuses it,
+// if any, and the rest for its handler. A fault switched after the test
+// took the request from its Requests does not change its answer.
+func (i interceptor) arrived(procedure string, msg any) (arrival, error) {
 	s := i.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if record := s.observers[procedure]; record != nil {
 		record(msg)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.faults.refuseLocked(procedure)
+	if err := s.faults.refuseLocked(procedure); err != nil {
+		return arrival{}, err
+	}
+	return s.faults.arrivalLocked(procedure), nil
 }
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -303,10 +309,11 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err := i.admit(p, req.Header()); err != nil {
 			return nil, err
 		}
-		if err := i.arrived(p, req.Any()); err != nil {
+		a, err := i.arrived(p, req.Any())
+		if err != nil {
 			return nil, err
 		}
-		return next(ctx, req)
+		return next(context.WithValue(ctx, arrivalKey{}, a), req)
 	}
 }
 
@@ -336,7 +343,8 @@ func (c *arrivingConn) Receive(msg any) error {
 		return err
 	}
 	c.seen = true
-	return c.i.arrived(c.Spec().Procedure, msg)
+	_, err := c.i.arrived(c.Spec().Procedure, msg) // streams take no other fault
+	return err
 }
 
 // sortedSessionsLocked returns the live sessions of keyspace ks, by

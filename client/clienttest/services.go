@@ -218,18 +218,12 @@ type memberService struct{ s *Server }
 // that session.
 func (m memberService) Join(ctx context.Context, r *connect.Request[keyshardv1.JoinRequest]) (*connect.Response[keyshardv1.JoinResponse], error) {
 	s := m.s
-	s.mu.Lock()
-	hang := s.faults.joinHangs > 0
-	if hang {
-		s.faults.joinHangs--
-	}
-	d := s.faults.joinDelay
-	s.mu.Unlock()
-	if hang {
+	a := arrivalOf(ctx)
+	if a.joinHang {
 		s.hold(ctx)
 		return nil, connect.NewError(connect.CodeCanceled, errors.New("gave up while the fake held the Join"))
 	}
-	if err := s.delay(ctx, keyshardv1connect.MemberServiceJoinProcedure, d); err != nil {
+	if err := s.delay(ctx, keyshardv1connect.MemberServiceJoinProcedure, a.joinDelay); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -270,28 +264,28 @@ func (s *Server) liveLocked(id string) (*sessionState, error) {
 func (m memberService) KeepAlive(ctx context.Context, r *connect.Request[keyshardv1.KeepAliveRequest]) (*connect.Response[keyshardv1.KeepAliveResponse], error) {
 	s := m.s
 	id := r.Msg.GetSession()
+	a := arrivalOf(ctx)
 	s.mu.Lock()
 	x, err := s.liveLocked(id)
-	if err == nil && s.faults.keepAlive == KeepAliveNotFound {
+	if err == nil && a.keepAlive == KeepAliveNotFound {
 		s.endSessionLocked(x)
 		_, err = s.liveLocked(id)
 	}
-	fault, d, gate := s.faults.keepAlive, s.faults.keepAliveDelay, s.faults.keepAliveGate
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	switch fault {
+	switch a.keepAlive {
 	case KeepAliveFail:
 		return nil, errUnreachable()
 	case KeepAliveHang:
 		s.hold(ctx)
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("gave up while the fake held the keep-alive"))
 	}
-	if err := s.delay(ctx, keyshardv1connect.MemberServiceKeepAliveProcedure, d); err != nil {
+	if err := s.delay(ctx, keyshardv1connect.MemberServiceKeepAliveProcedure, a.keepAliveDelay); err != nil {
 		return nil, err
 	}
-	if !gate.wait(ctx, s.quit) {
+	if !a.keepAliveGate.wait(ctx, s.quit) {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("gave up while the fake held the keep-alive"))
 	}
 	s.mu.Lock()
@@ -300,6 +294,10 @@ func (m memberService) KeepAlive(ctx context.Context, r *connect.Request[keyshar
 		return nil, err
 	}
 	x.renewed = s.clock.Now()
+	if !x.active {
+		x.active = true
+		s.settleLocked(s.keyspaces[x.keyspace])
+	}
 	return connect.NewResponse(&keyshardv1.KeepAliveResponse{Ttl: s.keyspaces[x.keyspace].cfg.GetLeaseTtl()}), nil
 }
 
@@ -346,10 +344,7 @@ func (m memberService) WatchGrants(ctx context.Context, r *connect.Request[keysh
 
 func (m memberService) Release(ctx context.Context, r *connect.Request[keyshardv1.ReleaseRequest]) (*connect.Response[keyshardv1.ReleaseResponse], error) {
 	s := m.s
-	s.mu.Lock()
-	gate := s.faults.releaseGate
-	s.mu.Unlock()
-	if !gate.wait(ctx, s.quit) {
+	if !arrivalOf(ctx).releaseGate.wait(ctx, s.quit) {
 		return nil, errCancelled()
 	}
 	s.mu.Lock()
@@ -382,7 +377,7 @@ func (m memberService) Release(ctx context.Context, r *connect.Request[keyshardv
 
 // Leave drains the member: every bucket it holds is asked back, and its
 // session ends once it holds nothing (see StallLeaves).
-func (m memberService) Leave(_ context.Context, r *connect.Request[keyshardv1.LeaveRequest]) (*connect.Response[keyshardv1.LeaveResponse], error) {
+func (m memberService) Leave(ctx context.Context, r *connect.Request[keyshardv1.LeaveRequest]) (*connect.Response[keyshardv1.LeaveResponse], error) {
 	s := m.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -390,7 +385,7 @@ func (m memberService) Leave(_ context.Context, r *connect.Request[keyshardv1.Le
 	if err != nil {
 		return nil, err
 	}
-	if s.faults.stallLeaves {
+	if arrivalOf(ctx).stallLeaves {
 		return connect.NewResponse(&keyshardv1.LeaveResponse{}), nil
 	}
 	x.leaving, x.draining = true, true
