@@ -24,9 +24,9 @@ const (
 // ReleaseRevisionBase is added to the revision with which the fake
 // answers a Release. A store's revision is global, so the revision of a
 // Release can be above every revision the session's grants answers showed
-// so far; the fake makes it so, so that a test can check that a worker
-// carries it as min_revision in its later grants requests (which the
-// fake, always up to date, does not need).
+// so far. The fake makes it so, to let a test check that a worker carries
+// it as min_revision in its later grants requests (which the fake, always
+// up to date, does not need).
 const ReleaseRevisionBase = 1000
 
 // AddKeyspace creates keyspace name with buckets buckets (0: 4096) and a
@@ -35,7 +35,7 @@ const ReleaseRevisionBase = 1000
 // yet, it has no map until SetMap or Assign publishes its first epoch
 // (keyshard serve publishes an empty map at epoch 1 soon after it creates
 // a keyspace; SetMap(name, nil, nil) does the same here). A keyspace that
-// exists is replaced.
+// exists takes this configuration and keeps its map.
 func (s *Server) AddKeyspace(name string, buckets int, leaseTTL time.Duration) {
 	s.PutKeyspace(&keyshardv1.Keyspace{Name: name, Buckets: uint32(buckets), LeaseTtl: durationpb.New(leaseTTL)})
 }
@@ -158,10 +158,10 @@ func (s *Server) publishLocked(k *keyspace, members []*keyshardv1.Member, owner 
 // owner(b) owns bucket b ("" = unassigned), naming every member that has
 // a live session, and moves the grants to match, as keyshard serve hands
 // buckets over. A bucket no session holds is granted to its owner's
-// session at once, or, like keyshard serve, once the session's first
-// keep-alive was answered; one that another session holds is asked back
-// (listed for release) and granted to its owner once released or once
-// that session ends. Every owner must have a live session (workers join
+// session once the session has had a keep-alive answered (at once if it
+// has), as keyshard serve grants nothing before; one that another session
+// holds is asked back (listed for release) and granted to its owner once
+// released or once that session ends. Every owner must have a live session (workers join
 // by themselves; see WaitSession). It returns the map's epoch.
 //
 // From then on the fake keeps moving the keyspace's buckets to their
