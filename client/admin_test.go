@@ -90,41 +90,83 @@ func TestAdminBadInput(t *testing.T) {
 	checkArgError(t, "DrainMember", a.DrainMember(ctx, "rooms", ""), "Admin.DrainMember", "member id", "is empty")
 	_, err := a.ListMembers(ctx, "")
 	checkArgError(t, "ListMembers", err, "Admin.ListMembers", "keyspace name", "is empty")
-	if n := f.callCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
+	if n := f.CallCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
 		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
 	}
 }
 
+// join joins member m to keyspace "rooms" with a Join call and returns
+// the session, as a worker would.
+func join(t *testing.T, c *Client, m *keyshardv1.Member) string {
+	t.Helper()
+	resp, err := call(context.Background(), c, memberAPI.Join, &keyshardv1.JoinRequest{Keyspace: "rooms", Member: m})
+	if err != nil {
+		t.Fatalf("Join(%s): %v", m.GetId(), err)
+	}
+	return resp.GetSession()
+}
+
 func TestAdminMembersAndStatus(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
-	f.members = []*keyshardv1.MemberStatus{{
-		Member:        &keyshardv1.Member{Id: "w1", Address: "h:1", Weight: 2, Zone: "z", Metadata: map[string]string{"v": "1"}},
-		TargetBuckets: 5, GrantedBuckets: 4, ReleasingBuckets: 1, Draining: true,
-	}}
-	a := f.dial(t).Admin()
+	f.AddKeyspace("rooms", 16, 10*time.Second)
+	c := f.dial(t)
+	s1 := join(t, c, &keyshardv1.Member{Id: "w1", Address: "h:1", Weight: 2, Zone: "z", Metadata: map[string]string{"v": "1"}})
+	s2 := join(t, c, &keyshardv1.Member{Id: "w2", Address: "h:2"})
+	// w1 is the target of buckets 0-4 and holds 0-3, releasing 3; w2 is
+	// the target of 5-12 and holds them; 13-15 are unassigned.
+	f.SetMap("rooms", members("w1", "w2"), func(b int) string {
+		switch {
+		case b < 5:
+			return "w1"
+		case b < 13:
+			return "w2"
+		}
+		return ""
+	})
+	for b := range 13 {
+		switch {
+		case b < 4:
+			f.Grant(s1, b)
+		case b >= 5:
+			f.Grant(s2, b)
+		}
+	}
+	f.AskRelease(s1, 3)
+	a := c.Admin()
 	ctx := context.Background()
 	got, err := a.ListMembers(ctx, "rooms")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Members{Members: []MemberStatus{{
+	w1 := MemberStatus{
 		Member:        Member{ID: "w1", Address: "h:1", Weight: 2, Zone: "z", Metadata: map[string]string{"v": "1"}},
-		TargetBuckets: 5, GrantedBuckets: 4, ReleasingBuckets: 1, Draining: true,
-	}}}
-	if diff := cmp.Diff(want, got); diff != "" {
+		TargetBuckets: 5, GrantedBuckets: 4, ReleasingBuckets: 1,
+	}
+	w2 := MemberStatus{Member: Member{ID: "w2", Address: "h:2"}, TargetBuckets: 8, GrantedBuckets: 8}
+	if diff := cmp.Diff(Members{Members: []MemberStatus{w1, w2}, Epoch: 1}, got); diff != "" {
 		t.Errorf("ListMembers (-want +got):\n%s", diff)
 	}
 	if err := a.DrainMember(ctx, "rooms", "w1"); err != nil {
 		t.Errorf("DrainMember: %v", err)
 	}
+	got, err = a.ListMembers(ctx, "rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1.Draining, w1.ReleasingBuckets = true, 4
+	if diff := cmp.Diff(Members{Members: []MemberStatus{w1, w2}, Epoch: 1}, got); diff != "" {
+		t.Errorf("ListMembers after DrainMember (-want +got):\n%s", diff)
+	}
+	if err := a.DrainMember(ctx, "rooms", "w9"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("DrainMember(a member that never joined) = %v, want ErrNotFound", err)
+	}
 	st, err := a.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantSt := Status{Replica: "r1", Leader: "r1", Keyspaces: []KeyspaceStatus{{
+	wantSt := Status{Replica: "clienttest", Leader: "clienttest", Keyspaces: []KeyspaceStatus{{
 		Keyspace: KeyspaceConfig{Name: "rooms", Buckets: 16, Hash: "xxh64", Mode: ModeExclusive, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second},
-		Members:  2, UnassignedBuckets: 3, HandoffsInFlight: 1,
+		Epoch:    1, Members: 2, UnassignedBuckets: 3, HandoffsInFlight: 1, // bucket 4: w1 does not hold it
 	}}}
 	if diff := cmp.Diff(wantSt, st); diff != "" {
 		t.Errorf("Status (-want +got):\n%s", diff)
@@ -135,17 +177,15 @@ func TestAdminMembersAndStatus(t *testing.T) {
 // a new map at once, and on the poll interval otherwise.
 func TestWaitDrained(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
-	setStatus := func(target, granted int) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		f.members = []*keyshardv1.MemberStatus{
-			{Member: &keyshardv1.Member{Id: "w1"}, TargetBuckets: uint32(target), GrantedBuckets: uint32(granted)},
-			{Member: &keyshardv1.Member{Id: "w2"}, TargetBuckets: 8, GrantedBuckets: 8},
-		}
+	f.AddKeyspace("rooms", 16, 10*time.Second)
+	c := f.dial(t)
+	s1 := join(t, c, &keyshardv1.Member{Id: "w1"})
+	s2 := join(t, c, &keyshardv1.Member{Id: "w2"})
+	f.SetMap("rooms", members("w1", "w2"), func(b int) string { return []string{"w1", "w2"}[b/8] })
+	for b := range 16 {
+		f.Grant([]string{s1, s2}[b/8], b)
 	}
-	setStatus(8, 8)
-	a := f.dial(t).Admin()
+	a := c.Admin()
 	progress := make(chan int, 100)
 	done := make(chan error, 1)
 	go func() {
@@ -155,18 +195,22 @@ func TestWaitDrained(t *testing.T) {
 	if got := recv(t, progress, "progress"); got != 8 {
 		t.Errorf("progress = %d, want 8", got)
 	}
-	recv(t, f.getMaps, "the GetMap long poll")
-	// A new map moves w1's targets away: the long poll returns at once.
-	setStatus(0, 6)
-	f.setMap("rooms", members("w2"), func(int) string { return "w2" })
+	f.MapPolls().Next(t)
+	// A new map moves w1's targets away, as it holds 6 still: the long
+	// poll returns at once.
+	f.Revoke(s1, 0)
+	f.Revoke(s1, 1)
+	f.SetMap("rooms", members("w1", "w2"), func(int) string { return "w2" })
 	if got := recv(t, progress, "progress"); got != 6 {
 		t.Errorf("progress = %d, want 6", got)
 	}
 	// Releases change no epoch: the next read comes after the poll wait.
-	recv(t, f.getMaps, "the second long poll")
-	setStatus(0, 0)
-	f.clock.MustBlockUntil(t, 1)
-	f.clock.Advance(drainPoll)
+	f.MapPolls().Next(t)
+	for b := 2; b < 8; b++ {
+		f.Revoke(s1, b)
+	}
+	f.Clock().MustBlockUntil(t, 1)
+	f.Clock().Advance(drainPoll)
 	if got := recv(t, progress, "progress"); got != 0 {
 		t.Errorf("progress = %d, want 0", got)
 	}

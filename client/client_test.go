@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/keyshard/keyshard/client/clienttest"
 )
 
 func TestDialBadInput(t *testing.T) {
@@ -58,9 +60,8 @@ func TestDialOptionsLastWins(t *testing.T) {
 }
 
 func TestToken(t *testing.T) {
-	f := newFake(t)
-	f.token = "s3cret"
-	f.addKeyspace("rooms", 16, 10*time.Second)
+	f := fake{clienttest.NewServer(t, clienttest.Options{Token: "s3cret"})}
+	f.AddKeyspace("rooms", 16, 10*time.Second)
 	ctx := context.Background()
 
 	_, err := f.dial(t).Admin().Status(ctx)
@@ -73,34 +74,34 @@ func TestToken(t *testing.T) {
 	}
 	// Streams carry the token too.
 	r := newRouter(t, c)
-	recv(t, f.watchMaps, "WatchMap")
-	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	f.MapWatches().Next(t)
+	f.SetMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := f.callCount("/keyshard.v1.MapService/WatchMap"); n != 1 {
+	if n := f.CallCount("/keyshard.v1.MapService/WatchMap"); n != 1 {
 		t.Errorf("WatchMap calls = %d, want 1 (the stream was accepted)", n)
 	}
 }
 
 func TestGRPC(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.AddKeyspace("rooms", 16, 10*time.Second)
 	ctx := context.Background()
 	c := f.dial(t, GRPC())
 	st, err := c.Admin().Status(ctx)
 	if err != nil {
 		t.Fatalf("Status over gRPC: %v", err)
 	}
-	if st.Leader != "r1" {
+	if st.Leader != "clienttest" {
 		t.Errorf("Leader = %q", st.Leader)
 	}
 	if _, err := c.Admin().GetKeyspace(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetKeyspace(nope) over gRPC: %v, want ErrNotFound", err)
 	}
 	r := newRouter(t, c)
-	recv(t, f.watchMaps, "WatchMap")
-	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	f.MapWatches().Next(t)
+	f.SetMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -111,11 +112,11 @@ func TestGRPC(t *testing.T) {
 
 func TestClientClose(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.AddKeyspace("rooms", 16, 10*time.Second)
 	ctx := context.Background()
 	c := f.dial(t)
 	r := newRouter(t, c)
-	recv(t, f.watchMaps, "WatchMap")
+	f.MapWatches().Next(t)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

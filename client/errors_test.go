@@ -41,9 +41,7 @@ func TestErrorTable(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.code.String(), func(t *testing.T) {
-			f.mu.Lock()
-			f.failNext = connect.NewError(tc.code, errors.New("the server's message"))
-			f.mu.Unlock()
+			f.FailNext(keyshardv1connect.AdminServiceStatusProcedure, 1, connect.NewError(tc.code, errors.New("the server's message")))
 			_, err := c.Admin().Status(context.Background())
 			if err == nil {
 				t.Fatal("Status succeeded; want an error")

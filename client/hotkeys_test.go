@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/client/clienttest"
 	"github.com/keyshard/keyshard/hotkey"
 )
 
@@ -53,7 +55,7 @@ var reportedKeys = []hotkey.KeyRate{{Key: "warm", Rate: 30}, {Key: "hot", Rate: 
 
 // runHotKeys starts a HotKeys of pool "events", producer "p1", on the
 // fake's clock; the test's cleanup stops it and checks Run's result.
-func runHotKeys(t *testing.T, f *fakeServer) *hotRun {
+func runHotKeys(t *testing.T, f fake) *hotRun {
 	t.Helper()
 	hr := &hotRun{
 		sets: make(chan hotkey.OverflowSet, 64), reported: make(chan error, 64), minRates: make(chan float64, 64),
@@ -87,18 +89,32 @@ func runHotKeys(t *testing.T, f *fakeServer) *hotRun {
 
 func setKeys(s hotkey.OverflowSet) []string { return s.Keys() }
 
+// overflowSet is pool "events"'s set at version with keys: key i at rate
+// 1000+i since now, cooling since now if i is odd.
+func overflowSet(now time.Time, version uint64, keys ...string) *keyshardv1.OverflowSet {
+	set := &keyshardv1.OverflowSet{Pool: "events", Version: version}
+	for i, k := range keys {
+		ok := &keyshardv1.OverflowKey{Key: k, Rate: float64(1000 + i), Since: timestamppb.New(now)}
+		if i%2 == 1 {
+			ok.CoolingSince = timestamppb.New(now)
+		}
+		set.Keys = append(set.Keys, ok)
+	}
+	return set
+}
+
 // TestHotKeysReportsAndFollowsSet: a (re)starting producer gets the
 // current set with its first watch, reports at once with minRate 0, then
 // every Interval with the pool's report_threshold, and sees every newer
 // set, in order.
 func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
-	f.setOverflow("events", 5, "a", "b") // the set outlived the producer's previous run
-	start := f.clock.Now()
+	f.AddHotKeyPool("events", 1600)
+	f.PutOverflowSet(overflowSet(f.Clock().Now(), 5, "a", "b")) // the set outlived the producer's previous run
+	start := f.Clock().Now()
 	hr := runHotKeys(t, f)
 
-	if w := recv(t, f.watchSets, "WatchOverflowSet"); w.GetPool() != "events" || w.GetSinceVersion() != 0 {
+	if w := f.SetWatches().Next(t); w.GetPool() != "events" || w.GetSinceVersion() != 0 {
 		t.Errorf("watch request %v, want pool events since version 0", w)
 	}
 	s := recv(t, hr.sets, "the current set")
@@ -112,7 +128,7 @@ func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 	if m := recv(t, hr.minRates, "the first Report"); m != 0 {
 		t.Errorf("first Report minRate %v, want 0 (threshold not known yet)", m)
 	}
-	req := recv(t, f.reports, "the first report")
+	req := f.Reports().Next(t)
 	if req.GetPool() != "events" || req.GetProducer() != "p1" || fmt.Sprint(protoKeys(req)) != "[hot:400 warm:30 cool:10]" {
 		t.Errorf("first report %v", req)
 	}
@@ -123,12 +139,12 @@ func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 
-	f.clock.MustBlockUntil(t, 1) // the reporter's sleep
-	f.clock.Advance(time.Second)
+	f.Clock().MustBlockUntil(t, 1) // the reporter's sleep
+	f.Clock().Advance(time.Second)
 	if m := recv(t, hr.minRates, "the second Report"); m != 25 {
 		t.Errorf("second Report minRate %v, want the pool's report_threshold 25", m)
 	}
-	req = recv(t, f.reports, "the second report")
+	req = f.Reports().Next(t)
 	if fmt.Sprint(protoKeys(req)) != "[hot:400 warm:30]" {
 		t.Errorf("second report %v: want the keys at or above 25", protoKeys(req))
 	}
@@ -140,7 +156,7 @@ func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 		version uint64
 		keys    []string
 	}{{6, []string{"c"}}, {7, []string{}}} {
-		f.setOverflow("events", 0, want.keys...)
+		f.SetOverflow("events", want.keys...)
 		s := recv(t, hr.sets, fmt.Sprint("set version ", want.version))
 		if s.Version != want.version || !slices.Equal(setKeys(s), want.keys) {
 			t.Errorf("set %+v, want version %d with %v", s, want.version, want.keys)
@@ -148,8 +164,8 @@ func TestHotKeysReportsAndFollowsSet(t *testing.T) {
 	}
 	// Versions written faster than they are delivered may be skipped, but
 	// never go backwards.
-	f.setOverflow("events", 0, "d")
-	f.setOverflow("events", 0, "e")
+	f.SetOverflow("events", "d")
+	f.SetOverflow("events", "e")
 	for s := recv(t, hr.sets, "set version 8 or 9"); s.Version != 9; s = recv(t, hr.sets, "set version 9") {
 		if s.Version != 8 {
 			t.Fatalf("set %+v after version 7, want 8 or 9", s)
@@ -177,9 +193,9 @@ func protoKeys(r *keyshardv1.ReportHotKeysRequest) []string {
 // back, reports resume and the set written meanwhile arrives.
 func TestHotKeysFailOpen(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
-	f.setOverflow("events", 0, "a")
-	start := f.clock.Now()
+	f.AddHotKeyPool("events", 1600)
+	f.SetOverflow("events", "a")
+	start := f.Clock().Now()
 	hr := runHotKeys(t, f)
 	if s := recv(t, hr.sets, "set 1"); s.Version != 1 {
 		t.Fatalf("set %+v", s)
@@ -188,16 +204,16 @@ func TestHotKeysFailOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	f.setHotDown(true)
-	f.clock.MustBlockUntil(t, 2) // the reporter's sleep, and the watcher's backoff after its stream broke
+	f.SetHotKeysUnavailable(true)
+	f.Clock().MustBlockUntil(t, 2) // the reporter's sleep, and the watcher's backoff after its stream broke
 	for i := range 3 {
-		f.clock.Advance(time.Second)
+		f.Clock().Advance(time.Second)
 		err := recv(t, hr.reported, fmt.Sprint("failed report ", i))
 		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "unreachable") ||
 			!strings.Contains(err.Error(), "overflow set version 1 stays in force") {
 			t.Errorf("report %d while down: %v", i, err)
 		}
-		f.clock.MustBlockUntil(t, 2) // both asleep again
+		f.Clock().MustBlockUntil(t, 2) // both asleep again
 	}
 	select {
 	case s := <-hr.sets:
@@ -216,16 +232,16 @@ func TestHotKeysFailOpen(t *testing.T) {
 	}
 
 	// Back: a set written meanwhile arrives, and reports resume.
-	f.setOverflow("events", 0, "b")
-	f.setHotDown(false)
-	f.clock.Advance(backoffCap) // every sleep ends
+	f.SetOverflow("events", "b")
+	f.SetHotKeysUnavailable(false)
+	f.Clock().Advance(backoffCap) // every sleep ends
 	if s := recv(t, hr.sets, "set 2 after recovery"); s.Version != 2 || !slices.Equal(s.Keys(), []string{"b"}) {
 		t.Errorf("set after recovery %+v", s)
 	}
 	if err := recv(t, hr.reported, "a report after recovery"); err != nil {
 		t.Errorf("report after recovery: %v", err)
 	}
-	if st := hr.hk.Stats(); st.Reports != 2 || st.ReportFailures != 3 || st.Version != 2 || !st.LastContact.Equal(f.clock.Now()) {
+	if st := hr.hk.Stats(); st.Reports != 2 || st.ReportFailures != 3 || st.Version != 2 || !st.LastContact.Equal(f.Clock().Now()) {
 		t.Errorf("stats after recovery: %+v", st)
 	}
 }
@@ -240,7 +256,7 @@ func TestHotKeysUnknownPool(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), want) {
 		t.Errorf("report to an unknown pool: %v", err)
 	}
-	f.clock.MustBlockUntil(t, 2) // the reporter's and the watcher's backoff
+	f.Clock().MustBlockUntil(t, 2) // the reporter's and the watcher's backoff
 	if logs := hr.logs.String(); !strings.Contains(logs, "keyshard hotkeys pool put events --threshold N") {
 		t.Errorf("the log does not say how to create the pool:\n%s", logs)
 	}
@@ -248,9 +264,9 @@ func TestHotKeysUnknownPool(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 
-	f.addPool("events", 1600, 25)
-	f.setOverflow("events", 0, "x")
-	f.clock.Advance(backoffCap)
+	f.AddHotKeyPool("events", 1600)
+	f.SetOverflow("events", "x")
+	f.Clock().Advance(backoffCap)
 	if s := recv(t, hr.sets, "the set once the pool exists"); s.Version != 1 || !slices.Equal(s.Keys(), []string{"x"}) {
 		t.Errorf("set %+v", s)
 	}
@@ -269,32 +285,30 @@ func TestHotKeysUnknownPool(t *testing.T) {
 // to learn the threshold.
 func TestHotKeysThresholdUnknown(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
-	f.reportErr = connect.NewError(connect.CodeInvalidArgument, errors.New("keys[2]: rate 10 is below the pool's report_threshold 25"))
+	f.AddHotKeyPool("events", 1600)
+	f.Fail(keyshardv1connect.HotKeyServiceReportHotKeysProcedure, connect.NewError(connect.CodeInvalidArgument, errors.New("keys[2]: rate 10 is below the pool's report_threshold 25")))
 	hr := runHotKeys(t, f)
 	if err := recv(t, hr.reported, "the first report"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("first report: %v", err)
 	}
-	if req := recv(t, f.reports, "the first report"); len(req.GetKeys()) != 3 {
+	if req := f.Reports().Next(t); len(req.GetKeys()) != 3 {
 		t.Errorf("first report %v, want every key Report returned", protoKeys(req))
 	}
 	if m := recv(t, hr.minRates, "Report"); m != 0 {
 		t.Errorf("the first Report was called with %v", m)
 	}
-	f.clock.MustBlockUntil(t, 1) // the reporter's backoff (the watch is open: no set yet)
-	f.clock.Advance(time.Second)
+	f.Clock().MustBlockUntil(t, 1) // the reporter's backoff (the watch is open: no set yet)
+	f.Clock().Advance(time.Second)
 	if err := recv(t, hr.reported, "the second report"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("second report: %v", err)
 	}
-	if req := recv(t, f.reports, "the second report"); len(req.GetKeys()) != 0 {
+	if req := f.Reports().Next(t); len(req.GetKeys()) != 0 {
 		t.Errorf("second report %v, want an empty one", protoKeys(req))
 	}
-	f.mu.Lock()
-	f.reportErr = nil
-	f.mu.Unlock()
-	f.clock.MustBlockUntil(t, 1)
-	f.clock.Advance(time.Second)
-	if req := recv(t, f.reports, "the third report"); len(req.GetKeys()) != 0 {
+	f.Fail(keyshardv1connect.HotKeyServiceReportHotKeysProcedure, nil)
+	f.Clock().MustBlockUntil(t, 1)
+	f.Clock().Advance(time.Second)
+	if req := f.Reports().Next(t); len(req.GetKeys()) != 0 {
 		t.Errorf("third report %v, want an empty one", protoKeys(req))
 	}
 	if err := recv(t, hr.reported, "the third report"); err != nil {
@@ -305,12 +319,12 @@ func TestHotKeysThresholdUnknown(t *testing.T) {
 		t.Errorf("Report called again (minRate %v) before the threshold was known", m)
 	default:
 	}
-	f.clock.MustBlockUntil(t, 1)
-	f.clock.Advance(time.Second)
+	f.Clock().MustBlockUntil(t, 1)
+	f.Clock().Advance(time.Second)
 	if m := recv(t, hr.minRates, "Report"); m != 25 {
 		t.Errorf("Report after the threshold is known: minRate %v", m)
 	}
-	if req := recv(t, f.reports, "the fourth report"); fmt.Sprint(protoKeys(req)) != "[hot:400 warm:30]" {
+	if req := f.Reports().Next(t); fmt.Sprint(protoKeys(req)) != "[hot:400 warm:30]" {
 		t.Errorf("fourth report %v", protoKeys(req))
 	}
 	if err := recv(t, hr.reported, "the fourth report"); err != nil {
@@ -325,27 +339,27 @@ func TestHotKeysThresholdUnknown(t *testing.T) {
 // GetOverflowSet long polls.
 func TestHotKeysLongPoll(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
-	f.watchSetUnimpl = true
-	f.setOverflow("events", 0, "a")
+	f.AddHotKeyPool("events", 1600)
+	f.Fail(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure, connect.NewError(connect.CodeUnimplemented, errors.New("no streams here")))
+	f.SetOverflow("events", "a")
 	hr := runHotKeys(t, f)
-	recv(t, f.watchSets, "the refused watch")
+	f.SetWatches().Next(t)
 	if err := recv(t, hr.reported, "the first report"); err != nil {
 		t.Fatal(err)
 	}
-	f.clock.MustBlockUntil(t, 2) // the reporter's sleep and the watcher's backoff
-	f.clock.Advance(backoffBase) // the backoff, not the report interval
-	poll := recv(t, f.getSets, "a long poll")
+	f.Clock().MustBlockUntil(t, 2) // the reporter's sleep and the watcher's backoff
+	f.Clock().Advance(backoffBase) // the backoff, not the report interval
+	poll := f.SetPolls().Next(t)
 	if poll.GetWait().AsDuration() != pollWait || poll.GetSinceVersion() != 0 {
 		t.Errorf("poll %v", poll)
 	}
 	if s := recv(t, hr.sets, "set 1"); s.Version != 1 {
 		t.Fatalf("set %+v", s)
 	}
-	if poll := recv(t, f.getSets, "the next long poll"); poll.GetSinceVersion() != 1 {
+	if poll := f.SetPolls().Next(t); poll.GetSinceVersion() != 1 {
 		t.Errorf("next poll since %d, want 1", poll.GetSinceVersion())
 	}
-	f.setOverflow("events", 0, "a", "b")
+	f.SetOverflow("events", "a", "b")
 	if s := recv(t, hr.sets, "set 2"); s.Version != 2 || !slices.Equal(s.Keys(), []string{"a", "b"}) {
 		t.Errorf("set %+v", s)
 	}
@@ -433,7 +447,7 @@ func TestNewHotKeysErrors(t *testing.T) {
 	checkArgError(t, "nil client", err, "NewHotKeys", "client", "is nil")
 
 	// Run stops with the Client, and may run once.
-	f.addPool("events", 100, 1)
+	f.AddHotKeyPool("events", 100)
 	hk, err := NewHotKeys(c, HotKeysConfig{Pool: "events", Producer: "p", Report: report})
 	if err != nil {
 		t.Fatal(err)
@@ -443,7 +457,7 @@ func TestNewHotKeysErrors(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- hk.Run(context.Background()) }() // exits when the Client closes
-	recv(t, f.reports, "a report")
+	f.Reports().Next(t)
 	c.Close()
 	if err := recv(t, done, "Run to return"); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run after the Client closed = %v, want ErrClosed", err)
@@ -462,11 +476,11 @@ func TestNewHotKeysErrors(t *testing.T) {
 // (the report's timer is off the clock), and is idempotent.
 func TestHotKeysClose(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
-	fr := f.newFront(t)
-	fr.set("hang")
+	f.AddHotKeyPool("events", 1600)
+	fr := f.AddReplica()
+	fr.Pause()
 	reports := make(chan float64, 16)
-	hk, err := NewHotKeys(dialFronts(t, f, []*front{fr}), HotKeysConfig{Pool: "events", Producer: "p1",
+	hk, err := NewHotKeys(dialReplicas(t, f, []*clienttest.Replica{fr}), HotKeysConfig{Pool: "events", Producer: "p1",
 		Report: func(_ time.Time, minRate float64) []hotkey.KeyRate { reports <- minRate; return reportedKeys }})
 	if err != nil {
 		t.Fatal(err)
@@ -476,18 +490,18 @@ func TestHotKeysClose(t *testing.T) {
 	recv(t, reports, "Report")
 	held := map[string]bool{}
 	for range 2 {
-		held[recv(t, fr.arrivals, "a call held at the replica")] = true
+		held[fr.Blocked().Next(t)] = true
 	}
 	if !held[keyshardv1connect.HotKeyServiceReportHotKeysProcedure] || !held[keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure] {
 		t.Fatalf("calls held: %v; want the report and the watch", held)
 	}
-	if n := f.clock.Waiters(); n != 1 {
+	if n := f.Clock().Waiters(); n != 1 {
 		t.Fatalf("%d timers on the clock; want 1, the report's deadline", n)
 	}
 	if err := hk.Close(); err != nil {
 		t.Errorf("Close = %v", err)
 	}
-	if n := f.clock.Waiters(); n != 0 {
+	if n := f.Clock().Waiters(); n != 0 {
 		t.Errorf("%d timers left on the clock after Close: a goroutine of Run is still in a call", n)
 	}
 	if err := recv(t, done, "Run to return"); err != nil {
@@ -511,7 +525,7 @@ func TestHotKeysClose(t *testing.T) {
 // Run then returns ErrClosed without a call.
 func TestHotKeysCloseWithoutRun(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
+	f.AddHotKeyPool("events", 1600)
 	hk, err := NewHotKeys(f.dial(t), HotKeysConfig{Pool: "events", Producer: "p1",
 		Report: func(time.Time, float64) []hotkey.KeyRate { t.Error("Report called"); return nil }})
 	if err != nil {
@@ -525,7 +539,7 @@ func TestHotKeysCloseWithoutRun(t *testing.T) {
 	if err := hk.Run(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run after Close = %v, want ErrClosed", err)
 	}
-	if n := f.callCount(keyshardv1connect.HotKeyServiceReportHotKeysProcedure) + f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 0 {
+	if n := f.CallCount(keyshardv1connect.HotKeyServiceReportHotKeysProcedure) + f.CallCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 0 {
 		t.Errorf("%d calls reached the server", n)
 	}
 }
@@ -535,18 +549,18 @@ func TestHotKeysCloseWithoutRun(t *testing.T) {
 // does not reconnect.
 func TestClientOverflowSet(t *testing.T) {
 	f := newFake(t)
-	f.addPool("events", 1600, 25)
+	f.AddHotKeyPool("events", 1600)
 	c := f.dial(t)
 	ctx := context.Background()
 	if s, err := c.OverflowSet(ctx, "events"); err != nil || s.Version != 0 || len(s.Entries) != 0 {
 		t.Errorf("OverflowSet before any set = %+v, %v; want version 0", s, err)
 	}
-	f.setOverflow("events", 5, "a", "b")
+	f.PutOverflowSet(overflowSet(f.Clock().Now(), 5, "a", "b"))
 	s, err := c.OverflowSet(ctx, "events")
 	if err != nil || s.Version != 5 || !slices.Equal(s.Keys(), []string{"a", "b"}) {
 		t.Fatalf("OverflowSet = %+v, %v; want version 5 with a, b", s, err)
 	}
-	if e := s.Entries[1]; e.Rate != 1001 || !e.Since.Equal(f.clock.Now()) || !e.BelowSince.Equal(f.clock.Now()) {
+	if e := s.Entries[1]; e.Rate != 1001 || !e.Since.Equal(f.Clock().Now()) || !e.BelowSince.Equal(f.Clock().Now()) {
 		t.Errorf("entry %+v: rate and times not converted", e)
 	}
 	if _, err := c.OverflowSet(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `hot-key pool "nope" does not exist`) {
@@ -560,14 +574,14 @@ func TestClientOverflowSet(t *testing.T) {
 	watch := func(ctx context.Context, since uint64) chan error {
 		done := make(chan error, 1)
 		go func() { done <- c.WatchOverflowSet(ctx, "events", since, func(s hotkey.OverflowSet) { sets <- s }) }() // exits when ctx ends or the stream does
-		if req := recv(t, f.watchSets, "WatchOverflowSet"); req.GetSinceVersion() != since {
+		if req := f.SetWatches().Next(t); req.GetSinceVersion() != since {
 			t.Errorf("watch since %d, want %d", req.GetSinceVersion(), since)
 		}
 		return done
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	done := watch(wctx, 5)
-	f.setOverflow("events", 0, "c")
+	f.SetOverflow("events", "c")
 	if s := recv(t, sets, "version 6"); s.Version != 6 || !slices.Equal(s.Keys(), []string{"c"}) {
 		t.Errorf("watched %+v, want version 6 with c", s)
 	}
@@ -577,11 +591,11 @@ func TestClientOverflowSet(t *testing.T) {
 	}
 
 	done = watch(ctx, 6)
-	f.setHotDown(true)
+	f.SetHotKeysUnavailable(true)
 	if err := recv(t, done, "WatchOverflowSet to return"); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("WatchOverflowSet when the server fails = %v, want ErrUnavailable", err)
 	}
-	if n := f.callCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 2 {
+	if n := f.CallCount(keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure); n != 2 {
 		t.Errorf("%d WatchOverflowSet calls, want 2: it does not reconnect", n)
 	}
 }
@@ -615,7 +629,7 @@ func TestAdminHotKeyPools(t *testing.T) {
 			t.Errorf("PutHotKeyPool(%+v) = %v, want ErrInvalid", bad, err)
 		}
 	}
-	if n := f.callCount("/keyshard.v1.AdminService/PutHotKeyPool"); n != 2 {
+	if n := f.CallCount("/keyshard.v1.AdminService/PutHotKeyPool"); n != 2 {
 		t.Errorf("%d PutHotKeyPool calls; invalid pools must be refused without a call", n)
 	}
 	if _, err := adm.PutHotKeyPool(ctx, HotKeyPool{Name: "zero", Threshold: 0}); !errors.Is(err, ErrInvalid) {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/client/clienttest"
 	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/placement"
 )
@@ -54,12 +58,12 @@ func (c *pausedClock) resume() {
 // before the keep-alive loop has fenced anything.
 func TestWorkerPausedPastDeadline(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.SetMap("rooms", members("w1"), func(int) string { return "w1" })
 	h := newRecHandler(t)
-	clk := &pausedClock{Fake: f.clock}
+	clk := &pausedClock{Fake: f.Clock()}
 	w := newTestWorker(t, f, h, Clock(clk))
-	t0 := f.clock.Now()
+	t0 := f.Clock().Now()
 	w.start(t)
 	sid := w.waitEvent(t, EventJoined).Session
 	deadline := recv(t, w.renewed, "the first keep-alive")
@@ -67,7 +71,7 @@ func TestWorkerPausedPastDeadline(t *testing.T) {
 	if want := t0.Add(testTTL - margin); !deadline.Equal(want) {
 		t.Fatalf("fence deadline = t0+%v, want t0+%v", deadline.Sub(t0), want.Sub(t0))
 	}
-	tok := f.grant(sid, 5)
+	tok := f.Grant(sid, 5)
 	a := recv(t, h.acquires, "Acquire")
 	w.waitEvent(t, EventAcquired)
 	key := keyInBucket(t, 5, 16)
@@ -137,35 +141,34 @@ func TestWorkerSlowKeepAlives(t *testing.T) {
 	for _, delay := range []time.Duration{600 * time.Millisecond, 1200 * time.Millisecond} {
 		t.Run(delay.String(), func(t *testing.T) {
 			f := newFake(t)
-			f.addKeyspace("rooms", 16, ttl)
-			f.joinDelay = delay
-			f.kaDelay = delay
-			f.setKA("delay")
+			f.AddKeyspace("rooms", 16, ttl)
+			f.DelayJoins(delay)
+			f.DelayKeepAlives(delay)
 			h := newRecHandler(t)
 			w := startWorker(t, f, h)
-			if what := recv(t, f.armed, "the Join"); what != "join" {
+			if what := f.Delays().Next(t); what != keyshardv1connect.MemberServiceJoinProcedure {
 				t.Fatalf("armed %q, want the join", what)
 			}
-			f.clock.Advance(delay)
+			f.Clock().Advance(delay)
 			sid := w.waitEvent(t, EventJoined).Session
-			send := f.clock.Now() // the first keep-alive goes at once
+			send := f.Clock().Now() // the first keep-alive goes at once
 			for i := range 15 {
-				if what := recv(t, f.armed, "a keep-alive"); what != "keep-alive" {
+				if what := f.Delays().Next(t); what != keyshardv1connect.MemberServiceKeepAliveProcedure {
 					t.Fatalf("armed %q, want a keep-alive", what)
 				}
-				if now := f.clock.Now(); !now.Equal(send) {
+				if now := f.Clock().Now(); !now.Equal(send) {
 					t.Fatalf("keep-alive %d sent at %v, want %v", i, now, send)
 				}
-				if s := recv(t, f.keepAlives, "KeepAlive"); s != sid {
+				if s := f.KeepAlives().Next(t).GetSession(); s != sid {
 					t.Fatalf("keep-alive %d for session %q, want %q (the session was lost)", i, s, sid)
 				}
-				f.clock.Advance(delay)
+				f.Clock().Advance(delay)
 				d := recv(t, w.renewed, "the renewal")
 				if want := send.Add(ttl - margin); !d.Equal(want) {
 					t.Fatalf("keep-alive %d: deadline %v, want send + TTL − margin = %v", i, d, want)
 				}
 				next := send.Add(max(ttl/3, delay))
-				f.clock.Advance(next.Sub(f.clock.Now()))
+				f.Clock().Advance(next.Sub(f.Clock().Now()))
 				send = next
 			}
 			for len(w.events) > 0 {
@@ -182,37 +185,35 @@ func TestWorkerSlowKeepAlives(t *testing.T) {
 // one may have created.
 func TestWorkerJoinBoundedByTTL(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	logs := make(chan string, 1024)
 	w := startWorker(t, f, h, Logger(slog.New(msgHandler(logs))))
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	if j := recv(t, f.joins, "Join"); j.GetReplace() {
+	if j := f.Joins().Next(t); j.GetReplace() {
 		t.Fatalf("first Join asks to replace")
 	}
-	f.mu.Lock()
-	f.joinHangs = 1
-	f.mu.Unlock()
-	f.endSession(sid)
+	f.HangJoins(1)
+	f.EndSession(sid)
 	if ev := w.waitEvent(t, EventSessionLost); ev.Session != sid {
 		t.Fatalf("lost session %q, want %q", ev.Session, sid)
 	}
-	if j := recv(t, f.joins, "the hanging re-Join"); j.GetReplace() {
+	if j := f.Joins().Next(t); j.GetReplace() {
 		t.Fatalf("re-Join asks to replace before any Join was abandoned")
 	}
 	margin := testTTL / 10
-	f.clock.Advance(testTTL - margin - time.Nanosecond)
-	if len(f.joins) != 0 {
+	f.Clock().Advance(testTTL - margin - time.Nanosecond)
+	if f.Joins().Len() != 0 {
 		t.Fatalf("a Join was sent while the first one is still within its bound")
 	}
-	f.clock.Advance(time.Nanosecond) // the Join is abandoned ...
+	f.Clock().Advance(time.Nanosecond) // the Join is abandoned ...
 	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
 		msg = recv(t, logs, "the worker to abandon the Join")
 	}
-	f.clock.MustBlockUntil(t, 1) // ... and the next one waits out its backoff
-	f.clock.Advance(backoffBase)
-	if j := recv(t, f.joins, "the Join after the abandoned one"); !j.GetReplace() {
+	f.Clock().MustBlockUntil(t, 1) // ... and the next one waits out its backoff
+	f.Clock().Advance(backoffBase)
+	if j := f.Joins().Next(t); !j.GetReplace() {
 		t.Errorf("the Join after an abandoned one does not ask to replace")
 	}
 	if ev := w.waitEvent(t, EventRejoined); ev.Session == sid {
@@ -226,23 +227,21 @@ func TestWorkerJoinBoundedByTTL(t *testing.T) {
 func TestWorkerLateJoinAnswer(t *testing.T) {
 	const ttl = 3 * time.Second
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, ttl)
-	f.joinDelay = ttl
+	f.AddKeyspace("rooms", 16, ttl)
+	f.DelayJoins(ttl)
 	h := newRecHandler(t)
 	logs := make(chan string, 1024)
 	w := startWorker(t, f, h, Logger(slog.New(msgHandler(logs))))
-	recv(t, f.armed, "the Join")
-	recv(t, f.joins, "Join")
-	f.mu.Lock()
-	f.joinDelay = 0
-	f.mu.Unlock()
-	f.clock.Advance(ttl) // answered past joinSent + TTL − margin
+	f.Delays().Next(t)
+	f.Joins().Next(t)
+	f.DelayJoins(0)
+	f.Clock().Advance(ttl) // answered past joinSent + TTL − margin
 	for msg := ""; !strings.HasPrefix(msg, "keyshard: join failed; retrying"); {
 		msg = recv(t, logs, "the worker to see the late answer")
 	}
-	f.clock.MustBlockUntil(t, 1) // the backoff: the Join's own timer was stopped before the log
-	f.clock.Advance(backoffBase)
-	if j := recv(t, f.joins, "the next Join"); !j.GetReplace() {
+	f.Clock().MustBlockUntil(t, 1) // the backoff: the Join's own timer was stopped before the log
+	f.Clock().Advance(backoffBase)
+	if j := f.Joins().Next(t); !j.GetReplace() {
 		t.Errorf("the Join after a late answer does not ask to replace")
 	}
 	if ev := w.waitEvent(t, EventJoined); ev.Session != "s2" {
@@ -267,28 +266,28 @@ func (h msgHandler) WithGroup(string) slog.Handler      { return h }
 // acknowledged are followed by re-Joins that back off exponentially.
 func TestWorkerRejoinBackoff(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.setKA("notfound")
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.SetKeepAlives(clienttest.KeepAliveNotFound)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
-	recv(t, f.joins, "Join")
+	f.Joins().Next(t)
 	for n := range 5 {
 		lost := w.waitEvent(t, EventSessionLost)
-		f.clock.MustBlockUntil(t, 1) // the backoff timer
+		f.Clock().MustBlockUntil(t, 1) // the backoff timer
 		d := min(backoffBase<<n, testTTL)
-		f.clock.Advance(d/2 - time.Nanosecond)
-		if f.clock.Waiters() != 1 || len(f.joins) != 0 {
+		f.Clock().Advance(d/2 - time.Nanosecond)
+		if f.Clock().Waiters() != 1 || f.Joins().Len() != 0 {
 			t.Fatalf("re-join %d: the backoff ended before %v", n, d/2)
 		}
-		f.clock.Advance(d/2 + time.Nanosecond)
-		recv(t, f.joins, "re-Join")
-		f.mu.Lock()
-		joins := slices.Clone(f.joinedAt)
-		f.mu.Unlock()
-		if len(joins) != n+2 {
-			t.Fatalf("%d Joins after %d sessions lost, want %d: re-joins do not wait", len(joins), n+1, n+2)
+		f.Clock().Advance(d/2 + time.Nanosecond)
+		f.Joins().Next(t)
+		if joins := f.CallCount(keyshardv1connect.MemberServiceJoinProcedure); joins != n+2 {
+			t.Fatalf("%d Joins after %d sessions lost, want %d: re-joins do not wait", joins, n+1, n+2)
 		}
-		if gap := joins[n+1].Sub(lost.Time); gap < d/2 {
+		// A session's lease runs from the Join that created it.
+		rejoined := w.waitEvent(t, EventRejoined)
+		joinedAt := f.LeaseExpiry(rejoined.Session).Add(-testTTL)
+		if gap := joinedAt.Sub(lost.Time); gap < d/2 {
 			t.Fatalf("re-join %d sent %v after the session was lost, want at least %v", n, gap, d/2)
 		}
 	}
@@ -298,17 +297,14 @@ func TestWorkerRejoinBackoff(t *testing.T) {
 // return an error naming it, and the session is left at once.
 func TestWorkerBadHash(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.mu.Lock()
-	f.keyspaces["rooms"].Hash = "sha3-fancy"
-	f.mu.Unlock()
+	f.PutKeyspace(&keyshardv1.Keyspace{Name: "rooms", Buckets: 16, Hash: "sha3-fancy", LeaseTtl: durationpb.New(testTTL)})
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	err := recv(t, w.runErr, "Run")
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `hash "sha3-fancy"`) {
 		t.Errorf("Run = %v; want ErrInvalid naming the hash", err)
 	}
-	if got := recv(t, f.leaves, "Leave"); got != "s1" {
+	if got := f.Leaves().Next(t).GetSession(); got != "s1" {
 		t.Errorf("left %q, want s1", got)
 	}
 	if _, err := placement.NewHasher("sha3-fancy", 16); err == nil {

@@ -9,16 +9,17 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/client/clienttest"
 )
 
-// dialFronts dials the fronts as the replicas of one cluster.
-func dialFronts(t *testing.T, f *fakeServer, fronts []*front, opts ...Option) *Client {
+// dialReplicas dials replicas as the replicas of one cluster.
+func dialReplicas(t *testing.T, f fake, replicas []*clienttest.Replica, opts ...Option) *Client {
 	t.Helper()
 	var urls []string
-	for _, fr := range fronts {
-		urls = append(urls, fr.srv.URL)
+	for _, r := range replicas {
+		urls = append(urls, r.URL())
 	}
-	c, err := Dial(strings.Join(urls, ","), append([]Option{Clock(f.clock)}, opts...)...)
+	c, err := Dial(strings.Join(urls, ","), append([]Option{Clock(f.Clock())}, opts...)...)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
@@ -31,12 +32,12 @@ func dialFronts(t *testing.T, f *fakeServer, fronts []*front, opts ...Option) *C
 // gets the next calls first.
 func TestClientMovesOnFromHungReplica(t *testing.T) {
 	f := newFake(t)
-	a, b := f.newFront(t), f.newFront(t)
-	c := dialFronts(t, f, []*front{a, b}, ReplicaTimeout(2*time.Second))
-	if got := c.URLs(); len(got) != 2 || got[0] != a.srv.URL || got[1] != b.srv.URL {
+	a, b := f.AddReplica(), f.AddReplica()
+	c := dialReplicas(t, f, []*clienttest.Replica{a, b}, ReplicaTimeout(2*time.Second))
+	if got := c.URLs(); len(got) != 2 || got[0] != a.URL() || got[1] != b.URL() {
 		t.Fatalf("URLs() = %v", got)
 	}
-	a.set("hang")
+	a.Pause()
 	type result struct {
 		st  Status
 		err error
@@ -46,23 +47,23 @@ func TestClientMovesOnFromHungReplica(t *testing.T) {
 		st, err := c.Admin().Status(context.Background())
 		done <- result{st, err}
 	}()
-	recv(t, a.arrivals, "the call at the paused replica")
-	f.clock.Advance(2*time.Second - time.Nanosecond)
+	a.Blocked().Next(t)
+	f.Clock().Advance(2*time.Second - time.Nanosecond)
 	if len(done) != 0 {
 		t.Fatalf("the call returned before ReplicaTimeout")
 	}
-	f.clock.Advance(time.Nanosecond)
-	if r := recv(t, done, "Status"); r.err != nil || r.st.Leader != "r1" {
+	f.Clock().Advance(time.Nanosecond)
+	if r := recv(t, done, "Status"); r.err != nil || r.st.Leader != "clienttest" {
 		t.Fatalf("Status = %+v, %v; want the answer of the healthy replica", r.st, r.err)
 	}
-	if c.URL() != b.srv.URL {
-		t.Errorf("URL() = %q, want the replica that answered, %q", c.URL(), b.srv.URL)
+	if c.URL() != b.URL() {
+		t.Errorf("URL() = %q, want the replica that answered, %q", c.URL(), b.URL())
 	}
 	// The next call goes to the healthy replica first.
 	if _, err := c.Admin().Status(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := a.count(keyshardv1connect.AdminServiceStatusProcedure); n != 1 {
+	if n := a.CallCount(keyshardv1connect.AdminServiceStatusProcedure); n != 1 {
 		t.Errorf("the paused replica got %d calls, want 1", n)
 	}
 }
@@ -72,14 +73,14 @@ func TestClientMovesOnFromHungReplica(t *testing.T) {
 // fails, the error says so and is still ErrUnavailable.
 func TestClientMovesOnFromUnavailableReplica(t *testing.T) {
 	f := newFake(t)
-	a, b := f.newFront(t), f.newFront(t)
-	c := dialFronts(t, f, []*front{a, b})
-	a.set("unavailable")
+	a, b := f.AddReplica(), f.AddReplica()
+	c := dialReplicas(t, f, []*clienttest.Replica{a, b})
+	a.Refuse()
 	if _, err := c.Admin().Status(context.Background()); err != nil {
 		t.Fatalf("Status with one replica unavailable = %v", err)
 	}
-	recv(t, a.arrivals, "the call refused by the first replica")
-	b.set("unavailable")
+	a.Blocked().Next(t)
+	b.Refuse()
 	_, err := c.Admin().Status(context.Background())
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "all 2 replicas failed") || !strings.Contains(err.Error(), "cannot reach etcd") {
 		t.Errorf("Status with every replica unavailable = %v", err)
@@ -119,37 +120,37 @@ func TestDialReplicaList(t *testing.T) {
 // and its grant and map streams reopen there.
 func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
-	a, b := f.newFront(t), f.newFront(t)
-	c := dialFronts(t, f, []*front{a, b})
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.SetMap("rooms", members("w1"), func(int) string { return "w1" })
+	a, b := f.AddReplica(), f.AddReplica()
+	c := dialReplicas(t, f, []*clienttest.Replica{a, b})
 	h := newRecHandler(t)
 	logs := make(chan string, 1024)
 	w := newTestWorkerOn(t, c, h, Logger(slog.New(msgHandler(logs))))
-	t0 := f.clock.Now()
+	t0 := f.Clock().Now()
 	w.start(t)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	recv(t, f.keepAlives, "the first KeepAlive")
-	tok := f.grant(sid, 3)
+	f.KeepAlives().Next(t).GetSession()
+	tok := f.Grant(sid, 3)
 	recv(t, h.acquires, "Acquire")
 
-	a.set("hang") // the replica everything went to is paused
-	f.clock.MustBlockUntil(t, 2)
-	f.clock.Advance(testTTL / 3) // the keep-alive at t0+3s goes to the paused replica ...
-	if p := recv(t, a.arrivals, "the keep-alive at the paused replica"); p != keyshardv1connect.MemberServiceKeepAliveProcedure {
+	a.Pause() // the replica everything went to is paused
+	f.Clock().MustBlockUntil(t, 2)
+	f.Clock().Advance(testTTL / 3) // the keep-alive at t0+3s goes to the paused replica ...
+	if p := a.Blocked().Next(t); p != keyshardv1connect.MemberServiceKeepAliveProcedure {
 		t.Fatalf("the paused replica got %s, want a keep-alive", p)
 	}
 	// ... and is abandoned after half the time left to the deadline
 	// (t0+8.1s), to be made at the other replica in time.
 	margin := testTTL / 10
-	f.clock.Advance((testTTL - margin - testTTL/3) / 2)
+	f.Clock().Advance((testTTL - margin - testTTL/3) / 2)
 	d := recv(t, w.renewed, "the renewal through the other replica")
 	if want := t0.Add(testTTL/3 + testTTL - margin); !d.Equal(want) {
 		t.Errorf("deadline after the renewal = t0+%v, want t0+%v", d.Sub(t0), want.Sub(t0))
 	}
-	if c.URL() != b.srv.URL {
-		t.Errorf("URL() = %q, want %q", c.URL(), b.srv.URL)
+	if c.URL() != b.URL() {
+		t.Errorf("URL() = %q, want %q", c.URL(), b.URL())
 	}
 	// The grant and map streams of the paused replica end; they reopen
 	// on the other one after their backoff.
@@ -158,15 +159,15 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 			n++
 		}
 	}
-	f.clock.MustBlockUntil(t, 4) // fence, next keep-alive, and both streams' backoff
-	f.clock.Advance(backoffBase)
-	tok2 := f.grant(sid, 4)
+	f.Clock().MustBlockUntil(t, 4) // fence, next keep-alive, and both streams' backoff
+	f.Clock().Advance(backoffBase)
+	tok2 := f.Grant(sid, 4)
 	if got := recv(t, h.acquires, "Acquire through the other replica"); got.g != (Grant{Bucket: 4, Token: tok2}) {
 		t.Errorf("Acquire(%+v), want bucket 4 at %d", got.g, tok2)
 	}
-	recv(t, f.watchMaps, "the first WatchMap")
-	recv(t, f.watchMaps, "the WatchMap reopened")
-	if b.count(keyshardv1connect.MemberServiceWatchGrantsProcedure) == 0 || b.count(keyshardv1connect.MapServiceWatchMapProcedure) == 0 {
+	f.MapWatches().Next(t)
+	f.MapWatches().Next(t)
+	if b.CallCount(keyshardv1connect.MemberServiceWatchGrantsProcedure) == 0 || b.CallCount(keyshardv1connect.MapServiceWatchMapProcedure) == 0 {
 		t.Errorf("the streams did not reopen on the healthy replica")
 	}
 	if g, err := w.OwnsString(keyInBucket(t, 3, 16)); err != nil || g.Token != tok || !g.Valid() {
@@ -183,20 +184,20 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 // map stream go to the replica that can serve.
 func TestRouterMovesOnFromUnavailableReplica(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	a, b := f.newFront(t), f.newFront(t)
-	c := dialFronts(t, f, []*front{a, b})
-	a.set("unavailable")
+	f.AddKeyspace("rooms", 16, testTTL)
+	a, b := f.AddReplica(), f.AddReplica()
+	c := dialReplicas(t, f, []*clienttest.Replica{a, b})
+	a.Refuse()
 	r := newRouter(t, c)
-	recv(t, f.watchMaps, "WatchMap")
-	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	f.MapWatches().Next(t)
+	f.SetMap("rooms", members("w1"), func(int) string { return "w1" })
 	if err := r.WaitEpoch(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := b.count(keyshardv1connect.MapServiceWatchMapProcedure); n != 1 {
+	if n := b.CallCount(keyshardv1connect.MapServiceWatchMapProcedure); n != 1 {
 		t.Errorf("WatchMap calls at the healthy replica = %d, want 1", n)
 	}
-	if n := a.count(keyshardv1connect.MapServiceWatchMapProcedure); n != 0 {
+	if n := a.CallCount(keyshardv1connect.MapServiceWatchMapProcedure); n != 0 {
 		t.Errorf("WatchMap calls at the unavailable replica = %d, want 0", n)
 	}
 }

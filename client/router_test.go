@@ -8,18 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/client/clienttest"
 	"github.com/keyshard/keyshard/placement"
 )
-
-func members(ids ...string) []*keyshardv1.Member {
-	out := make([]*keyshardv1.Member, len(ids))
-	for i, id := range ids {
-		out[i] = &keyshardv1.Member{Id: id, Address: id + ".internal:9000"}
-	}
-	return out
-}
 
 // newRouter starts a Router of keyspace "rooms" on c; the test's cleanup
 // closes it.
@@ -38,7 +33,7 @@ func newRouter(t *testing.T, c *Client) *Router {
 
 func TestRouterFollowsMap(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 64, 10*time.Second)
+	f.AddKeyspace("rooms", 64, 10*time.Second)
 	ctx := context.Background()
 	r := newRouter(t, f.dial(t))
 	if r.Epoch() != 0 {
@@ -50,7 +45,7 @@ func TestRouterFollowsMap(t *testing.T) {
 	if b := r.Bucket([]byte("room-1")); b != -1 {
 		t.Errorf("Bucket before any map = %d, want -1 (bucket count unknown)", b)
 	}
-	recv(t, f.watchMaps, "WatchMap")
+	f.MapWatches().Next(t)
 
 	// Epoch 1: buckets alternate between a and b, bucket 0 unassigned.
 	owner1 := func(b int) string {
@@ -62,7 +57,7 @@ func TestRouterFollowsMap(t *testing.T) {
 		}
 		return "b"
 	}
-	f.setMap("rooms", members("a", "b"), owner1)
+	f.SetMap("rooms", members("a", "b"), owner1)
 	if err := r.WaitEpoch(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +87,7 @@ func TestRouterFollowsMap(t *testing.T) {
 	}
 
 	// Epoch 2: c takes everything.
-	f.setMap("rooms", members("c"), func(int) string { return "c" })
+	f.SetMap("rooms", members("c"), func(int) string { return "c" })
 	if err := r.WaitEpoch(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +116,7 @@ func TestRouterBadInput(t *testing.T) {
 	}
 	_, err := NewRouter(nil, "rooms")
 	checkArgError(t, "NewRouter(nil)", err, "NewRouter", "client", "is nil")
-	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+	if n := f.CallCount("/keyshard.v1.MapService/GetMap"); n != 0 {
 		t.Errorf("GetMap calls = %d; NewRouter must do no IO", n)
 	}
 
@@ -146,7 +141,7 @@ func TestRouterBadInput(t *testing.T) {
 	if err := r.WaitReady(context.Background()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("WaitReady after Run failed = %v; want Run's error", err)
 	}
-	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 2 {
+	if n := f.CallCount("/keyshard.v1.MapService/GetMap"); n != 2 {
 		t.Errorf("GetMap calls = %d, want 2: a missing keyspace is not retried", n)
 	}
 }
@@ -155,8 +150,8 @@ func TestRouterBadInput(t *testing.T) {
 // and Run returns ctx's error when ctx ends, nil after Close.
 func TestRouterRun(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
-	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	f.AddKeyspace("rooms", 16, 10*time.Second)
+	f.SetMap("rooms", members("a"), func(int) string { return "a" })
 	c := f.dial(t)
 	for _, stop := range []string{"ctx", "Close"} {
 		t.Run(stop, func(t *testing.T) {
@@ -204,10 +199,10 @@ func TestRouterRun(t *testing.T) {
 // ctx ends, and returns once a fetch succeeded.
 func TestRouterWaitReadyRetries(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
-	fr := f.newFront(t)
-	fr.set("unavailable")
-	r, err := NewRouter(dialFronts(t, f, []*front{fr}), "rooms")
+	f.AddKeyspace("rooms", 16, 10*time.Second)
+	fr := f.AddReplica()
+	fr.Refuse()
+	r, err := NewRouter(dialReplicas(t, f, []*clienttest.Replica{fr}), "rooms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,20 +215,20 @@ func TestRouterWaitReadyRetries(t *testing.T) {
 		}
 	}()
 
-	f.clock.MustBlockUntil(t, 1) // the backoff after the first failed fetch
+	f.Clock().MustBlockUntil(t, 1) // the backoff after the first failed fetch
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := r.WaitReady(ctx); !errors.Is(err, context.Canceled) || !errors.Is(err, ErrUnavailable) {
 		t.Errorf("WaitReady(cancelled) = %v; want context.Canceled and the fetch's ErrUnavailable", err)
 	}
-	fr.set("")
+	fr.Serve()
 	ready := make(chan error, 1)
 	go func() { ready <- r.WaitReady(context.Background()) }()
-	f.clock.Advance(backoffCap)
+	f.Clock().Advance(backoffCap)
 	if err := recv(t, ready, "WaitReady"); err != nil {
 		t.Errorf("WaitReady = %v", err)
 	}
-	if n := fr.count(keyshardv1connect.MapServiceGetMapProcedure); n != 2 {
+	if n := fr.CallCount(keyshardv1connect.MapServiceGetMapProcedure); n != 2 {
 		t.Errorf("GetMap calls = %d, want 2", n)
 	}
 }
@@ -269,7 +264,7 @@ func TestRouterCloseWithoutRun(t *testing.T) {
 	if m, ok := r.OwnerString("k"); ok || r.Bucket([]byte("k")) != -1 {
 		t.Errorf("Owner of a Router that never ran = %q, %v", m, ok)
 	}
-	if n := f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+	if n := f.CallCount("/keyshard.v1.MapService/GetMap"); n != 0 {
 		t.Errorf("GetMap calls = %d, want none", n)
 	}
 }
@@ -278,19 +273,20 @@ func TestRouterCloseWithoutRun(t *testing.T) {
 // backoff on its clock and picks up the newer map.
 func TestRouterReconnects(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
-	f.watchMapErr = 2
+	f.AddKeyspace("rooms", 16, 10*time.Second)
+	f.FailNext(keyshardv1connect.MapServiceWatchMapProcedure, 2, connect.NewError(connect.CodeUnavailable, errors.New("stream refused")))
 	r := newRouter(t, f.dial(t))
-	for i := range 2 {
-		recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d (refused)", i))
-		f.clock.MustBlockUntil(t, 1) // the backoff timer
-		f.clock.Advance(backoffCap)
+	for range 2 {
+		f.MapWatches().Next(t) // refused at once
+
+		f.Clock().MustBlockUntil(t, 1) // the backoff timer
+		f.Clock().Advance(backoffCap)
 	}
-	req := recv(t, f.watchMaps, "WatchMap 3")
+	req := f.MapWatches().Next(t)
 	if req.GetSinceEpoch() != 0 {
 		t.Errorf("since_epoch = %d, want 0", req.GetSinceEpoch())
 	}
-	f.setMap("rooms", members("a"), func(int) string { return "a" })
+	f.SetMap("rooms", members("a"), func(int) string { return "a" })
 	if err := r.WaitEpoch(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -302,29 +298,32 @@ func TestRouterFallsBackToLongPoll(t *testing.T) {
 	for _, unimpl := range []bool{false, true} {
 		t.Run(fmt.Sprintf("unimplemented=%v", unimpl), func(t *testing.T) {
 			f := newFake(t)
-			f.addKeyspace("rooms", 16, 10*time.Second)
-			f.watchMapErr = 1000
-			f.watchMapUnimpl = unimpl
+			f.AddKeyspace("rooms", 16, 10*time.Second)
+			refusal := connect.NewError(connect.CodeUnavailable, errors.New("stream refused"))
+			if unimpl {
+				refusal = connect.NewError(connect.CodeUnimplemented, errors.New("no streams here"))
+			}
+			f.Fail(keyshardv1connect.MapServiceWatchMapProcedure, refusal)
 			r := newRouter(t, f.dial(t))
-			recv(t, f.getMaps, "the first GetMap")
+			f.MapPolls().Next(t)
 			attempts := streamFailuresBeforePoll
 			if unimpl {
 				attempts = 1
 			}
-			for i := range attempts {
-				recv(t, f.watchMaps, fmt.Sprintf("WatchMap %d", i))
-				f.clock.MustBlockUntil(t, 1)
-				f.clock.Advance(backoffCap)
+			for range attempts {
+				f.MapWatches().Next(t)
+				f.Clock().MustBlockUntil(t, 1)
+				f.Clock().Advance(backoffCap)
 			}
-			poll := recv(t, f.getMaps, "a GetMap long poll")
+			poll := f.MapPolls().Next(t)
 			if poll.GetWait().AsDuration() != pollWait {
 				t.Errorf("long poll wait = %v, want %v", poll.GetWait().AsDuration(), pollWait)
 			}
-			f.setMap("rooms", members("a"), func(int) string { return "a" })
+			f.SetMap("rooms", members("a"), func(int) string { return "a" })
 			if err := r.WaitEpoch(context.Background(), 1); err != nil {
 				t.Fatal(err)
 			}
-			if got := recv(t, f.getMaps, "the next long poll"); got.GetSinceEpoch() != 1 {
+			if got := f.MapPolls().Next(t); got.GetSinceEpoch() != 1 {
 				t.Errorf("next poll since_epoch = %d, want 1", got.GetSinceEpoch())
 			}
 		})
@@ -333,7 +332,7 @@ func TestRouterFallsBackToLongPoll(t *testing.T) {
 
 func TestRouterCloseAndWaitEpoch(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, 10*time.Second)
+	f.AddKeyspace("rooms", 16, 10*time.Second)
 	r := newRouter(t, f.dial(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -355,7 +354,7 @@ func TestRouterCloseAndWaitEpoch(t *testing.T) {
 
 func TestRouterIgnoresBadMaps(t *testing.T) {
 	mapOf := func(epoch uint64, buckets int, ids []string, owner func(b int) uint32) *keyshardv1.Map {
-		m := &keyshardv1.Map{Keyspace: "rooms", Epoch: epoch, Buckets: uint32(buckets), Hash: "xxh64", Members: members(ids...), Owners: make([]uint32, buckets)}
+		m := &keyshardv1.Map{Keyspace: "rooms", Epoch: epoch, Buckets: uint32(buckets), Hash: "xxh64", Members: protoMembers(ids...), Owners: make([]uint32, buckets)}
 		for b := range m.Owners {
 			m.Owners[b] = owner(b)
 		}
@@ -399,13 +398,21 @@ func TestRouterIgnoresBadMaps(t *testing.T) {
 	}
 }
 
+func protoMembers(ids ...string) []*keyshardv1.Member {
+	out := make([]*keyshardv1.Member, len(ids))
+	for i, m := range members(ids...) {
+		out[i] = &keyshardv1.Member{Id: m.ID, Address: m.Address}
+	}
+	return out
+}
+
 func routerForBench(tb testing.TB) *Router {
 	a := placement.NewAssignment(4096)
 	a.Members = []string{"w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8"}
 	for b := range a.Owners {
 		a.Owners[b] = int32(b % len(a.Members))
 	}
-	m := &keyshardv1.Map{Keyspace: "rooms", Epoch: 1, Buckets: 4096, Hash: "xxh64", Members: members(a.Members...), Owners: make([]uint32, 4096)}
+	m := &keyshardv1.Map{Keyspace: "rooms", Epoch: 1, Buckets: 4096, Hash: "xxh64", Members: protoMembers(a.Members...), Owners: make([]uint32, 4096)}
 	for b, o := range a.Owners {
 		m.Owners[b] = uint32(o + 1)
 	}

@@ -1250,9 +1250,19 @@ func (w *Worker) owns(b int) (Grant, error) {
 	return Grant{}, &WrongOwnerError{Bucket: b, Owner: owner, Address: rt.addrs[owner], Epoch: rt.epoch}
 }
 
-// WaitGrant blocks while Owns(key) returns ErrNotGranted, and then
-// returns what Owns returns; or ctx.Err() if ctx ends first, or
-// ErrClosed once Run has returned (or the Worker was closed before Run).
+// WaitGrant returns the worker's grant for key's bucket once it holds it
+// (as Owns counts it), or an answer that waiting would not change: a
+// *WrongOwnerError from a map that names this worker among its members
+// and gives the bucket to another (the bucket is someone else's now), or
+// from any map once Close has begun (the worker is leaving); ctx.Err() if
+// ctx ends first; ErrClosed once Run has returned (or the Worker was
+// closed before Run).
+//
+// It waits while the grant has not arrived or Acquire has not returned,
+// while the worker joins or re-joins, while the bucket is unassigned, and
+// while the worker's map does not name it yet: a map from before its
+// join took effect, such as the empty map of a new keyspace, whose owners
+// say nothing about what this worker will hold.
 func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
 	for {
 		w.mu.Lock()
@@ -1260,7 +1270,7 @@ func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
 		w.mu.Unlock()
 		mapChanged := w.router.changed()
 		g, err := w.Owns(key)
-		if !errors.Is(err, ErrNotGranted) {
+		if w.settled(err) {
 			return g, err
 		}
 		select {
@@ -1272,6 +1282,24 @@ func (w *Worker) WaitGrant(ctx context.Context, key []byte) (Grant, error) {
 			return Grant{}, ErrClosed
 		}
 	}
+}
+
+// settled reports whether err, from Owns, is WaitGrant's answer: nil, or
+// a WrongOwnerError that the next map is not expected to change.
+func (w *Worker) settled(err error) bool {
+	if errors.Is(err, ErrNotGranted) {
+		return false
+	}
+	var wo *WrongOwnerError
+	if !errors.As(err, &wo) || w.draining() {
+		return true
+	}
+	if wo.Owner == "" {
+		return false
+	}
+	rt := w.router.cur.Load()
+	_, named := rt.addrs[w.member.ID]
+	return named && rt.epoch == wo.Epoch // a newer map: look again
 }
 
 func (w *Worker) notifyLocked() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -19,6 +18,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/client/clienttest"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -146,7 +147,7 @@ type testWorker struct {
 	renewed chan time.Time // EventRenewed's deadline, after each acknowledged keep-alive
 }
 
-func newTestWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
+func newTestWorker(t *testing.T, f fake, h Handler, opts ...WorkerOption) *testWorker {
 	t.Helper()
 	return newTestWorkerOn(t, f.dial(t), h, opts...)
 }
@@ -178,7 +179,7 @@ func (tw *testWorker) start(t *testing.T) {
 	})
 }
 
-func startWorker(t *testing.T, f *fakeServer, h Handler, opts ...WorkerOption) *testWorker {
+func startWorker(t *testing.T, f fake, h Handler, opts ...WorkerOption) *testWorker {
 	tw := newTestWorker(t, f, h, opts...)
 	tw.start(t)
 	return tw
@@ -226,17 +227,17 @@ func keyInBucket(t *testing.T, b, buckets int) string {
 
 func TestWorkerHandoff(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
-	join := recv(t, f.joins, "Join")
+	join := f.Joins().Next(t)
 	want := &keyshardv1.JoinRequest{Keyspace: "rooms", Member: &keyshardv1.Member{Id: "w1", Address: "w1.internal:9000"}}
 	if join.GetKeyspace() != want.Keyspace || join.GetMember().GetId() != "w1" || join.GetMember().GetAddress() != "w1.internal:9000" || join.GetReplace() {
 		t.Errorf("Join = %v, want %v", join, want)
 	}
 	sid := w.waitEvent(t, EventJoined).Session
 
-	tok := f.grant(sid, 3)
+	tok := f.Grant(sid, 3)
 	a := recv(t, h.acquires, "Acquire")
 	if a.g != (Grant{Bucket: 3, Token: tok}) {
 		t.Errorf("Acquire(%+v), want bucket 3 token %d", a.g, tok)
@@ -251,7 +252,7 @@ func TestWorkerHandoff(t *testing.T) {
 		t.Errorf("Owns(key of bucket 3) = %+v, %v", g, err)
 	}
 
-	f.askRelease(sid, 3)
+	f.AskRelease(sid, 3)
 	rel := recv(t, h.releases, "Release")
 	if rel.bucket != 3 || rel.grantCtxErr != nil {
 		t.Errorf("Release(%d) with grant ctx err %v; want bucket 3 with the grant still live during a handoff", rel.bucket, rel.grantCtxErr)
@@ -260,7 +261,7 @@ func TestWorkerHandoff(t *testing.T) {
 	if a.ctx.Err() == nil {
 		t.Errorf("grant ctx still live after Release returned")
 	}
-	rr := recv(t, f.releases, "the Release RPC")
+	rr := f.Releases().Next(t)
 	if diff := cmp.Diff([]Grant{{Bucket: 3, Token: tok}}, grantsFromProto(rr.GetBuckets()), grantCmp); diff != "" || rr.GetSession() != sid {
 		t.Errorf("Release RPC session %q (-want +got):\n%s", rr.GetSession(), diff)
 	}
@@ -294,32 +295,32 @@ func grantsFromProto(gs []*keyshardv1.BucketGrant) []Grant {
 // the grant's context, calls Release, reports ErrSessionLost and re-joins:
 // all before the lease TTL has passed since the last acknowledged send.
 func TestWorkerSelfFence(t *testing.T) {
-	for _, mode := range []string{"fail", "hang"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []clienttest.KeepAliveFault{clienttest.KeepAliveFail, clienttest.KeepAliveHang} {
+		t.Run(mode.String(), func(t *testing.T) {
 			f := newFake(t)
-			f.addKeyspace("rooms", 16, testTTL)
+			f.AddKeyspace("rooms", 16, testTTL)
 			h := newRecHandler(t)
-			t0 := f.clock.Now() // the Join and the first keep-alive are sent at t0
+			t0 := f.Clock().Now() // the Join and the first keep-alive are sent at t0
 			w := startWorker(t, f, h)
 			sid := w.waitEvent(t, EventJoined).Session
 			recv(t, w.renewed, "the first keep-alive, sent at once")
-			f.grant(sid, 5)
+			f.Grant(sid, 5)
 			a := recv(t, h.acquires, "Acquire")
 			w.waitEvent(t, EventAcquired)
 
-			f.setKA(mode)
-			f.clock.MustBlockUntil(t, 2) // the keep-alive and fence timers
+			f.SetKeepAlives(mode)
+			f.Clock().MustBlockUntil(t, 2) // the keep-alive and fence timers
 			margin := testTTL / 10
-			f.clock.Advance(testTTL - margin - time.Nanosecond)
+			f.Clock().Advance(testTTL - margin - time.Nanosecond)
 			if a.ctx.Err() != nil || len(h.releases) != 0 || len(w.Held()) != 1 {
 				t.Fatalf("fenced before lastAckedSend + TTL − margin (ctx err %v, %d releases, held %v)", a.ctx.Err(), len(h.releases), w.Held())
 			}
-			f.clock.Advance(2 * time.Nanosecond)
+			f.Clock().Advance(2 * time.Nanosecond)
 			rel := recv(t, h.releases, "Release after the fence")
 			if rel.bucket != 5 || rel.grantCtxErr == nil {
 				t.Errorf("Release(%d) with grant ctx err %v; want bucket 5 with the grant ctx already cancelled", rel.bucket, rel.grantCtxErr)
 			}
-			if since := f.clock.Since(t0); since >= testTTL {
+			if since := f.Clock().Since(t0); since >= testTTL {
 				t.Errorf("fenced %v after the last acknowledged send; must be before the TTL %v", since, testTTL)
 			}
 			ev := w.waitEvent(t, EventFenced)
@@ -336,19 +337,19 @@ func TestWorkerSelfFence(t *testing.T) {
 			// so that the leader revokes it without quarantine; it does
 			// not release (the new session may be granted the buckets
 			// back at once).
-			if j := recv(t, f.joins, "Join"); j.GetReplace() || j.GetFencedSession() != "" {
+			if j := f.Joins().Next(t); j.GetReplace() || j.GetFencedSession() != "" {
 				t.Errorf("first Join = %v; want no replace", j)
 			}
-			if j := recv(t, f.joins, "re-Join"); !j.GetReplace() || j.GetFencedSession() != sid {
+			if j := f.Joins().Next(t); !j.GetReplace() || j.GetFencedSession() != sid {
 				t.Errorf("re-Join after the fence = %v; want replace with fenced_session %s", j, sid)
 			}
 			if ev := w.waitEvent(t, EventRejoined); ev.Session == sid || ev.Session == "" {
 				t.Errorf("rejoined with session %q", ev.Session)
 			}
-			if n := len(f.releases); n != 0 {
+			if n := f.Releases().Len(); n != 0 {
 				t.Errorf("%d Release RPCs after a fence", n)
 			}
-			f.setKA("")
+			f.SetKeepAlives(clienttest.KeepAliveServe)
 			if err := w.Close(context.Background()); err != nil {
 				t.Errorf("Close = %v", err)
 			}
@@ -361,34 +362,34 @@ func TestWorkerSelfFence(t *testing.T) {
 // its keep-alive was SENT plus TTL − margin, not to when the answer came.
 func TestWorkerFenceCountsFromSend(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := newTestWorker(t, f, h)
-	t0 := f.clock.Now()
+	t0 := f.Clock().Now()
 	w.start(t)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive, sent at once")
-	recv(t, f.keepAlives, "the first KeepAlive")
-	f.grant(sid, 5)
+	f.KeepAlives().Next(t).GetSession()
+	f.Grant(sid, 5)
 	a := recv(t, h.acquires, "Acquire")
 
-	f.setKA("gate")
-	f.clock.MustBlockUntil(t, 2)
-	f.clock.Advance(testTTL / 3) // the keep-alive is sent at t0+3s ...
-	recv(t, f.keepAlives, "KeepAlive")
-	f.clock.Advance(time.Second) // ... and answered at t0+4s
-	f.kaGate <- struct{}{}
+	gate := f.HoldKeepAlives()
+	f.Clock().MustBlockUntil(t, 2)
+	f.Clock().Advance(testTTL / 3) // the keep-alive is sent at t0+3s ...
+	f.KeepAlives().Next(t).GetSession()
+	f.Clock().Advance(time.Second) // ... and answered at t0+4s
+	gate.Pass()
 	deadline := recv(t, w.renewed, "renewal")
 	margin := testTTL / 10
 	if want := t0.Add(testTTL/3 + testTTL - margin); !deadline.Equal(want) {
 		t.Fatalf("deadline after renewal = t0+%v, want t0+%v (send time + TTL − margin)", deadline.Sub(t0), want.Sub(t0))
 	}
-	f.setKA("fail")
-	f.clock.Advance(deadline.Sub(f.clock.Now()) - time.Nanosecond) // past the first deadline, t0+8.1s
+	f.SetKeepAlives(clienttest.KeepAliveFail)
+	f.Clock().Advance(deadline.Sub(f.Clock().Now()) - time.Nanosecond) // past the first deadline, t0+8.1s
 	if a.ctx.Err() != nil || len(h.releases) != 0 {
 		t.Fatalf("fenced before the renewed deadline")
 	}
-	f.clock.Advance(2 * time.Nanosecond)
+	f.Clock().Advance(2 * time.Nanosecond)
 	if rel := recv(t, h.releases, "Release after the fence"); rel.grantCtxErr == nil {
 		t.Errorf("Release called before the grant ctx was cancelled")
 	}
@@ -399,22 +400,22 @@ func TestWorkerFenceCountsFromSend(t *testing.T) {
 // says NotFound): the worker fences, re-joins, and takes new grants.
 func TestWorkerSessionEnded(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	tok1 := f.grant(sid, 2)
+	tok1 := f.Grant(sid, 2)
 	recv(t, h.acquires, "Acquire")
 
-	f.endSession(sid)
+	f.EndSession(sid)
 	if rel := recv(t, h.releases, "Release"); rel.grantCtxErr == nil {
 		t.Errorf("Release before the grant ctx was cancelled")
 	}
 	w.waitEvent(t, EventFenced)
 	w.waitEvent(t, EventSessionLost)
 	sid2 := w.waitEvent(t, EventRejoined).Session
-	tok2 := f.grant(sid2, 2)
+	tok2 := f.Grant(sid2, 2)
 	if a := recv(t, h.acquires, "Acquire in the new session"); a.g.Token != tok2 || tok2 <= tok1 {
 		t.Errorf("Acquire(%+v), want token %d > %d", a.g, tok2, tok1)
 	}
@@ -428,21 +429,21 @@ func TestWorkerSessionEnded(t *testing.T) {
 // session at once, without waiting for the deadline.
 func TestWorkerKeepAliveNotFound(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	f.grant(sid, 2)
+	f.Grant(sid, 2)
 	recv(t, h.acquires, "Acquire")
-	f.setKA("notfound")
-	f.clock.MustBlockUntil(t, 2)
-	f.clock.Advance(testTTL / 3)
+	f.SetKeepAlives(clienttest.KeepAliveNotFound)
+	f.Clock().MustBlockUntil(t, 2)
+	f.Clock().Advance(testTTL / 3)
 	recv(t, h.releases, "Release")
 	if ev := w.waitEvent(t, EventFenced); !errors.Is(ev.Err, ErrSessionLost) || !strings.Contains(ev.Err.Error(), "ended the session") {
 		t.Errorf("fenced event err = %v", ev.Err)
 	}
-	f.setKA("")
+	f.SetKeepAlives(clienttest.KeepAliveServe)
 	w.waitEvent(t, EventRejoined)
 }
 
@@ -450,22 +451,22 @@ func TestWorkerKeepAliveNotFound(t *testing.T) {
 // still running is handled once Acquire returned.
 func TestWorkerReleaseWaitsForAcquire(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	gate := make(chan struct{})
 	h.gateAcquire[4] = gate
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
-	tok := f.grant(sid, 4)
+	tok := f.Grant(sid, 4)
 	recv(t, h.acquires, "Acquire (blocked)")
-	f.askRelease(sid, 4)
+	f.AskRelease(sid, 4)
 	w.waitFor(t, "the release to be seen", func() bool { gs := w.grants[4]; return gs != nil && gs.ending })
 	if len(h.releases) != 0 {
 		t.Fatalf("Release called while Acquire runs")
 	}
 	close(gate)
 	recv(t, h.releases, "Release")
-	rr := recv(t, f.releases, "Release RPC")
+	rr := f.Releases().Next(t)
 	if diff := cmp.Diff([]Grant{{Bucket: 4, Token: tok}}, grantsFromProto(rr.GetBuckets()), grantCmp); diff != "" {
 		t.Errorf("Release RPC (-want +got):\n%s", diff)
 	}
@@ -479,18 +480,18 @@ func TestWorkerReleaseWaitsForAcquire(t *testing.T) {
 // is still running is acquired once that Release returned.
 func TestWorkerAcquireWaitsForRelease(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	gate := make(chan struct{})
 	h.gateRelease[4] = gate
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
-	f.grant(sid, 4)
+	f.Grant(sid, 4)
 	recv(t, h.acquires, "Acquire")
-	f.askRelease(sid, 4)
+	f.AskRelease(sid, 4)
 	recv(t, h.releases, "Release (blocked)")
 	// The server takes the bucket back and grants it again.
-	tok2 := f.grant(sid, 4)
+	tok2 := f.Grant(sid, 4)
 	w.waitFor(t, "the new grant", func() bool { gs := w.grants[4]; return gs != nil && gs.g.Token == tok2 })
 	if len(h.acquires) != 0 {
 		t.Fatalf("Acquire called while Release runs")
@@ -513,7 +514,7 @@ func TestWorkerAcquireWaitsForRelease(t *testing.T) {
 // overlap and alternate. Run with -race.
 func TestWorkerStress(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	h.yield = true
 	w := startWorker(t, f, h)
@@ -523,9 +524,9 @@ func TestWorkerStress(t *testing.T) {
 		b := rng.IntN(16)
 		switch rng.IntN(3) {
 		case 0, 1:
-			f.grant(sid, b) // a new grant, or a take-back and re-grant
+			f.Grant(sid, b) // a new grant, or a take-back and re-grant
 		case 2:
-			f.askRelease(sid, b)
+			f.AskRelease(sid, b)
 		}
 		if rng.IntN(8) == 0 {
 			runtime.Gosched()
@@ -538,10 +539,7 @@ func TestWorkerStress(t *testing.T) {
 		t.Errorf("Run = %v", err)
 	}
 	h.heldNone()
-	f.mu.Lock()
-	gone := f.sessions[sid].gone
-	f.mu.Unlock()
-	if !gone {
+	if f.Live(sid) {
 		t.Errorf("the session is still alive after Close")
 	}
 }
@@ -550,16 +548,16 @@ func TestWorkerStress(t *testing.T) {
 // with the grants live, and returns once the server ended the session.
 func TestWorkerCloseDrains(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
-	toks := map[int]uint64{1: f.grant(sid, 1), 2: f.grant(sid, 2)}
+	toks := map[int]uint64{1: f.Grant(sid, 1), 2: f.Grant(sid, 2)}
 	recv(t, h.acquires, "Acquire")
 	recv(t, h.acquires, "Acquire")
 	closed := make(chan error, 1)
 	go func() { closed <- w.Close(context.Background()) }()
-	if got := recv(t, f.leaves, "Leave"); got != sid {
+	if got := f.Leaves().Next(t).GetSession(); got != sid {
 		t.Errorf("Leave(%q), want %q", got, sid)
 	}
 	for range 2 {
@@ -569,7 +567,7 @@ func TestWorkerCloseDrains(t *testing.T) {
 	}
 	got := map[int]uint64{}
 	for len(got) < 2 {
-		for _, g := range recv(t, f.releases, "Release RPC").GetBuckets() {
+		for _, g := range f.Releases().Next(t).GetBuckets() {
 			got[int(g.GetBucket())] = g.GetToken()
 		}
 	}
@@ -593,24 +591,24 @@ func TestWorkerCloseDrains(t *testing.T) {
 // lease to expire.
 func TestWorkerFenceWhileLeaving(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.leaveIgnored = true // the server does not move the buckets away
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.StallLeaves(true) // the server does not move the buckets away
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	tok := f.grant(sid, 3)
+	tok := f.Grant(sid, 3)
 	recv(t, h.acquires, "Acquire")
 	closed := make(chan error, 1)
 	go func() { closed <- w.Close(context.Background()) }()
-	recv(t, f.leaves, "Leave")
-	f.setKA("fail")
-	f.clock.MustBlockUntil(t, 2) // the keep-alive and fence timers
-	f.clock.Advance(testTTL)
+	f.Leaves().Next(t).GetSession()
+	f.SetKeepAlives(clienttest.KeepAliveFail)
+	f.Clock().MustBlockUntil(t, 2) // the keep-alive and fence timers
+	f.Clock().Advance(testTTL)
 	if rel := recv(t, h.releases, "Release after the fence"); rel.bucket != 3 || rel.grantCtxErr == nil {
 		t.Errorf("Release(%d) with grant ctx err %v; want bucket 3, fenced", rel.bucket, rel.grantCtxErr)
 	}
-	r := recv(t, f.releases, "the Release RPC handing the bucket back")
+	r := f.Releases().Next(t)
 	if r.GetSession() != sid || len(r.GetBuckets()) != 1 || r.GetBuckets()[0].GetBucket() != 3 || r.GetBuckets()[0].GetToken() != tok {
 		t.Errorf("Release RPC %v; want bucket 3 at token %d of %s", r, tok, sid)
 	}
@@ -618,7 +616,7 @@ func TestWorkerFenceWhileLeaving(t *testing.T) {
 		t.Errorf("Run = %v", err)
 	}
 	recv(t, closed, "Close")
-	if n := len(f.joins); n != 1 {
+	if n := f.Joins().Len(); n != 1 {
 		t.Errorf("%d Joins; a leaving worker must not re-join", n)
 	}
 	h.heldNone()
@@ -629,17 +627,17 @@ func TestWorkerFenceWhileLeaving(t *testing.T) {
 // and says so.
 func TestWorkerCloseDeadline(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	f.leaveIgnored = true
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.StallLeaves(true)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
-	f.grant(sid, 1)
+	f.Grant(sid, 1)
 	recv(t, h.acquires, "Acquire")
 	ctx, cancel := context.WithCancel(context.Background())
 	closed := make(chan error, 1)
 	go func() { closed <- w.Close(ctx) }()
-	recv(t, f.leaves, "Leave")
+	f.Leaves().Next(t).GetSession()
 	cancel()
 	if err := recv(t, closed, "Close"); !errors.Is(err, context.Canceled) {
 		t.Errorf("Close = %v, want context.Canceled", err)
@@ -655,8 +653,8 @@ func TestWorkerCloseDeadline(t *testing.T) {
 
 func TestWorkerOwns(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	epoch := f.setMap("rooms", members("w1", "w2"), func(b int) string {
+	f.AddKeyspace("rooms", 16, testTTL)
+	epoch := f.SetMap("rooms", members("w1", "w2"), func(b int) string {
 		if b < 8 {
 			return "w1"
 		}
@@ -701,14 +699,14 @@ func TestWorkerOwns(t *testing.T) {
 		g, err := w.WaitGrant(context.Background(), key)
 		waited <- result{g, err}
 	}()
-	tok := f.grant(sid, 3)
+	tok := f.Grant(sid, 3)
 	if r := recv(t, waited, "WaitGrant"); r.err != nil || plain(r.g) != (Grant{Bucket: 3, Token: tok}) {
 		t.Errorf("WaitGrant = %+v, %v", r.g, r.err)
 	}
 	// The map moves bucket 3 to w2: while the grant is held it is still
 	// ours; once released, Owns names w2.
-	f.setMap("rooms", members("w1", "w2"), func(b int) string { return "w2" })
-	f.askRelease(sid, 3)
+	f.SetMap("rooms", members("w1", "w2"), func(b int) string { return "w2" })
+	f.AskRelease(sid, 3)
 	recv(t, h.releases, "Release")
 	w.waitFor(t, "the release", func() bool { return w.grants[3] == nil })
 	if err := w.router.WaitEpoch(context.Background(), epoch+1); err != nil {
@@ -726,7 +724,7 @@ func TestWorkerOwns(t *testing.T) {
 
 func TestWorkerBadInput(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	c := f.dial(t)
 	h := newRecHandler(t)
 	ctx := context.Background()
@@ -759,7 +757,7 @@ func TestWorkerBadInput(t *testing.T) {
 		}
 		checkArgError(t, tc.name, err, "NewWorker", tc.arg, tc.text)
 	}
-	if n := f.callCount("/keyshard.v1.MemberService/Join") + f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+	if n := f.CallCount("/keyshard.v1.MemberService/Join") + f.CallCount("/keyshard.v1.MapService/GetMap"); n != 0 {
 		t.Errorf("%d calls reached the server; NewWorker must do no IO", n)
 	}
 	if _, err := NewWorker(c, "rooms", Member{ID: "w1"}, h, FenceMargin(MaxFenceMargin-time.Nanosecond)); err != nil {
@@ -776,7 +774,7 @@ func TestWorkerBadInput(t *testing.T) {
 	}
 
 	// A live session holds the id: a clear error, and Replace sends replace.
-	f.joinErr = connect.NewError(connect.CodeAlreadyExists, errors.New(`member "w1" has a live session`))
+	f.FailNext(keyshardv1connect.MemberServiceJoinProcedure, 1, connect.NewError(connect.CodeAlreadyExists, errors.New(`member "w1" has a live session`)))
 	w, err = NewWorker(c, "rooms", Member{ID: "w1"}, h)
 	if err != nil {
 		t.Fatal(err)
@@ -785,14 +783,14 @@ func TestWorkerBadInput(t *testing.T) {
 	if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), "Replace(true)") {
 		t.Errorf("Run with the id taken = %v; want ErrExists suggesting Replace(true)", err)
 	}
-	recv(t, f.joins, "Join")
+	f.Joins().Next(t)
 	w, err = NewWorker(c, "rooms", Member{ID: "w1"}, h, Replace(true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
-	if j := recv(t, f.joins, "Join"); !j.GetReplace() {
+	if j := f.Joins().Next(t); !j.GetReplace() {
 		t.Errorf("Join.replace = false with Replace(true)")
 	}
 	if err := w.Run(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "called twice") {
@@ -813,7 +811,7 @@ func TestWorkerBadInput(t *testing.T) {
 // then returns ErrClosed without a call, and WaitGrant does not block.
 func TestWorkerCloseWithoutRun(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	w, err := NewWorker(f.dial(t), "rooms", Member{ID: "w9"}, newRecHandler(t))
 	if err != nil {
 		t.Fatal(err)
@@ -830,7 +828,7 @@ func TestWorkerCloseWithoutRun(t *testing.T) {
 	if _, err := w.WaitGrant(ctx, []byte("k")); !errors.Is(err, ErrClosed) {
 		t.Errorf("WaitGrant on a closed Worker = %v, want ErrClosed", err)
 	}
-	if n := f.callCount("/keyshard.v1.MemberService/Join") + f.callCount("/keyshard.v1.MapService/GetMap"); n != 0 {
+	if n := f.CallCount("/keyshard.v1.MemberService/Join") + f.CallCount("/keyshard.v1.MapService/GetMap"); n != 0 {
 		t.Errorf("%d calls reached the server", n)
 	}
 }
@@ -839,25 +837,25 @@ func TestWorkerCloseWithoutRun(t *testing.T) {
 // GetGrants.
 func TestWorkerGrantsLongPoll(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 256, testTTL)
-	f.watchGrantsUnimpl = true
+	f.AddKeyspace("rooms", 256, testTTL)
+	f.Fail(keyshardv1connect.MemberServiceWatchGrantsProcedure, connect.NewError(connect.CodeUnimplemented, errors.New("no streams here")))
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
 	recv(t, w.renewed, "the first keep-alive")
-	f.clock.MustBlockUntil(t, 3) // keep-alive, fence, and the backoff after Unimplemented
-	f.clock.Advance(backoffBase)
-	recv(t, f.getGrants, "GetGrants")
-	if req := recv(t, f.getGrants, "the GetGrants long poll"); req.GetSinceRevision() == 0 || req.GetWait().AsDuration() != pollWait {
+	f.Clock().MustBlockUntil(t, 3) // keep-alive, fence, and the backoff after Unimplemented
+	f.Clock().Advance(backoffBase)
+	f.GrantPolls().Next(t)
+	if req := f.GrantPolls().Next(t); req.GetSinceRevision() == 0 || req.GetWait().AsDuration() != pollWait {
 		t.Errorf("long poll = %v", req)
 	}
-	tok := f.grant(sid, 7)
+	tok := f.Grant(sid, 7)
 	if a := recv(t, h.acquires, "Acquire"); a.g != (Grant{Bucket: 7, Token: tok}) {
 		t.Errorf("Acquire(%+v)", a.g)
 	}
-	f.askRelease(sid, 7)
+	f.AskRelease(sid, 7)
 	recv(t, h.releases, "Release")
-	recv(t, f.releases, "Release RPC")
+	f.Releases().Next(t)
 	// Later polls ask for answers at least as new as the release, so a
 	// replica that has not seen it yet cannot list the bucket again.
 	// Each new grant answers the pending poll, so the worker polls again;
@@ -868,11 +866,11 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 		if b == 256 {
 			t.Fatal("no GetGrants carried the release's revision as min_revision")
 		}
-		req := recv(t, f.getGrants, "a GetGrants")
-		if req.GetMinRevision() > releaseRevBase {
+		req := f.GrantPolls().Next(t)
+		if req.GetMinRevision() > clienttest.ReleaseRevisionBase {
 			break
 		}
-		f.grant(sid, b)
+		f.Grant(sid, b)
 		recv(t, h.acquires, "Acquire")
 	}
 	if err := w.Close(context.Background()); err != nil {
@@ -886,46 +884,42 @@ func TestWorkerGrantsLongPoll(t *testing.T) {
 // was taken back meanwhile, the others still get through one by one.
 func TestWorkerReleaseBatchSplit(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
-	gate := make(chan struct{})
-	f.releaseGate = gate
+	f.AddKeyspace("rooms", 16, testTTL)
+	gate := f.HoldReleases()
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	sid := w.waitEvent(t, EventJoined).Session
-	tok := map[int]uint64{1: f.grant(sid, 1), 2: f.grant(sid, 2), 3: f.grant(sid, 3)}
+	tok := map[int]uint64{1: f.Grant(sid, 1), 2: f.Grant(sid, 2), 3: f.Grant(sid, 3)}
 	for range 3 {
 		recv(t, h.acquires, "Acquire")
 	}
-	f.askRelease(sid, 1)
-	if got := grantsFromProto(recv(t, f.releases, "Release RPC 1").GetBuckets()); !cmp.Equal(got, []Grant{{Bucket: 1, Token: tok[1]}}, grantCmp) {
+	f.AskRelease(sid, 1)
+	if got := grantsFromProto(f.Releases().Next(t).GetBuckets()); !cmp.Equal(got, []Grant{{Bucket: 1, Token: tok[1]}}, grantCmp) {
 		t.Errorf("first Release RPC = %v", got)
 	}
-	f.askRelease(sid, 2)
-	f.askRelease(sid, 3)
+	f.AskRelease(sid, 2)
+	f.AskRelease(sid, 3)
 	w.waitFor(t, "releases of 2 and 3", func() bool { return w.grants[2] == nil && w.grants[3] == nil })
-	tok2 := f.grant(sid, 2) // taken back and granted again
+	tok2 := f.Grant(sid, 2) // taken back and granted again
 	if a := recv(t, h.acquires, "Acquire of the new grant"); a.g != (Grant{Bucket: 2, Token: tok2}) {
 		t.Errorf("Acquire(%+v), want bucket 2 at %d", a.g, tok2)
 	}
-	close(gate)
-	batch := grantsFromProto(recv(t, f.releases, "Release RPC 2").GetBuckets())
+	gate.Open()
+	batch := grantsFromProto(f.Releases().Next(t).GetBuckets())
 	slices.SortFunc(batch, func(a, b Grant) int { return a.Bucket - b.Bucket })
 	if !cmp.Equal(batch, []Grant{{Bucket: 2, Token: tok[2]}, {Bucket: 3, Token: tok[3]}}, grantCmp) {
 		t.Errorf("batched Release RPC = %v", batch)
 	}
 	var singles []Grant
 	for range 2 {
-		singles = append(singles, grantsFromProto(recv(t, f.releases, "single Release RPC").GetBuckets())...)
+		singles = append(singles, grantsFromProto(f.Releases().Next(t).GetBuckets())...)
 	}
 	slices.SortFunc(singles, func(a, b Grant) int { return a.Bucket - b.Bucket })
 	if !cmp.Equal(singles, []Grant{{Bucket: 2, Token: tok[2]}, {Bucket: 3, Token: tok[3]}}, grantCmp) {
 		t.Errorf("Release RPCs after the refusal = %v", singles)
 	}
-	f.waitUntil(t, "the server to drop bucket 3", func() bool { _, ok := f.sessions[sid].grants[3]; return !ok })
-	f.mu.Lock()
-	held := maps.Clone(f.sessions[sid].grants)
-	f.mu.Unlock()
-	if !cmp.Equal(held, map[uint32]uint64{2: tok2}) {
+	f.WaitFor(t, "the server to drop bucket 3", func() bool { _, ok := f.Grants(sid)[3]; return !ok })
+	if held := f.Grants(sid); !cmp.Equal(held, map[int]uint64{2: tok2}) {
 		t.Errorf("server-side grants = %v, want only bucket 2 at %d", held, tok2)
 	}
 	if err := w.Close(context.Background()); err != nil {
@@ -939,7 +933,7 @@ func TestWorkerReleaseBatchSplit(t *testing.T) {
 // unassigned until the first map arrives.
 func TestWorkerOwnsBeforeFirstMap(t *testing.T) {
 	f := newFake(t)
-	f.addKeyspace("rooms", 16, testTTL)
+	f.AddKeyspace("rooms", 16, testTTL)
 	h := newRecHandler(t)
 	w := startWorker(t, f, h)
 	w.waitEvent(t, EventJoined)
@@ -947,11 +941,67 @@ func TestWorkerOwnsBeforeFirstMap(t *testing.T) {
 	if wo, ok := AsWrongOwner(err); !ok || *wo != (WrongOwnerError{Bucket: 9}) {
 		t.Errorf("Owns before the first map = %v, want bucket 9 unassigned at epoch 0", err)
 	}
-	f.setMap("rooms", members("w1"), func(int) string { return "w1" })
+	f.SetMap("rooms", members("w1"), func(int) string { return "w1" })
 	if err := w.router.WaitEpoch(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.OwnsString(keyInBucket(t, 9, 16)); !errors.Is(err, ErrNotGranted) {
 		t.Errorf("Owns once the map names us = %v, want ErrNotGranted", err)
+	}
+}
+
+// TestWorkerWaitGrantAfterJoin: right after a join, the worker's map can
+// be one from before its join took effect (the empty map of a new
+// keyspace, or a map of other members): WaitGrant waits through it
+// instead of answering WrongOwner, and returns once the worker holds the
+// bucket. WrongOwner is its answer only under a map that names the
+// worker.
+func TestWorkerWaitGrantAfterJoin(t *testing.T) {
+	f := newFake(t)
+	f.AddKeyspace("rooms", 16, testTTL)
+	f.SetMap("rooms", nil, nil) // epoch 1: the empty map of a new keyspace
+	h := newRecHandler(t)
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	if err := w.router.WaitEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte(keyInBucket(t, 10, 16))
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if g, err := w.WaitGrant(cancelled, key); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitGrant under the empty map = %+v, %v; want it to wait (context.Canceled)", g, err)
+	}
+	// A map of other members, from before the worker's join took effect.
+	f.SetMap("rooms", members("w2"), func(int) string { return "w2" })
+	if err := w.router.WaitEpoch(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := w.WaitGrant(cancelled, key); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitGrant under a map without w1 = %+v, %v; want it to wait (context.Canceled)", g, err)
+	}
+
+	type result struct {
+		g   Grant
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() { // exits once WaitGrant returns: the grant below, or the worker's Close
+		g, err := w.WaitGrant(context.Background(), key)
+		waited <- result{g, err}
+	}()
+	owner := func(b int) string { return []string{"w1", "w2"}[b%2] } // bucket 10 is w1's
+	f.SetMap("rooms", members("w1", "w2"), owner)
+	tok := f.Grant(sid, 10)
+	if r := recv(t, waited, "WaitGrant"); r.err != nil || plain(r.g) != (Grant{Bucket: 10, Token: tok}) {
+		t.Errorf("WaitGrant = %+v, %v; want bucket 10 at token %d", r.g, r.err, tok)
+	}
+	// Under a map that names w1, another member's bucket is a final answer.
+	if err := w.router.WaitEpoch(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.WaitGrant(cancelled, []byte(keyInBucket(t, 3, 16)))
+	if wo, ok := AsWrongOwner(err); !ok || *wo != (WrongOwnerError{Bucket: 3, Owner: "w2", Address: "w2.internal:9000", Epoch: 3}) {
+		t.Errorf("WaitGrant for w2's bucket = %v, want WrongOwner naming w2 at epoch 3", err)
 	}
 }

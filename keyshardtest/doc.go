@@ -1,6 +1,6 @@
 // Package keyshardtest is Keyshard's public test kit, named like httptest:
-// a real keyshard serve to test a handler, a router or a producer
-// against, and the helpers that Keyshard's own tests use.
+// a real keyshard serve, or a fake one, to test a handler, a router or a
+// producer against, and the helpers that Keyshard's own tests use.
 //
 // NewServer runs the real server in process, with its etcd embedded in
 // t.TempDir(), on loopback, and returns once it serves:
@@ -28,6 +28,27 @@
 // hot-key aggregation has started or finished a round, which makes a
 // FakeClock (Options.Clock) drive hot keys, leases and drain timeouts
 // step by step.
+//
+// # The fake server
+//
+// NewFake runs a fake keyshard serve instead (package clienttest, which
+// it re-exports with a Client method): no etcd, ready in a millisecond,
+// on a fake clock, its state scripted by the test and its faults switched
+// on cue, which the real server cannot do. Use it to test what a handler
+// does when keep-alives hang or fail, the session ends, releases are held
+// back or the control plane is unreachable; use NewServer to test against
+// the real protocol (the leader's plans, leases that expire in etcd,
+// restarts).
+//
+//	f := keyshardtest.NewFake(t)
+//	f.AddKeyspace("rooms", 64, 9*time.Second)
+//	w, err := client.NewWorker(f.Client(), "rooms", client.Member{ID: "w1"}, handler)
+//	go w.Run(ctx)
+//	f.WaitSession(t, "rooms", "w1")
+//	f.AssignAll("rooms", "w1")
+//	f.SetKeepAlives(keyshardtest.KeepAliveHang)
+//	f.Clock().MustBlockUntil(t, 2)     // the worker's keep-alive and fence timers
+//	f.Clock().Advance(9 * time.Second) // past TTL − margin: the handler's buckets are released
 //
 // FakeClock drives timers by hand (BlockUntilContext and MustBlockUntil
 // wait, bounded, until the code under test sleeps on it); Metric reads one

@@ -14,9 +14,10 @@ var lightModules = []string{"api", "client", "clock", "hotkey", "kafka", "placem
 
 // TestModuleGraphs builds a throwaway module for each way a user imports
 // Keyshard and asserts that its module graph has none of the server's
-// dependencies: importing the SDK, placement or hotkey brings connect,
-// protobuf and xxhash, not etcd's server, cobra or franz-go; importing the
-// Kafka adapter brings franz-go, not etcd's server or cobra.
+// dependencies: importing the SDK (its fake server, clienttest, included),
+// placement or hotkey brings connect, protobuf and xxhash, not etcd's
+// server, cobra or franz-go; importing the Kafka adapter brings franz-go,
+// not etcd's server or cobra.
 func TestModuleGraphs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("resolves a module graph with the go command")
@@ -30,7 +31,7 @@ func TestModuleGraphs(t *testing.T) {
 		imports   []string
 		forbidden []string // module paths, or prefixes ending in "/"
 	}{
-		{"sdk", []string{"client", "placement", "hotkey", "api/keyshard/v1"},
+		{"sdk", []string{"client", "client/clienttest", "placement", "hotkey", "api/keyshard/v1"},
 			[]string{"go.etcd.io/etcd/server/", "github.com/spf13/cobra", "github.com/twmb/franz-go", "github.com/twmb/franz-go/", "github.com/keyshard/keyshard"}},
 		{"kafka", []string{"kafka"},
 			[]string{"go.etcd.io/etcd/server/", "github.com/spf13/cobra", "github.com/keyshard/keyshard"}},
