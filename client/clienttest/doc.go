@@ -52,8 +52,9 @@
 //
 // SetKeepAlives makes keep-alives fail, hang, or answer not_found (the
 // session is gone); DelayKeepAlives and DelayJoins answer after fake
-// time; HoldKeepAlives and HoldReleases return a Gate that the test opens
-// one call at a time or all at once; HangJoins; StallLeaves.
+// time; HoldKeepAlives, HoldReleases and HoldHotKeys return a Gate that
+// the test opens one call at a time or all at once (left shut, it plays a
+// server that never answers); HangJoins; StallLeaves.
 // SetUnavailable cuts the whole control plane off (every call fails with
 // code unavailable and open streams end) until it is set back;
 // SetHotKeysUnavailable does that to the hot-key service alone. Fail and

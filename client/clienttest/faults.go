@@ -22,6 +22,7 @@ type faults struct {
 	joinDelay      time.Duration
 	joinHangs      int
 	releaseGate    *Gate
+	hotKeysGate    *Gate
 	stallLeaves    bool
 	failures       map[string]*failure // procedure → what its calls fail with
 }
@@ -74,6 +75,7 @@ type arrival struct {
 	joinDelay      time.Duration
 	joinHang       bool
 	releaseGate    *Gate
+	hotKeysGate    *Gate // the interceptor holds the call there
 	stallLeaves    bool
 }
 
@@ -95,6 +97,9 @@ func (f *faults) arrivalLocked(procedure string) arrival {
 	if procedure == keyshardv1connect.MemberServiceJoinProcedure && f.joinHangs > 0 {
 		f.joinHangs--
 		a.joinHang = true
+	}
+	if strings.HasPrefix(procedure, hotKeys) {
+		a.hotKeysGate = f.hotKeysGate
 	}
 	return a
 }
@@ -220,6 +225,18 @@ func (s *Server) HangJoins(n int) {
 func (s *Server) HoldReleases() *Gate {
 	g := newGate()
 	s.setFault(func(f *faults) { f.releaseGate = g })
+	return g
+}
+
+// HoldHotKeys holds every call of the HotKeyService that arrives from
+// now on (reports, overflow-set reads and watches) at a new Gate, before
+// the fake serves it, until the test lets it through; the other services
+// serve as before. Left shut, the gate plays a control plane that accepts
+// connections and never answers: each held call ends only when its caller
+// gives up or the fake closes. A watch, once through, is not held again.
+func (s *Server) HoldHotKeys() *Gate {
+	g := newGate()
+	s.setFault(func(f *faults) { f.hotKeysGate = g })
 	return g
 }
 

@@ -149,14 +149,16 @@ func (s *Server) MapPolls() *Requests[*keyshardv1.GetMapRequest] { return s.obs.
 // MapWatches are the WatchMap requests received: each opens a stream.
 func (s *Server) MapWatches() *Requests[*keyshardv1.WatchMapRequest] { return s.obs.mapWatches }
 
-// Reports are the ReportHotKeys requests received.
+// Reports are the ReportHotKeys requests received, recorded before a
+// Gate from HoldHotKeys holds them.
 func (s *Server) Reports() *Requests[*keyshardv1.ReportHotKeysRequest] { return s.obs.reports }
 
-// SetPolls are the GetOverflowSet requests received.
+// SetPolls are the GetOverflowSet requests received, recorded before a
+// Gate from HoldHotKeys holds them.
 func (s *Server) SetPolls() *Requests[*keyshardv1.GetOverflowSetRequest] { return s.obs.setPolls }
 
 // SetWatches are the WatchOverflowSet requests received: each opens a
-// stream.
+// stream. They are recorded before a Gate from HoldHotKeys holds them.
 func (s *Server) SetWatches() *Requests[*keyshardv1.WatchOverflowSetRequest] {
 	return s.obs.setWatches
 }

@@ -289,18 +289,26 @@ func (i interceptor) admit(procedure string, h http.Header) error {
 // arrived records the request of a call that was admitted and, in the
 // same step, takes the faults that answer it: the error that refuses it,
 // if any, and the rest for its handler. A fault switched after the test
-// took the request from its Requests does not change its answer.
-func (i interceptor) arrived(procedure string, msg any) (arrival, error) {
+// took the request from its Requests does not change its answer. A call
+// that took a hot-key Gate then waits there; it fails if its caller gives
+// up meanwhile.
+func (i interceptor) arrived(ctx context.Context, procedure string, msg any) (arrival, error) {
 	s := i.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if record := s.observers[procedure]; record != nil {
-		record(msg)
+	a, err := func() (arrival, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if record := s.observers[procedure]; record != nil {
+			record(msg)
+		}
+		if err := s.faults.refuseLocked(procedure); err != nil {
+			return arrival{}, err
+		}
+		return s.faults.arrivalLocked(procedure), nil
+	}()
+	if err == nil && !a.hotKeysGate.wait(ctx, s.quit) {
+		err = errCancelled()
 	}
-	if err := s.faults.refuseLocked(procedure); err != nil {
-		return arrival{}, err
-	}
-	return s.faults.arrivalLocked(procedure), nil
+	return a, err
 }
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -309,7 +317,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err := i.admit(p, req.Header()); err != nil {
 			return nil, err
 		}
-		a, err := i.arrived(p, req.Any())
+		a, err := i.arrived(ctx, p, req.Any())
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +334,7 @@ func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) con
 		if err := i.admit(conn.Spec().Procedure, conn.RequestHeader()); err != nil {
 			return err
 		}
-		return next(ctx, &arrivingConn{StreamingHandlerConn: conn, i: i})
+		return next(ctx, &arrivingConn{StreamingHandlerConn: conn, i: i, ctx: ctx})
 	}
 }
 
@@ -335,6 +343,7 @@ func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) con
 type arrivingConn struct {
 	connect.StreamingHandlerConn
 	i    interceptor
+	ctx  context.Context // the call's, for arrived's gate
 	seen bool
 }
 
@@ -343,7 +352,7 @@ func (c *arrivingConn) Receive(msg any) error {
 		return err
 	}
 	c.seen = true
-	_, err := c.i.arrived(c.Spec().Procedure, msg) // streams take no other fault
+	_, err := c.i.arrived(c.ctx, c.Spec().Procedure, msg) // streams take no other fault
 	return err
 }
 

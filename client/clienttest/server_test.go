@@ -3,13 +3,18 @@ package clienttest_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/client/clienttest"
+	"github.com/keyshard/keyshard/hotkey"
 )
 
 // grants is a Handler that sends what it is called with.
@@ -160,6 +165,85 @@ func TestSetUnavailable(t *testing.T) {
 	}
 	if n := f.CallCount(keyshardv1connect.MapServiceWatchMapProcedure); n < 2 {
 		t.Errorf("%d WatchMap calls; want the stream reopened", n)
+	}
+}
+
+// TestHoldHotKeys: the hot-key service's calls, a watch included, wait at
+// the gate until the test lets them through, while the other services
+// serve; a watch that went through is not held again.
+func TestHoldHotKeys(t *testing.T) {
+	f := clienttest.NewServer(t, clienttest.Options{})
+	f.AddHotKeyPool("events", 640)
+	f.SetOverflow("events", "a")
+	c := dial(t, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := f.HoldHotKeys()
+
+	read, watched := make(chan uint64, 1), make(chan uint64, 2)
+	go func() { // returns once the gate lets the read through
+		s, err := c.OverflowSet(ctx, "events")
+		if err != nil {
+			t.Errorf("OverflowSet = %v", err)
+		}
+		read <- s.Version
+	}()
+	watchDone := make(chan struct{})
+	go func() { // returns once the test cancels ctx
+		defer close(watchDone)
+		c.WatchOverflowSet(ctx, "events", 0, func(s hotkey.OverflowSet) { watched <- s.Version })
+	}()
+	defer func() { cancel(); <-watchDone }()
+	f.SetPolls().Next(t)
+	f.SetWatches().Next(t)
+	if pools, err := c.Admin().ListHotKeyPools(ctx); err != nil || len(pools) != 1 {
+		t.Errorf("ListHotKeyPools while the hot-key calls are held = %v, %v", pools, err)
+	}
+	select {
+	case v := <-read:
+		t.Fatalf("the read answered version %d through a shut gate", v)
+	case v := <-watched:
+		t.Fatalf("the watch sent version %d through a shut gate", v)
+	default:
+	}
+	g.Pass()
+	g.Pass()
+	if v := recv(t, read); v != 1 {
+		t.Errorf("read version %d, want 1", v)
+	}
+	if v := recv(t, watched); v != 1 {
+		t.Errorf("watched version %d, want 1", v)
+	}
+	f.SetOverflow("events", "b")
+	if v := recv(t, watched); v != 2 {
+		t.Errorf("watched version %d, want 2 through the shut gate", v)
+	}
+
+	// A report waits too; Open lets it and every later call through.
+	hk := keyshardv1connect.NewHotKeyServiceClient(http.DefaultClient, f.URL())
+	reported := make(chan *keyshardv1.ReportHotKeysResponse, 1)
+	go func() { // returns once the gate opens
+		resp, err := hk.ReportHotKeys(ctx, connect.NewRequest(&keyshardv1.ReportHotKeysRequest{Pool: "events", Producer: "p1"}))
+		if err != nil {
+			t.Errorf("ReportHotKeys = %v", err)
+			resp = connect.NewResponse(&keyshardv1.ReportHotKeysResponse{})
+		}
+		reported <- resp.Msg
+	}()
+	if r := f.Reports().Next(t); r.GetProducer() != "p1" {
+		t.Errorf("report %v", r)
+	}
+	select {
+	case r := <-reported:
+		t.Fatalf("the report was answered (%v) through a shut gate", r)
+	default:
+	}
+	g.Open()
+	if r := recv(t, reported); r.GetPool().GetReportThreshold() != 10 || r.GetVersion() != 2 {
+		t.Errorf("report answered %v, want report threshold 10 and version 2", r)
+	}
+	if s, err := c.OverflowSet(ctx, "events"); err != nil || s.Version != 2 {
+		t.Errorf("OverflowSet after Open = version %d, %v", s.Version, err)
 	}
 }
 
