@@ -5,172 +5,37 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
-	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/client/clienttest"
 	"github.com/keyshard/keyshard/hotkey"
 )
 
-// controlPlane is a stand-in for the HotKeyService of `keyshard serve`:
-// one pool, its overflow set (published by the test), and switches to be
-// down (every call fails with Unavailable) or to hang (calls never
-// answer). Every report is passed to the test on reports.
-type controlPlane struct {
-	srv     *httptest.Server
-	quit    chan struct{}
-	reports chan *keyshardv1.ReportHotKeysRequest
-
-	mu      sync.Mutex
-	changed chan struct{} // closed and replaced on every change
-	pool    *keyshardv1.HotKeyPool
-	set     *keyshardv1.OverflowSet
-	down    bool
-	hang    bool
-}
-
-func newControlPlane(t *testing.T, pool string, reportThreshold float64) *controlPlane {
+// fakeKeyshard returns a fake keyshard serve on the test's fake clock,
+// with hot-key pool "events" of report threshold 10 (640/64), and a
+// Keyshard client of it, closed after the test's router (cleanups run
+// last first).
+func (e *testEnv) fakeKeyshard(t *testing.T) (*clienttest.Server, *client.Client) {
 	t.Helper()
-	cp := &controlPlane{
-		quit: make(chan struct{}), reports: make(chan *keyshardv1.ReportHotKeysRequest, 4096), changed: make(chan struct{}),
-		pool: &keyshardv1.HotKeyPool{Name: pool, Threshold: 64 * reportThreshold, ReportThreshold: reportThreshold},
-		set:  &keyshardv1.OverflowSet{Pool: pool},
-	}
-	mux := http.NewServeMux()
-	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(cp))
-	cp.srv = httptest.NewUnstartedServer(mux)
-	cp.srv.Config.Protocols = new(http.Protocols)
-	cp.srv.Config.Protocols.SetHTTP1(true)
-	cp.srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	cp.srv.Start()
-	t.Cleanup(func() { close(cp.quit); cp.srv.Close() })
-	return cp
-}
-
-// dial returns a Keyshard client of the control plane, closed after the
-// test's router (cleanups run last first).
-func (cp *controlPlane) dial(t *testing.T) *client.Client {
-	t.Helper()
-	kc, err := client.Dial(cp.srv.URL)
+	cp := clienttest.NewServer(t, clienttest.Options{Clock: e.clk})
+	cp.AddHotKeyPool("events", 640)
+	kc, err := client.Dial(cp.URL(), client.Clock(e.clk))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { kc.Close() })
-	return kc
-}
-
-// publish writes the next version of the set with keys.
-func (cp *controlPlane) publish(keys ...string) uint64 {
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	set := &keyshardv1.OverflowSet{Pool: cp.pool.Name, Version: cp.set.Version + 1}
-	for _, k := range keys {
-		set.Keys = append(set.Keys, &keyshardv1.OverflowKey{Key: k, Rate: 1000})
-	}
-	cp.set = set
-	cp.notifyLocked()
-	return set.Version
-}
-
-func (cp *controlPlane) setDown(down bool) {
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	cp.down = down
-	cp.notifyLocked()
-}
-
-func (cp *controlPlane) notifyLocked() {
-	close(cp.changed)
-	cp.changed = make(chan struct{})
-}
-
-// state returns what a call sees: an error if down or for another pool,
-// after hanging if asked to.
-func (cp *controlPlane) state(ctx context.Context, pool string) (*keyshardv1.OverflowSet, <-chan struct{}, error) {
-	cp.mu.Lock()
-	hang := cp.hang
-	cp.mu.Unlock()
-	if hang {
-		select {
-		case <-ctx.Done():
-		case <-cp.quit:
-		}
-		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("hung"))
-	}
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	switch {
-	case cp.down:
-		return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("etcd is unreachable"))
-	case pool != cp.pool.Name:
-		return nil, nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("hot-key pool %q does not exist", pool))
-	}
-	return cp.set, cp.changed, nil
-}
-
-func (cp *controlPlane) ReportHotKeys(ctx context.Context, r *connect.Request[keyshardv1.ReportHotKeysRequest]) (*connect.Response[keyshardv1.ReportHotKeysResponse], error) {
-	cp.reports <- r.Msg
-	set, _, err := cp.state(ctx, r.Msg.GetPool())
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&keyshardv1.ReportHotKeysResponse{Pool: cp.pool, Version: set.GetVersion()}), nil
-}
-
-func (cp *controlPlane) GetOverflowSet(ctx context.Context, r *connect.Request[keyshardv1.GetOverflowSetRequest]) (*connect.Response[keyshardv1.GetOverflowSetResponse], error) {
-	for {
-		set, changed, err := cp.state(ctx, r.Msg.GetPool())
-		if err != nil {
-			return nil, err
-		}
-		if set.GetVersion() > r.Msg.GetSinceVersion() {
-			return connect.NewResponse(&keyshardv1.GetOverflowSetResponse{Set: set, Changed: true}), nil
-		}
-		select { // no timer: the client's long poll is cut by its context
-		case <-changed:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-cp.quit:
-			return nil, connect.NewError(connect.CodeUnavailable, errors.New("closing"))
-		}
-	}
-}
-
-func (cp *controlPlane) WatchOverflowSet(ctx context.Context, r *connect.Request[keyshardv1.WatchOverflowSetRequest], st *connect.ServerStream[keyshardv1.OverflowSet]) error {
-	since := r.Msg.GetSinceVersion()
-	for {
-		set, changed, err := cp.state(ctx, r.Msg.GetPool())
-		if err != nil {
-			return err
-		}
-		if set.GetVersion() > since {
-			since = set.GetVersion()
-			if err := st.Send(set); err != nil {
-				return err
-			}
-			continue
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil
-		case <-cp.quit:
-			return nil
-		}
-	}
+	return cp, kc
 }
 
 func clusterSet(version uint64, keys ...string) hotkey.OverflowSet {
@@ -358,27 +223,36 @@ func TestClusterSetBarriers(t *testing.T) {
 // detector's keys at or above the pool's report threshold (named keys
 // only), installs the sets the control plane publishes, and fails open
 // while the control plane is down: sends neither block nor fail, and the
-// set in force stays. It runs on the real clock, so that the sync reports
-// on its own every Interval.
+// set in force stays. The router, its sync and the control plane share the
+// fake clock: the sync reports once as it starts, then each time the test
+// advances the clock past its next report.
 func TestClusterHotKeysThroughControlPlane(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t)
-	cp := newControlPlane(t, "events", 10)
+	cp, kc := e.fakeKeyshard(t)
+	const interval = 20 * time.Millisecond
+	// backoffCap bounds the sync's waits after a failure (the client's
+	// backoff cap); the test advances past it, and past every send's
+	// deadline, so that no send's timer stays armed.
+	const backoffCap = 10 * time.Second
 	cfg := testConfig(e)
-	cfg.Clock = nil
 	cfg.RefreshInterval = time.Hour // the test calls Refresh itself
+	cfg.SendTimeout = backoffCap
 	cfg.Policy.Detector.MaxKeyLen = 16
-	cfg.ClusterHotKeys = &ClusterHotKeysConfig{Client: cp.dial(t), Pool: "events", Producer: "p1", Interval: 20 * time.Millisecond}
+	cfg.ClusterHotKeys = &ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1", Interval: interval}
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	r := e.router(t, cfg)
+	if req := cp.Reports().Next(t); req.GetPool() != "events" || req.GetProducer() != "p1" || len(req.GetKeys()) != 0 {
+		t.Errorf("first report %v, want pool events, producer p1, no keys", req)
+	}
 
 	// 1. A key named by the set goes to overflow, after its main record.
 	m0 := rec("spread", "m0")
 	if err := r.ProduceSync(ctx, m0); err != nil || m0.Topic != mainTopic {
 		t.Fatalf("before the set: %v, %s", err, m0.Topic)
 	}
-	cp.publish("spread")
+	cp.SetOverflow("events", "spread")
 	if err := r.WaitClusterVersion(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -403,21 +277,8 @@ func TestClusterHotKeysThroughControlPlane(t *testing.T) {
 	if err := r.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for len(cp.reports) > 0 { // reports made before the flush
-		<-cp.reports
-	}
-	recv := func(what string) *keyshardv1.ReportHotKeysRequest {
-		t.Helper()
-		select {
-		case req := <-cp.reports:
-			return req
-		case <-ctx.Done():
-			t.Fatalf("no %s", what)
-			return nil
-		}
-	}
-	recv("report")
-	req := recv("report made after the flush") // its Report ran after the previous one was answered
+	e.clk.Advance(interval)
+	req := cp.Reports().Next(t) // the first since the flush: the clock stood still until now
 	if req.GetPool() != "events" || req.GetProducer() != "p1" {
 		t.Errorf("report %v", req)
 	}
@@ -439,12 +300,9 @@ func TestClusterHotKeysThroughControlPlane(t *testing.T) {
 
 	// 3. The control plane goes down: sends neither wait nor fail, and the
 	// set in force stays.
-	cp.setDown(true)
-	for len(cp.reports) > 0 {
-		<-cp.reports
-	}
-	recv("report while down")
-	recv("second report while down") // the previous one's failure is counted by now
+	cp.SetHotKeysUnavailable(true)
+	e.clk.Advance(interval)
+	cp.Reports().Next(t) // a report while down
 	for i := range 50 {
 		key := fmt.Sprint("cold", i%5)
 		if i%10 == 0 {
@@ -461,6 +319,8 @@ func TestClusterHotKeysThroughControlPlane(t *testing.T) {
 			last = rc
 		}
 	}
+	e.clk.Advance(backoffCap)
+	cp.Reports().Next(t) // the second report while down: the first one's failure is counted by now
 	if s := r.Stats(); s.Cluster.Version != 1 || s.Cluster.Sync.ReportFailures == 0 || s.Failed+s.TimedOut != 0 {
 		t.Errorf("stats while down: %+v", s)
 	}
@@ -468,11 +328,14 @@ func TestClusterHotKeysThroughControlPlane(t *testing.T) {
 		t.Error("keyshard_router_cluster_report_failures_total is 0")
 	}
 
-	// 4. Back up: the newer set arrives. "spread" left it: it stays in
-	// overflow until its overflow records are committed, then Refresh's
-	// sweep releases it (it owes no local cooldown, and needs no header).
-	cp.setDown(false)
-	cp.publish()
+	// 4. Back up: the newer set arrives once the sync's watch retries.
+	// "spread" left it: it stays in overflow until its overflow records
+	// are committed, then Refresh's sweep releases it (it owes no local
+	// cooldown, and needs no header).
+	e.clk.MustBlockUntil(t, 3) // the refresh ticker; the sync's report and watch, asleep after failing
+	cp.SetHotKeysUnavailable(false)
+	cp.SetOverflow("events")
+	e.clk.Advance(backoffCap)
 	if err := r.WaitClusterVersion(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -506,7 +369,7 @@ func TestClusterControlPlaneUnreachable(t *testing.T) {
 			e := newEnv(t)
 			ctx := testCtx(t)
 			var kc *client.Client
-			var cp *controlPlane
+			var cp *clienttest.Server
 			switch mode {
 			case "refused":
 				l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -520,15 +383,14 @@ func TestClusterControlPlaneUnreachable(t *testing.T) {
 				}
 				t.Cleanup(func() { kc.Close() })
 			case "hanging":
-				cp = newControlPlane(t, "events", 10)
-				cp.hang = true
-				kc = cp.dial(t)
+				cp, kc = e.fakeKeyshard(t)
+				cp.HoldHotKeys() // shut for good: no hot-key call is ever answered
 			}
 			cfg := testConfig(e)
 			cfg.ClusterHotKeys = &ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1"}
 			r := e.router(t, cfg)
 			if cp != nil {
-				<-cp.reports // the sync's first report hangs from now on
+				cp.Reports().Next(t) // the sync's first report hangs from now on
 			}
 			r.ApplyClusterSet(clusterSet(1, "k")) // sets from elsewhere still apply
 			res := newResults()
