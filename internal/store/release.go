@@ -52,7 +52,8 @@ type ReleaseState struct {
 const maxReleaseRetries = 64
 
 // Release records that member id, in session lease, released buckets at
-// the tokens given. It merges them with the member's earlier releases that
+// the tokens given, each with its final position in a stream keyspace (0:
+// none given; releasing a bucket again replaces its position). It merges them with the member's earlier releases that
 // are still held and writes the record only if the member's grants and
 // releases are still at the revisions the merge was computed from, with
 // the member record still on lease; otherwise it takes the current values
@@ -123,10 +124,10 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 				held[bt.Bucket] = bt.Token
 			}
 		}
-		merged := map[int]uint64{}
+		merged := map[int]shard.BucketToken{}
 		for _, bt := range st.Releases.Buckets {
 			if held[bt.Bucket] == bt.Token {
-				merged[bt.Bucket] = bt.Token
+				merged[bt.Bucket] = bt
 			}
 		}
 		var refused *NotHeldError
@@ -135,7 +136,7 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 				refused = &NotHeldError{Bucket: bt.Bucket, Token: bt.Token, Held: have}
 				break
 			}
-			merged[bt.Bucket] = bt.Token
+			merged[bt.Bucket] = bt
 		}
 		if refused != nil {
 			if !guessed {
@@ -150,8 +151,8 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 			continue
 		}
 		out := shard.Releases{}
-		for b, t := range merged {
-			out.Buckets = append(out.Buckets, shard.BucketToken{Bucket: b, Token: t})
+		for _, bt := range merged {
+			out.Buckets = append(out.Buckets, bt)
 		}
 		sort.Slice(out.Buckets, func(i, j int) bool { return out.Buckets[i].Bucket < out.Buckets[j].Bucket })
 		val, err := EncodeReleases(out)
