@@ -79,8 +79,11 @@
 // session, unless replace is asked: then the record names the old session
 // in "replaces" and the leader revokes it; a new session's record is
 // "pending" until Activate, on its first keep-alive), Activate, Release
-// (checked against the grants in etcd, merged without lost updates) and
-// DeleteMember; the API writes keyspaces and drain requests, hot-key pools
+// (checked against the grants in etcd, merged without lost updates),
+// CommitPositions (a stream keyspace's positions: one value per member,
+// checked against its grants, its previous commit and its session in the
+// transaction that writes it; ErrNotHeld, ErrBackwards or ErrInvalid refuse
+// it whole) and DeleteMember; the API writes keyspaces and drain requests, hot-key pools
 // (PutHotPool, CreateHotPool) and producers' reports (PutHotReport, only
 // into an existing pool). The leader writes only through Commit: one etcd
 // transaction guarded by CreateRevision(Fence.LeaderKey) == Fence.LeaderRev

@@ -159,15 +159,10 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 		if err != nil {
 			return 0, err
 		}
-		put, err := s.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease)),
-				clientv3.Compare(clientv3.ModRevision(gk), "=", st.GrantsRev),
-				clientv3.Compare(clientv3.ModRevision(rk), "=", st.ReleasesRev)).
-			Then(clientv3.OpPut(rk, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
-			Else(reads...).
-			Commit()
+		put, err := s.putIfMember(ctx, op, lease, mk, gk, st.GrantsRev, rk, st.ReleasesRev,
+			clientv3.OpPut(rk, string(val), clientv3.WithLease(clientv3.LeaseID(lease))), reads)
 		if err != nil {
-			return 0, s.err(op, err)
+			return 0, err
 		}
 		if put.Succeeded {
 			return put.Header.Revision, nil
@@ -180,4 +175,22 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 		guessed = false
 	}
 	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxReleaseRetries)
+}
+
+// putIfMember applies put, a write of key, only if member key mk is still
+// on lease and the member's grants (gk) and key are at the revisions the
+// write was computed from; otherwise the response holds reads, made in
+// the same transaction, to compute it again from.
+func (s *Store) putIfMember(ctx context.Context, op string, lease shard.LeaseID, mk, gk string, grantsRev int64, key string, keyRev int64, put clientv3.Op, reads []clientv3.Op) (*clientv3.TxnResponse, error) {
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease)),
+			clientv3.Compare(clientv3.ModRevision(gk), "=", grantsRev),
+			clientv3.Compare(clientv3.ModRevision(key), "=", keyRev)).
+		Then(put).
+		Else(reads...).
+		Commit()
+	if err != nil {
+		return nil, s.err(op, err)
+	}
+	return resp, nil
 }
