@@ -94,9 +94,16 @@ type Map struct {
 
 // BucketToken is a bucket with the fencing token it was granted (or
 // released) at. Tokens start at 1 and strictly increase per bucket.
+//
+// Position is for stream keyspaces (0 elsewhere): in a grant, the bucket's
+// committed position when it was granted, where the new holder starts
+// ("from"); in a release, the holder's final position for the bucket,
+// handed over so that its next holder reprocesses nothing (0: none given).
+// Either way it is the position of the next event to read.
 type BucketToken struct {
-	Bucket int
-	Token  uint64
+	Bucket   int
+	Token    uint64
+	Position uint64
 }
 
 // SortPairs sorts pairs by bucket in place, as Grants and Releases keep
@@ -114,7 +121,8 @@ type Grants struct {
 }
 
 // Releases lists the (bucket, token) pairs a member has released, sorted
-// by bucket, without duplicates. They are bound to the member's session.
+// by bucket, without duplicates, each with its final position in a stream
+// keyspace. They are bound to the member's session.
 type Releases struct {
 	Buckets []BucketToken
 }

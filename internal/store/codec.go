@@ -308,27 +308,36 @@ type mapJSON struct {
 
 var mapFields = []string{"epoch", "buckets", "hash", "members", "owners"}
 
+// Grants and releases keep their buckets' positions (stream keyspaces) in
+// a field of their own, "from" and "positions", listing only the buckets
+// at a position > 0 and omitted when there are none: an exclusive
+// keyspace's records are the same bytes as before positions existed.
+
 type grantsOut struct {
 	Session int64       `json:"session"`
 	Buckets [][2]uint64 `json:"buckets"`
+	From    [][2]uint64 `json:"from,omitempty"`
 }
 
 type grantsIn struct {
 	Session int64               `json:"session"`
 	Buckets [][]json.RawMessage `json:"buckets"`
+	From    [][]json.RawMessage `json:"from"`
 }
 
-var grantsFields = []string{"session", "buckets"}
+var grantsFields = []string{"session", "buckets", "from"}
 
 type releasesOut struct {
-	Buckets [][2]uint64 `json:"buckets"`
+	Buckets   [][2]uint64 `json:"buckets"`
+	Positions [][2]uint64 `json:"positions,omitempty"`
 }
 
 type releasesIn struct {
-	Buckets [][]json.RawMessage `json:"buckets"`
+	Buckets   [][]json.RawMessage `json:"buckets"`
+	Positions [][]json.RawMessage `json:"positions"`
 }
 
-var releasesFields = []string{"buckets"}
+var releasesFields = []string{"buckets", "positions"}
 
 type quarantineOut struct {
 	Session int64 `json:"session"`
@@ -348,6 +357,50 @@ func pairsOut(pairs []shard.BucketToken) [][2]uint64 {
 		out[i] = [2]uint64{uint64(p.Bucket), p.Token}
 	}
 	return out
+}
+
+// positionsOut returns the [bucket, position] pairs of the buckets of
+// pairs at a position > 0, or nil.
+func positionsOut(pairs []shard.BucketToken) [][2]uint64 {
+	var out [][2]uint64
+	for _, p := range pairs {
+		if p.Position != 0 {
+			out = append(out, [2]uint64{uint64(p.Bucket), p.Position})
+		}
+	}
+	return out
+}
+
+// positionsIn sets the positions of pairs (sorted by bucket) from
+// [[bucket, position], ...]: strictly ascending buckets, each one of
+// pairs', each position > 0.
+func positionsIn(key, field string, in [][]json.RawMessage, pairs []shard.BucketToken) error {
+	j := 0
+	for i, e := range in {
+		if len(e) != 2 {
+			return corruptf(key, field, "entry %d has %d elements; want [bucket, position]", i, len(e))
+		}
+		b, err := parseUint(e[0])
+		if err != nil {
+			return corruptf(key, field, "entry %d: bucket: %v", i, err)
+		}
+		pos, err := parseUint(e[1])
+		if err != nil {
+			return corruptf(key, field, "entry %d: position: %v", i, err)
+		}
+		if pos == 0 {
+			return corruptf(key, field, "entry %d: bucket %d at position 0; leave it out", i, b)
+		}
+		for j < len(pairs) && uint64(pairs[j].Bucket) < b {
+			j++
+		}
+		if j == len(pairs) || uint64(pairs[j].Bucket) != b {
+			return corruptf(key, field, "entry %d: bucket %d is not in \"buckets\", or is out of order or repeated", i, b)
+		}
+		pairs[j].Position = pos
+		j++
+	}
+	return nil
 }
 
 // pairsIn parses [[bucket, token], ...] strictly: exactly two plain
@@ -666,14 +719,15 @@ func DecodeMap(key string, data []byte) (shard.Map, error) {
 }
 
 // EncodeGrants returns the stored form of g, stored at grants/<ks>/<id>
-// on the member's lease g.Session: {"session":L,"buckets":[[bucket,token],...]}.
-// It returns an error wrapping ErrInvalid if g has no session or its
+// on the member's lease g.Session: {"session":L,"buckets":[[bucket,token],...]},
+// plus "from":[[bucket,position],...] for the buckets granted at a
+// position > 0 (stream keyspaces), omitted when there are none. It returns an error wrapping ErrInvalid if g has no session or its
 // buckets are not sorted and distinct with tokens >= 1.
 func EncodeGrants(g shard.Grants) ([]byte, error) {
 	if e := validateGrants(g); e != nil {
 		return nil, e.invalid("grants")
 	}
-	return marshal(grantsOut{Session: int64(g.Session), Buckets: pairsOut(g.Buckets)})
+	return marshal(grantsOut{Session: int64(g.Session), Buckets: pairsOut(g.Buckets), From: positionsOut(g.Buckets)})
 }
 
 // DecodeGrants decodes the value stored at key. Errors wrap ErrCorrupt.
@@ -686,6 +740,12 @@ func DecodeGrants(key string, data []byte) (shard.Grants, error) {
 	if err != nil {
 		return shard.Grants{}, err
 	}
+	if e := validatePairs("buckets", pairs); e != nil {
+		return shard.Grants{}, e.corrupt(key)
+	}
+	if err := positionsIn(key, "from", w.From, pairs); err != nil {
+		return shard.Grants{}, err
+	}
 	g := shard.Grants{Session: shard.LeaseID(w.Session), Buckets: pairs}
 	if e := validateGrants(g); e != nil {
 		return shard.Grants{}, e.corrupt(key)
@@ -694,14 +754,16 @@ func DecodeGrants(key string, data []byte) (shard.Grants, error) {
 }
 
 // EncodeReleases returns the stored form of r, stored at
-// releases/<ks>/<id> on the member's lease: {"buckets":[[bucket,token],...]}.
-// It returns an error wrapping ErrInvalid if the buckets are not sorted
+// releases/<ks>/<id> on the member's lease: {"buckets":[[bucket,token],...]},
+// plus "positions":[[bucket,position],...] for the buckets released with
+// a final position > 0 (stream keyspaces), omitted when there are none. It
+// returns an error wrapping ErrInvalid if the buckets are not sorted
 // and distinct with tokens >= 1.
 func EncodeReleases(r shard.Releases) ([]byte, error) {
 	if e := validatePairs("buckets", r.Buckets); e != nil {
 		return nil, e.invalid("releases")
 	}
-	return marshal(releasesOut{Buckets: pairsOut(r.Buckets)})
+	return marshal(releasesOut{Buckets: pairsOut(r.Buckets), Positions: positionsOut(r.Buckets)})
 }
 
 // DecodeReleases decodes the value stored at key. Errors wrap ErrCorrupt.
@@ -712,6 +774,12 @@ func DecodeReleases(key string, data []byte) (shard.Releases, error) {
 	}
 	pairs, err := pairsIn(key, "buckets", w.Buckets)
 	if err != nil {
+		return shard.Releases{}, err
+	}
+	if e := validatePairs("buckets", pairs); e != nil {
+		return shard.Releases{}, e.corrupt(key)
+	}
+	if err := positionsIn(key, "positions", w.Positions, pairs); err != nil {
 		return shard.Releases{}, err
 	}
 	r := shard.Releases{Buckets: pairs}
@@ -784,8 +852,8 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 
 // Decode decodes the value stored at key according to the key's kind and
 // returns the typed value: a shard.Keyspace, Member, Drain, Map, Grants,
-// Releases or Quarantine, a uint64 (tokens), or a HotPool, hotkey.Report or
-// hotkey.OverflowSet. Leader keys decode to their value as a string (the
+// Releases, Quarantine, Commit (positions) or BucketPositions (bucketpos),
+// a uint64 (tokens), or a HotPool, hotkey.Report or hotkey.OverflowSet. Leader keys decode to their value as a string (the
 // leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {
 	kind, _, _, err := ParseKey(key)
@@ -816,6 +884,10 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		v, err = DecodeHotReport(key, data)
 	case KindOverflow:
 		v, err = DecodeOverflow(key, data)
+	case KindPositions:
+		v, err = DecodeCommit(key, data)
+	case KindBucketPos:
+		v, err = DecodeBucketPositions(key, data)
 	case KindLeader:
 		v = string(data)
 	}

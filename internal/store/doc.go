@@ -27,9 +27,15 @@
 //	drain/<ks>/<id>       Drain, JSON (+"leave")                admin drain / Leave   member's session
 //	map/<ks>              Map: JSON, owners base64 uint16 LE    leader Commit         none
 //	grants/<ks>/<id>      Grants {"session","buckets":[[b,t]]}  leader Commit         member's session
+//	                        +"from":[[b,p]] (stream keyspaces)
 //	releases/<ks>/<id>    Releases {"buckets":[[b,t]]}          the member            member's session
+//	                        +"positions":[[b,p]] (stream keyspaces)
 //	tokens/<ks>           last fencing token, decimal           leader Commit         none
 //	quarantine/<ks>/<id>  Quarantine {"session","buckets":[b]}  leader Commit         its own, one TTL
+//	positions/<ks>/<id>   Commit {"session","max_token",        the member            none; the leader
+//	                        "default","exceptions":[[b,t,p]]}                         folds and deletes it
+//	bucketpos/<ks>/<c>    BucketPositions                       leader Commit         none
+//	                        {"runs":[[first,count,p]]}
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
 //	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none
@@ -42,6 +48,21 @@
 //	hotpools/<pool>        {"name","threshold","low_threshold","cooldown_ms","report_threshold","report_max_age_ms","max_keys"}
 //	hotreports/<pool>/<p>  {"producer":"p","at":"<RFC 3339 nano>","keys":[{"key":"k","rate":12.5},...]}
 //	overflow/<pool>        {"version":3,"entries":[{"key":"k","rate":1200,"since":"<RFC 3339>","below_since":"<RFC 3339>"},...]}
+//
+// Stream keyspaces keep a committed position per bucket (the position of
+// the next event to read; 0 is the start of the stream). "from" (grants)
+// and "positions" (releases) list only buckets at a position > 0 and are
+// omitted when there are none, so an exclusive keyspace's records are the
+// bytes they were before positions existed. A member's commit record is
+// one small value whatever the number of buckets it holds: "default" is
+// the position of every bucket held at a grant token <= "max_token" that
+// "exceptions" (sorted by bucket, each with the token it is held at) do
+// not list; it has no lease, so a crash loses no committed position. The
+// buckets no holder covers are at their bucketpos position, run-length
+// encoded in chunks of PositionChunk buckets (runs sorted, neither
+// overlapping nor adjacent at one position, each at a position > 0; a
+// bucket outside every run is at 0); <c> is the chunk's index in decimal.
+// shard.Positions gives a held bucket's effective position from the three.
 //
 // Keys are 1-512 bytes, rates finite and >= 0, keys sorted and distinct; a
 // report has at most MaxReportKeys keys and a set at most MaxOverflowKeys;
@@ -58,8 +79,11 @@
 // session, unless replace is asked: then the record names the old session
 // in "replaces" and the leader revokes it; a new session's record is
 // "pending" until Activate, on its first keep-alive), Activate, Release
-// (checked against the grants in etcd, merged without lost updates) and
-// DeleteMember; the API writes keyspaces and drain requests, hot-key pools
+// (checked against the grants in etcd, merged without lost updates),
+// CommitPositions (a stream keyspace's positions: one value per member,
+// checked against its grants, its previous commit and its session in the
+// transaction that writes it; ErrNotHeld, ErrBackwards or ErrInvalid refuse
+// it whole) and DeleteMember; the API writes keyspaces and drain requests, hot-key pools
 // (PutHotPool, CreateHotPool) and producers' reports (PutHotReport, only
 // into an existing pool). The leader writes only through Commit: one etcd
 // transaction guarded by CreateRevision(Fence.LeaderKey) == Fence.LeaderRev
@@ -67,8 +91,9 @@
 // ErrConflict). A grants put
 // carries the member's lease, so a grant to a dead session fails
 // (ErrLeaseNotFound) and writes nothing. The leader writes a pool's
-// overflow set (PutOverflow) and deletes stale reports (Delete) through
-// Commit too, each with an expectation on what it read.
+// overflow set (PutOverflow), a keyspace's bucket positions
+// (PutBucketPositions) and deletes stale reports and folded commit records
+// (Delete) through Commit too, each with an expectation on what it read.
 //
 // # Usage
 //

@@ -127,3 +127,32 @@ func FuzzParseKey(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeCommit(f *testing.F) {
+	fuzzDecoder(f, PositionsKey("ks", "w-1"), []string{
+		must(EncodeCommit(shard.Commit{Session: 3, MaxToken: 9, Default: 100, Exceptions: []shard.BucketPosition{{Bucket: 1, Token: 2, Position: 3}}})),
+		`{"session":1,"max_token":0,"default":0}`, `{"session":1,"max_token":0,"default":0,"exceptions":[]}`,
+		`{"session":1,"max_token":18446744073709551615,"default":18446744073709551615,"exceptions":[[0,1,0],[65535,1,18446744073709551615]]}`,
+	}, DecodeCommit, EncodeCommit)
+}
+
+func FuzzDecodeBucketPositions(f *testing.F) {
+	enc := func(p shard.BucketPositions) ([]byte, error) { return EncodeBucketPositions(1, p) }
+	fuzzDecoder(f, BucketPosKey("ks", 1), []string{
+		must(enc(shard.BucketPositions{Runs: []shard.PositionRun{{First: 4096, Count: 2, Position: 5}, {First: 4098, Count: 1, Position: 6}}})),
+		`{"runs":[]}`, `{"runs":null}`, `{"runs":[[4096,4096,18446744073709551615]]}`,
+	}, DecodeBucketPositions, enc)
+}
+
+func FuzzDecodeGrantsFrom(f *testing.F) {
+	fuzzDecoder(f, GrantsKey("ks", "w-1"), []string{
+		`{"session":5,"buckets":[[2,3],[4,3]],"from":[[2,70]]}`, `{"session":1,"buckets":[[0,1]],"from":[]}`,
+		`{"session":1,"buckets":[[0,1],[65535,2]],"from":[[0,1],[65535,18446744073709551615]]}`,
+	}, DecodeGrants, EncodeGrants)
+}
+
+func FuzzDecodeReleasesPositions(f *testing.F) {
+	fuzzDecoder(f, ReleasesKey("ks", "w-1"), []string{
+		`{"buckets":[[1,2],[9,3]],"positions":[[9,12]]}`, `{"buckets":[],"positions":null}`,
+	}, DecodeReleases, EncodeReleases)
+}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -36,6 +37,14 @@ const (
 	KindHotPool   // hotpools/<pool>: HotPool
 	KindHotReport // hotreports/<pool>/<producer>: hotkey.Report
 	KindOverflow  // overflow/<pool>: hotkey.OverflowSet
+	// KindPositions: positions/<ks>/<id>: shard.Commit, a member's
+	// committed stream positions, without a lease (they outlive the
+	// session until the leader folds them into bucketpos).
+	KindPositions
+	// KindBucketPos: bucketpos/<ks>/<chunk>: shard.BucketPositions for the
+	// PositionChunk buckets from chunk*PositionChunk on. The second name is
+	// the chunk's index in decimal, not a member id.
+	KindBucketPos
 )
 
 var kindSegs = [...]string{
@@ -51,6 +60,8 @@ var kindSegs = [...]string{
 	KindHotPool:    "hotpools",
 	KindHotReport:  "hotreports",
 	KindOverflow:   "overflow",
+	KindPositions:  "positions",
+	KindBucketPos:  "bucketpos",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -64,7 +75,7 @@ func (k Kind) String() string {
 // perMember reports whether keys of kind k carry a member id.
 func (k Kind) perMember() bool {
 	switch k {
-	case KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine:
+	case KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions:
 		return true
 	}
 	return false
@@ -84,7 +95,7 @@ func (k Kind) HotKey() bool {
 
 // hasID reports whether keys of kind k carry a second name after the
 // first: a member id, or a producer id for reports.
-func (k Kind) hasID() bool { return k.perMember() || k == KindHotReport }
+func (k Kind) hasID() bool { return k.perMember() || k == KindHotReport || k == KindBucketPos }
 
 // nameKinds returns the kinds ValidateName checks the first and second
 // name of a key of kind k as.
@@ -171,6 +182,15 @@ func QuarantineKey(ks, id string) string { return Prefix + "quarantine/" + ks + 
 // TokensKey returns the key of the last fencing token issued in ks.
 func TokensKey(ks string) string { return Prefix + "tokens/" + ks }
 
+// PositionsKey returns the key of member id's committed positions in ks.
+func PositionsKey(ks, id string) string { return Prefix + "positions/" + ks + "/" + id }
+
+// BucketPosKey returns the key of chunk chunk of keyspace ks's bucket
+// positions: the PositionChunk buckets from chunk*PositionChunk on.
+func BucketPosKey(ks string, chunk int) string {
+	return Prefix + "bucketpos/" + ks + "/" + strconv.Itoa(chunk)
+}
+
 // HotPoolKey returns the key of hot-key pool's settings.
 func HotPoolKey(pool string) string { return Prefix + "hotpools/" + pool }
 
@@ -191,6 +211,10 @@ func Key(kind Kind, ks, id string) string {
 	}
 	return Prefix + kind.String() + "/" + ks
 }
+
+// keyspaceKinds are the kinds with many keys per keyspace, each under
+// kindPrefix(kind, ks).
+var keyspaceKinds = []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions, KindBucketPos}
 
 // kindPrefix returns the prefix of every key of a per-member kind in ks.
 func kindPrefix(kind Kind, ks string) string { return Prefix + kind.String() + "/" + ks + "/" }
@@ -232,6 +256,12 @@ func ParseKey(k string) (kind Kind, ks, id string, err error) {
 		}
 		if err := ValidateName(first, ks); err != nil {
 			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(first)), err)
+		}
+		if kind == KindBucketPos {
+			if _, err := parseChunk(id); err != nil {
+				return KindUnknown, "", "", corruptf(k, "", "bad chunk: %v", err)
+			}
+			return kind, ks, id, nil
 		}
 		if err := ValidateName(second, id); err != nil {
 			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(second)), err)

@@ -52,7 +52,8 @@ type ReleaseState struct {
 const maxReleaseRetries = 64
 
 // Release records that member id, in session lease, released buckets at
-// the tokens given. It merges them with the member's earlier releases that
+// the tokens given, each with its final position in a stream keyspace (0:
+// none given; releasing a bucket again replaces its position). It merges them with the member's earlier releases that
 // are still held and writes the record only if the member's grants and
 // releases are still at the revisions the merge was computed from, with
 // the member record still on lease; otherwise it takes the current values
@@ -123,10 +124,10 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 				held[bt.Bucket] = bt.Token
 			}
 		}
-		merged := map[int]uint64{}
+		merged := map[int]shard.BucketToken{}
 		for _, bt := range st.Releases.Buckets {
 			if held[bt.Bucket] == bt.Token {
-				merged[bt.Bucket] = bt.Token
+				merged[bt.Bucket] = bt
 			}
 		}
 		var refused *NotHeldError
@@ -135,7 +136,7 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 				refused = &NotHeldError{Bucket: bt.Bucket, Token: bt.Token, Held: have}
 				break
 			}
-			merged[bt.Bucket] = bt.Token
+			merged[bt.Bucket] = bt
 		}
 		if refused != nil {
 			if !guessed {
@@ -150,23 +151,18 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 			continue
 		}
 		out := shard.Releases{}
-		for b, t := range merged {
-			out.Buckets = append(out.Buckets, shard.BucketToken{Bucket: b, Token: t})
+		for _, bt := range merged {
+			out.Buckets = append(out.Buckets, bt)
 		}
 		sort.Slice(out.Buckets, func(i, j int) bool { return out.Buckets[i].Bucket < out.Buckets[j].Bucket })
 		val, err := EncodeReleases(out)
 		if err != nil {
 			return 0, err
 		}
-		put, err := s.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease)),
-				clientv3.Compare(clientv3.ModRevision(gk), "=", st.GrantsRev),
-				clientv3.Compare(clientv3.ModRevision(rk), "=", st.ReleasesRev)).
-			Then(clientv3.OpPut(rk, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
-			Else(reads...).
-			Commit()
+		put, err := s.putIfMember(ctx, op, lease, mk, gk, st.GrantsRev, rk, st.ReleasesRev,
+			clientv3.OpPut(rk, string(val), clientv3.WithLease(clientv3.LeaseID(lease))), reads)
 		if err != nil {
-			return 0, s.err(op, err)
+			return 0, err
 		}
 		if put.Succeeded {
 			return put.Header.Revision, nil
@@ -179,4 +175,22 @@ func (s *Store) Release(ctx context.Context, ks, id string, lease shard.LeaseID,
 		guessed = false
 	}
 	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxReleaseRetries)
+}
+
+// putIfMember applies put, a write of key, only if member key mk is still
+// on lease and the member's grants (gk) and key are at the revisions the
+// write was computed from; otherwise the response holds reads, made in
+// the same transaction, to compute it again from.
+func (s *Store) putIfMember(ctx context.Context, op string, lease shard.LeaseID, mk, gk string, grantsRev int64, key string, keyRev int64, put clientv3.Op, reads []clientv3.Op) (*clientv3.TxnResponse, error) {
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(mk), "=", clientv3.LeaseID(lease)),
+			clientv3.Compare(clientv3.ModRevision(gk), "=", grantsRev),
+			clientv3.Compare(clientv3.ModRevision(key), "=", keyRev)).
+		Then(put).
+		Else(reads...).
+		Commit()
+	if err != nil {
+		return nil, s.err(op, err)
+	}
+	return resp, nil
 }

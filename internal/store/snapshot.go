@@ -36,6 +36,23 @@ type KeyspaceState struct {
 	// Quarantines are on leases of their own (Entry.Lease), not the
 	// member's.
 	Quarantines map[string]Entry[shard.Quarantine]
+	// Commits are the members' committed stream positions (positions/),
+	// by member id, without leases: they outlive the session that wrote
+	// them (Commit.Session) until the leader folds them.
+	Commits map[string]Entry[shard.Commit]
+	// BucketPos is the keyspace's bucket positions (bucketpos/), by chunk;
+	// Positions joins them.
+	BucketPos map[int]Entry[shard.BucketPositions]
+}
+
+// Positions returns the keyspace's bucket positions, joined from its
+// chunks.
+func (st *KeyspaceState) Positions() shard.BucketPositions {
+	chunks := make([]shard.BucketPositions, MaxPositionChunks)
+	for c, e := range st.BucketPos {
+		chunks[c] = e.Value
+	}
+	return JoinPositions(chunks)
 }
 
 func newKeyspaceState(ks string) *KeyspaceState {
@@ -47,12 +64,15 @@ func newKeyspaceState(ks string) *KeyspaceState {
 		Releases: map[string]Entry[shard.Releases]{},
 
 		Quarantines: map[string]Entry[shard.Quarantine]{},
+		Commits:     map[string]Entry[shard.Commit]{},
+		BucketPos:   map[int]Entry[shard.BucketPositions]{},
 	}
 }
 
 func (st *KeyspaceState) empty() bool {
 	return !st.Config.Exists() && !st.Map.Exists() && !st.Tokens.Exists() &&
-		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0
+		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0 &&
+		len(st.Commits) == 0 && len(st.BucketPos) == 0
 }
 
 // PoolState is every key of one hot-key pool, as of one revision.
@@ -143,6 +163,15 @@ func (s *Snapshot) apply(c Change) {
 		setEntry(st.Releases, c, lease)
 	case KindQuarantine:
 		setEntry(st.Quarantines, c, lease)
+	case KindPositions:
+		setEntry(st.Commits, c, lease)
+	case KindBucketPos:
+		chunk, _ := parseChunk(c.ID) // ParseKey checked it
+		if c.Deleted {
+			delete(st.BucketPos, chunk)
+		} else {
+			st.BucketPos[chunk] = entry[shard.BucketPositions](c)
+		}
 	}
 	if c.Deleted && st.empty() {
 		delete(s.Keyspaces, c.Keyspace)
@@ -259,6 +288,21 @@ func (s *Snapshot) crossCheck() {
 				}
 			}
 		}
+		for id, c := range st.Commits {
+			for _, e := range c.Value.Exceptions {
+				if e.Bucket >= cfg.Buckets {
+					s.Corrupt[PositionsKey(ks, id)] = corruptf(PositionsKey(ks, id), "exceptions", "bucket %d is outside the keyspace's %d buckets", e.Bucket, cfg.Buckets)
+					delete(st.Commits, id)
+					break
+				}
+			}
+		}
+		for chunk, p := range st.BucketPos {
+			if n := len(p.Value.Runs); n > 0 && p.Value.Runs[n-1].First+p.Value.Runs[n-1].Count > cfg.Buckets {
+				s.Corrupt[BucketPosKey(ks, chunk)] = corruptf(BucketPosKey(ks, chunk), "runs", "run up to bucket %d is outside the keyspace's %d buckets", p.Value.Runs[n-1].First+p.Value.Runs[n-1].Count-1, cfg.Buckets)
+				delete(st.BucketPos, chunk)
+			}
+		}
 		if st.empty() {
 			delete(s.Keyspaces, ks)
 		}
@@ -301,7 +345,7 @@ func (s *Store) LoadKeyspace(ctx context.Context, ks string) (*Snapshot, int64, 
 		clientv3.OpGet(MapKey(ks)),
 		clientv3.OpGet(TokensKey(ks)),
 	}
-	for _, k := range []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine} {
+	for _, k := range keyspaceKinds {
 		ops = append(ops, clientv3.OpGet(kindPrefix(k, ks), clientv3.WithPrefix()))
 	}
 	resp, err := s.client.Txn(ctx).Then(ops...).Commit()

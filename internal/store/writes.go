@@ -402,7 +402,8 @@ func (s *Store) ListKeyspaces(ctx context.Context) ([]shard.Keyspace, int64, err
 }
 
 // DeleteKeyspace deletes keyspace ks and every key under it (map, tokens,
-// members, drains, grants, releases, quarantines) in one transaction. Members' sessions
+// members, drains, grants, releases, quarantines, stream positions) in one
+// transaction. Members' sessions
 // are not revoked; their keys simply vanish. Errors: ErrNotFound,
 // ErrInvalidName, ErrUnavailable.
 func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
@@ -418,7 +419,7 @@ func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
 		clientv3.OpDelete(MapKey(ks)),
 		clientv3.OpDelete(TokensKey(ks)),
 	}
-	for _, k := range []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine} {
+	for _, k := range keyspaceKinds {
 		dels = append(dels, clientv3.OpDelete(kindPrefix(k, ks), clientv3.WithPrefix()))
 	}
 	resp, err := s.client.Txn(ctx).

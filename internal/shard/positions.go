@@ -1,0 +1,142 @@
+package shard
+
+import "sort"
+
+// Stream positions. In a stream keyspace every bucket has a committed
+// position: an opaque, ordered 64-bit number, the position of the next
+// event of the stream to read for that bucket (as a Kafka consumer's
+// committed offset is). 0 is the start of the stream. A bucket's committed
+// position never goes backwards.
+//
+// Where a bucket's position lives depends on who holds it:
+//
+//   - a held bucket's position is its holder's: the grant's Position (where
+//     the holder starts), raised by the holder's Commit;
+//   - every other bucket's position is the keyspace's BucketPositions,
+//     which the leader folds a holder's positions into when the bucket
+//     leaves it.
+//
+// Positions gives the effective position of each held bucket from the
+// three.
+
+// BucketPosition is one bucket's position in a Commit: the bucket, the
+// fencing token its holder holds it at, and the position of the next event
+// to read for it.
+type BucketPosition struct {
+	Bucket   int
+	Token    uint64
+	Position uint64
+}
+
+// Commit is one member session's committed positions, the whole of them:
+// one record per member, replaced by every commit, whatever the number of
+// buckets it holds.
+//
+// Default is the position of every bucket the session holds at a grant
+// token <= MaxToken and that Exceptions do not list. MaxToken is the
+// highest grant token the worker had seen when it computed the commit:
+// tokens strictly increase within a keyspace, so a bucket granted after
+// that has a higher token and Default does not cover it (its position stays
+// the grant's until the worker commits again). Exceptions carry their own
+// position, for buckets that are behind (just gained, catching up) or
+// ahead; they are sorted by bucket, without duplicates, each with the
+// token the session holds the bucket at.
+type Commit struct {
+	Session    LeaseID
+	MaxToken   uint64
+	Default    uint64
+	Exceptions []BucketPosition
+}
+
+// Exception returns the exception for bucket b, if c lists one.
+func (c Commit) Exception(b int) (BucketPosition, bool) {
+	i := sort.Search(len(c.Exceptions), func(i int) bool { return c.Exceptions[i].Bucket >= b })
+	if i < len(c.Exceptions) && c.Exceptions[i].Bucket == b {
+		return c.Exceptions[i], true
+	}
+	return BucketPosition{}, false
+}
+
+// PositionRun says that the Count buckets from First on are all at
+// Position.
+type PositionRun struct {
+	First    int
+	Count    int
+	Position uint64
+}
+
+// BucketPositions is the committed position of the buckets of a keyspace
+// that no holder's positions cover, run-length encoded: runs of buckets at
+// one position, sorted by First, neither overlapping nor adjacent at an
+// equal position, each at a position > 0. A bucket no run covers is at 0,
+// the start of the stream. Only the leader writes it.
+type BucketPositions struct {
+	Runs []PositionRun
+}
+
+// Position returns bucket b's position in p.
+func (p BucketPositions) Position(b int) uint64 {
+	i := sort.Search(len(p.Runs), func(i int) bool { return p.Runs[i].First+p.Runs[i].Count > b })
+	if i < len(p.Runs) && p.Runs[i].First <= b {
+		return p.Runs[i].Position
+	}
+	return 0
+}
+
+// Dense returns the position of each of buckets buckets, [0, buckets).
+func (p BucketPositions) Dense(buckets int) []uint64 {
+	out := make([]uint64, buckets)
+	for _, r := range p.Runs {
+		for b := r.First; b < r.First+r.Count && b < buckets; b++ {
+			out[b] = r.Position
+		}
+	}
+	return out
+}
+
+// NewBucketPositions returns the canonical run-length form of pos, where
+// pos[b] is bucket b's position.
+func NewBucketPositions(pos []uint64) BucketPositions {
+	var p BucketPositions
+	for b, v := range pos {
+		if v == 0 {
+			continue
+		}
+		if n := len(p.Runs); n > 0 && p.Runs[n-1].Position == v && p.Runs[n-1].First+p.Runs[n-1].Count == b {
+			p.Runs[n-1].Count++
+			continue
+		}
+		p.Runs = append(p.Runs, PositionRun{First: b, Count: 1, Position: v})
+	}
+	return p
+}
+
+// Positions returns the effective committed position of each bucket that
+// grants holds, in the order of grants.Buckets: the exception of c for the
+// bucket if c lists one at the grant's token, else c.Default if the grant's
+// token is <= c.MaxToken, else the grant's Position (where the holder
+// started); and never below the grant's Position nor below base, the
+// keyspace's position of the bucket. c counts only if it is the grants'
+// session's; otherwise (no commit yet, or a commit of an earlier session)
+// every bucket is at its grant's Position, or base.
+//
+// Taking the maximum with the grant's Position keeps a commit from moving
+// a bucket that the holder was granted ahead of its own position behind
+// it: the holder starts such a bucket at the grant's Position, so it has
+// not skipped anything there.
+func Positions(g Grants, c Commit, base BucketPositions) []uint64 {
+	out := make([]uint64, len(g.Buckets))
+	mine := c.Session != 0 && c.Session == g.Session
+	for i, bt := range g.Buckets {
+		p := bt.Position
+		if mine {
+			if e, ok := c.Exception(bt.Bucket); ok && e.Token == bt.Token {
+				p = max(p, e.Position)
+			} else if bt.Token <= c.MaxToken {
+				p = max(p, c.Default)
+			}
+		}
+		out[i] = max(p, base.Position(bt.Bucket))
+	}
+	return out
+}
