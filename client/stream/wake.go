@@ -2,10 +2,8 @@ package stream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,12 +57,7 @@ type Waker struct {
 	clk      clock.Clock
 	interval time.Duration
 	cursor   atomic.Uint64
-
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when Run returns
+	runner
 }
 
 // NewWaker checks cfg and returns a Waker; it does no IO and starts no
@@ -89,7 +82,7 @@ func NewWaker(cfg WakeConfig) (*Waker, error) {
 	if cfg.Page == 0 {
 		cfg.Page = DefaultWakePage
 	}
-	w := &Waker{cfg: cfg, clk: clock.Or(cfg.Clock), interval: time.Duration(float64(time.Second) / cfg.Rate), done: make(chan struct{})}
+	w := &Waker{cfg: cfg, clk: clock.Or(cfg.Clock), interval: time.Duration(float64(time.Second) / cfg.Rate)}
 	w.cursor.Store(cfg.After)
 	return w, nil
 }
@@ -107,31 +100,10 @@ func (w *Waker) Cursor() uint64 { return w.cursor.Load() }
 // after the one before is an error wrapping ErrOrder. Run may be called
 // once.
 func (w *Waker) Run(ctx context.Context) error {
-	w.mu.Lock()
-	if w.started {
-		w.mu.Unlock()
-		return errors.New("stream: Waker.Run called twice")
-	}
-	w.started = true
-	if w.closed {
-		w.mu.Unlock()
-		close(w.done)
-		return client.ErrClosed
-	}
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.mu.Unlock()
-	defer close(w.done)
-	err := w.run(ctx)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.cancel()
-	if err != nil && w.closed {
-		return client.ErrClosed
-	}
-	return err
+	return w.runner.run(ctx, "Waker", w.wake)
 }
 
-func (w *Waker) run(ctx context.Context) error {
+func (w *Waker) wake(ctx context.Context) error {
 	var due time.Time // when the next wake may happen; zero: at once
 	for {
 		after := w.cursor.Load()
@@ -189,16 +161,7 @@ func (w *Waker) pace(ctx context.Context, due time.Time) error {
 // Close stops Run and waits until it has returned; Run then returns
 // client.ErrClosed. It is idempotent and may be called without Run.
 func (w *Waker) Close() error {
-	w.mu.Lock()
-	w.closed = true
-	started := w.started
-	if w.cancel != nil {
-		w.cancel()
-	}
-	w.mu.Unlock()
-	if started {
-		<-w.done
-	}
+	w.close()
 	return nil
 }
 
