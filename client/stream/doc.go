@@ -1,0 +1,49 @@
+// Package stream holds the building blocks of a stream worker: a worker
+// that reads one shared, ordered stream (a Kafka partition, a Postgres
+// table ordered by a stream id, Synapse's events by stream_ordering) and
+// handles the records whose key falls in the buckets it holds. In a
+// stream keyspace the position belongs to the bucket: a grant carries the
+// bucket's last committed position (from), and a commit sends a default
+// position for the buckets that are caught up plus exceptions for those
+// that are not.
+//
+// Nothing here does IO of its own or knows the server: the stream is read
+// through a Reader the caller provides, time through a clock.Clock.
+//
+// # Catch-up, then merge
+//
+// A worker reads the stream at its position. A bucket it gains usually
+// comes with an older from: a Flow then reads a second lane, from the
+// oldest such from, that delivers only the records of the buckets still
+// behind, and merges them into the main lane once it reaches the main
+// position. Each key's records are delivered in stream order, none of a
+// held bucket after its from is skipped and none is delivered twice:
+//
+//	h, _ := placement.NewHasher(placement.HashXXH64, 4096) // the keyspace's
+//	f, err := stream.NewFlow(h, mainPos)                      // no IO
+//	f.Gain(stream.BucketPosition{Bucket: 7, Position: grantFrom})
+//	err = f.Main(from, recs, next, deliver)         // a batch of the main lane
+//	merged, err := f.Catchup(from, recs, next, deliver) // of the catch-up lane
+//	def, except := f.Progress()                     // what to commit
+//
+// Flow is the pure state; Consumer runs it with a Reader and a handler,
+// on one goroutine, and is safe to Gain, Lose and Progress from others.
+//
+// # Waking pending work
+//
+// After gaining buckets a sender must wake the work that was pending for
+// their keys (Synapse's _wake_destinations_needing_catchup). A Waker
+// pages through candidates, keeps those of the gained buckets and calls
+// a wake function at a configured rate. Its cursor always moves past
+// every candidate it read, kept or not, so a page that is filtered out
+// whole is never read again.
+//
+// # Lifecycle
+//
+// Constructors (NewFlow, NewConsumer, NewWaker) check their arguments,
+// do no IO and start no goroutine; a bad one is a *client.ArgError, which
+// wraps client.ErrInvalid. Run does the work on the caller's goroutine
+// and returns when done, when ctx ends (ctx.Err()) or on Close
+// (client.ErrClosed). Close stops Run, waits until it has returned, and
+// is idempotent.
+package stream
