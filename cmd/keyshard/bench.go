@@ -22,7 +22,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream())
 	return cmd
 }
 
@@ -121,6 +121,34 @@ func (f *benchFlags) apply() error {
 		return fmt.Errorf("--benchtime %q: want a duration such as 100ms or an iteration count such as 1000x", f.benchtime)
 	}
 	return nil
+}
+
+func newBenchStream() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "stream",
+		Short: "Stream mode: the commit record's size, commits per second at the store, the SDK's catch-up filter",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.apply(); err != nil {
+				return err
+			}
+			rep, err := bench.Stream(cmd.Context(), f.runs, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "commit record       %d bytes for 4,096 buckets at one position, %d with 16 behind\n", rep.CommitBytesUniform4096, rep.CommitBytes16Exceptions)
+			fmt.Fprintf(out, "commits (store)     %.0f/s, p50 %.2f ms, p99 %.2f ms, %.2f etcd writes per commit\n", rep.CommitsPerS, rep.CommitP50Ms, rep.CommitP99Ms, rep.CommitWritesPerCall)
+			fmt.Fprintf(out, "catch-up filter     %.1fM records/s (xxh64), %.1fM (synapse-sha256)\n", rep.CatchupFilterEventsPerS/1e6, rep.CatchupFilterSHA256EventsPerS/1e6)
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
 }
 
 func newBenchPlacement() *cobra.Command {

@@ -71,3 +71,32 @@ func TestBenchFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchStreamJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd and times commits")
+	}
+	out, progress, err := runCLI(t, "bench", "stream", "--json", "--runs", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep map[string]float64
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	for _, field := range []string{"commit_bytes_uniform_4096", "commit_bytes_16_exceptions", "commits_per_s", "commit_p50_ms", "commit_p99_ms", "catchup_filter_events_per_s", "catchup_filter_sha256_events_per_s"} {
+		if rep[field] <= 0 {
+			t.Errorf("%s = %v, want a measured value", field, rep[field])
+		}
+	}
+	// Counts, not timings: the record's size and one write per commit.
+	if rep["commit_bytes_uniform_4096"] > 1024 {
+		t.Errorf("a uniform commit of 4,096 buckets takes %v bytes, want at most 1,024", rep["commit_bytes_uniform_4096"])
+	}
+	if rep["commit_writes_per_call"] != 1 {
+		t.Errorf("%v etcd writes per commit, want 1", rep["commit_writes_per_call"])
+	}
+	if strings.Count(progress, "\n") < 4 {
+		t.Errorf("expected progress lines, got:\n%s", progress)
+	}
+}
