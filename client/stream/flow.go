@@ -73,7 +73,16 @@ type Flow struct {
 	catching bool
 	behind   int
 	cursor   uint64
+	// memo remembers the buckets of recent keys when the hash is costly
+	// (synapse-sha256: a SHA-256 per key); nil for xxh64, which is
+	// cheaper than a map lookup. It holds at most memoKeys keys and is
+	// emptied when full, so its memory is bounded.
+	memo map[string]int32
 }
+
+// memoKeys bounds Flow.memo: a stream's keys (Synapse's destinations,
+// say) repeat, so a few thousand cover most records.
+const memoKeys = 16384
 
 // NewFlow returns a Flow for a keyspace whose keys map to buckets with
 // hasher (placement.NewHasher with the keyspace's hash and bucket count,
@@ -89,10 +98,29 @@ func NewFlow(hasher placement.Hasher, pos uint64) (*Flow, error) {
 	}
 	n := hasher.Buckets()
 	f := &Flow{hasher: hasher, pos: pos, mainFrom: make([]uint64, n), catchFrom: make([]uint64, n)}
+	if hasher.Mode() == placement.HashSynapse {
+		f.memo = make(map[string]int32, memoKeys)
+	}
 	for b := range n {
 		f.mainFrom[b], f.catchFrom[b] = none, none
 	}
 	return f, nil
+}
+
+// bucket returns key's bucket, from the memo if the hash is costly.
+func (f *Flow) bucket(key []byte) int {
+	if f.memo == nil {
+		return f.hasher.Bucket(key)
+	}
+	if b, ok := f.memo[string(key)]; ok {
+		return int(b)
+	}
+	b := f.hasher.Bucket(key)
+	if len(f.memo) >= memoKeys {
+		clear(f.memo)
+	}
+	f.memo[string(key)] = int32(b)
+	return b
 }
 
 // Position returns the main lane's position: where it reads next.
@@ -197,7 +225,7 @@ func (f *Flow) Main(from uint64, recs []Record, next uint64, deliver func(Record
 		if r.Position < f.pos || r.Position == none {
 			return fmt.Errorf("%w: main lane record at %d after position %d", ErrOrder, r.Position, f.pos)
 		}
-		if r.Position >= mainFrom[f.hasher.Bucket(r.Key)] {
+		if r.Position >= mainFrom[f.bucket(r.Key)] {
 			if err := deliver(*r); err != nil {
 				f.pos = r.Position
 				return err
@@ -237,7 +265,7 @@ func (f *Flow) Catchup(from uint64, recs []Record, next uint64, deliver func(Rec
 			f.merge()
 			return true, nil
 		}
-		if r.Position >= catchFrom[f.hasher.Bucket(r.Key)] {
+		if r.Position >= catchFrom[f.bucket(r.Key)] {
 			if err := deliver(*r); err != nil {
 				f.cursor = r.Position
 				return false, err

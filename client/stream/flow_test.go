@@ -304,3 +304,35 @@ func checkFlowRandom(t *testing.T, seed uint64) {
 		}
 	}
 }
+
+// TestFlowBucketMemo: with a costly hash the Flow remembers keys'
+// buckets, up to memoKeys of them, and always answers as the Hasher does,
+// also once the memo has been emptied for being full.
+func TestFlowBucketMemo(t *testing.T) {
+	h, err := placement.NewHasher(placement.HashSynapse, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewFlow(h, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 { // the second round reads keys back, some from the memo
+		for i := range memoKeys + 100 {
+			key := fmt.Appendf(nil, "server-%d.example.org", i)
+			if got, want := f.bucket(key), h.Bucket(key); got != want {
+				t.Fatalf("round %d: bucket(%s) = %d, want %d", round, key, got, want)
+			}
+			if len(f.memo) > memoKeys {
+				t.Fatalf("the memo holds %d keys, more than %d", len(f.memo), memoKeys)
+			}
+		}
+	}
+	x, err := placement.NewHasher(placement.HashXXH64, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := NewFlow(x, 0); g.memo != nil {
+		t.Error("an xxh64 Flow keeps a memo; hashing is cheaper than the lookup")
+	}
+}
