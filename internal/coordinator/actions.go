@@ -32,6 +32,17 @@ type WriteGrants struct {
 	Expects  []Expect
 	// Granted and Released count the buckets the round moves.
 	Granted, Released int
+
+	// Stream keyspaces only (zero elsewhere). A bucket that leaves its
+	// holder has its position folded into the keyspace's bucket
+	// positions, and a grant's From (BucketToken.Position) is the bucket's
+	// position after that. Positions is the bucket positions the round
+	// writes in place of WasPositions, as read (only the pieces that
+	// differ); Folded are the members whose commit records, of a session
+	// that has ended, the round folded and deletes. Expects covers the
+	// commit records and the pieces of the bucket positions read.
+	Positions, WasPositions shard.BucketPositions
+	Folded                  []string
 }
 
 // RevokeSession ends a member's session (etcd lease revoke): its member

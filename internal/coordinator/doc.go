@@ -28,6 +28,12 @@
 //   - Every grant round takes a new token from the keyspace's counter, so a
 //     bucket's tokens strictly increase.
 //   - Each map is the placement.Balance of the previous one: minimal moves.
+//   - In a stream keyspace, the round that takes a bucket from its holder
+//     folds the bucket's position (the release's final one, or the
+//     holder's committed one) into the keyspace's bucket positions, and a
+//     grant starts at them, so a position moves with its bucket and never
+//     back. A commit record of an ended session is folded and deleted
+//     before its member's new session is granted anything (positions.go).
 //
 // # Lifecycle
 //

@@ -81,6 +81,34 @@ type QuarantinePut struct {
 // QuarantineDeleted: a quarantine ended.
 type QuarantineDeleted struct{ Keyspace, ID string }
 
+// CommitPut: a member's commit record of stream positions was written
+// (stream keyspaces only). The record outlives the session that wrote it.
+type CommitPut struct {
+	Keyspace, ID string
+	Commit       shard.Commit
+	Rev          Rev
+}
+
+// CommitDeleted: a member's commit record is gone (the leader folded it).
+type CommitDeleted struct{ Keyspace, ID string }
+
+// BucketPosPut: piece Chunk of a stream keyspace's bucket positions (the
+// buckets [Chunk*shard.PositionChunk, (Chunk+1)*shard.PositionChunk)) was
+// written.
+type BucketPosPut struct {
+	Keyspace  string
+	Chunk     int
+	Positions shard.BucketPositions
+	Rev       Rev
+}
+
+// BucketPosDeleted: piece Chunk of the bucket positions is gone: all its
+// buckets are at 0.
+type BucketPosDeleted struct {
+	Keyspace string
+	Chunk    int
+}
+
 // Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
 type Tick struct{}
 
@@ -117,6 +145,10 @@ func (ReleasesPut) isEvent()       {}
 func (ReleasesDeleted) isEvent()   {}
 func (TokensPut) isEvent()         {}
 func (Tick) isEvent()              {}
+func (CommitPut) isEvent()         {}
+func (CommitDeleted) isEvent()     {}
+func (BucketPosPut) isEvent()      {}
+func (BucketPosDeleted) isEvent()  {}
 func (QuarantinePut) isEvent()     {}
 func (QuarantineDeleted) isEvent() {}
 func (Reset) isEvent()             {}

@@ -43,6 +43,17 @@ type keyspace struct {
 	tokenRev Rev
 	quar     map[string][]int // quarantine id → buckets
 
+	// Stream keyspaces: the members' commit records, the pieces of the
+	// bucket positions, the final positions releases carry (member →
+	// bucket → position), and the last grants of each member whose grants
+	// vanished with their session, kept until its commit record is folded.
+	commits   map[string]shard.Commit
+	commitRev map[string]Rev
+	chunks    map[int]shard.BucketPositions
+	chunkRev  map[int]Rev
+	relPos    map[string]map[int]uint64
+	ended     map[string]shard.Grants
+
 	waitSince map[int]time.Time // bucket → since when its holder is asked to release
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
@@ -79,6 +90,12 @@ func (m *Machine) ks(name string) *keyspace {
 			waitSince:      map[int]time.Time{},
 			revokeInflight: map[shard.LeaseID]bool{},
 			revoked:        map[string]shard.LeaseID{},
+			commits:        map[string]shard.Commit{},
+			commitRev:      map[string]Rev{},
+			chunks:         map[int]shard.BucketPositions{},
+			chunkRev:       map[int]Rev{},
+			relPos:         map[string]map[int]uint64{},
+			ended:          map[string]shard.Grants{},
 		}
 		m.keyspaces[name] = k
 	}
@@ -164,17 +181,42 @@ func (m *Machine) apply(ev Event) {
 				k.revoked[e.ID] = g.Session
 			}
 			delete(k.revokeInflight, g.Session)
+			if k.cfg.Mode == shard.ModeStream {
+				k.ended[e.ID] = g
+			}
 		}
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
 	case ReleasesPut:
 		rel := make(map[int]uint64, len(e.Releases.Buckets))
+		pos := map[int]uint64{}
 		for _, bt := range e.Releases.Buckets {
 			rel[bt.Bucket] = bt.Token
+			if bt.Position > 0 {
+				pos[bt.Bucket] = bt.Position
+			}
 		}
-		m.ks(e.Keyspace).releases[e.ID] = rel
+		k := m.ks(e.Keyspace)
+		k.releases[e.ID], k.relPos[e.ID] = rel, pos
 	case ReleasesDeleted:
-		delete(m.ks(e.Keyspace).releases, e.ID)
+		k := m.ks(e.Keyspace)
+		delete(k.releases, e.ID)
+		delete(k.relPos, e.ID)
+	case CommitPut:
+		k := m.ks(e.Keyspace)
+		k.commits[e.ID], k.commitRev[e.ID] = e.Commit, e.Rev
+	case CommitDeleted:
+		k := m.ks(e.Keyspace)
+		delete(k.commits, e.ID)
+		delete(k.commitRev, e.ID)
+		delete(k.ended, e.ID)
+	case BucketPosPut:
+		k := m.ks(e.Keyspace)
+		k.chunks[e.Chunk], k.chunkRev[e.Chunk] = e.Positions, e.Rev
+	case BucketPosDeleted:
+		k := m.ks(e.Keyspace)
+		delete(k.chunks, e.Chunk)
+		delete(k.chunkRev, e.Chunk)
 	case TokensPut:
 		k := m.ks(e.Keyspace)
 		k.tokens, k.tokenRev = e.Token, e.Rev
@@ -231,6 +273,14 @@ func eventKeyspace(ev Event) string {
 	case QuarantinePut:
 		return e.Keyspace
 	case QuarantineDeleted:
+		return e.Keyspace
+	case CommitPut:
+		return e.Keyspace
+	case CommitDeleted:
+		return e.Keyspace
+	case BucketPosPut:
+		return e.Keyspace
+	case BucketPosDeleted:
 		return e.Keyspace
 	case WriteFailed:
 		switch a := e.Action.(type) {
@@ -482,22 +532,26 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		}
 	}
 	newToken := k.tokens + 1
-	next := map[string]map[int]uint64{} // touched member → bucket → token
-	touch := func(id string) map[int]uint64 {
+	next := map[string]map[int]shard.BucketToken{} // touched member → bucket → grant
+	touch := func(id string) map[int]shard.BucketToken {
 		if g, ok := next[id]; ok {
 			return g
 		}
-		g := map[int]uint64{}
+		g := map[int]shard.BucketToken{}
 		for _, bt := range k.grants[id].Buckets {
-			g[bt.Bucket] = bt.Token
+			g[bt.Bucket] = bt
 		}
 		next[id] = g
 		return g
 	}
+	f := k.newFold()
 	canReceive := func(id string) bool {
 		mem, ok := k.members[id]
 		if !ok || mem.Session == 0 || mem.Pending || k.revokeInflight[mem.Session] {
 			return false
+		}
+		if c, ok := k.commits[id]; ok && c.Session != mem.Session && !f.folds(id) {
+			return false // an earlier session's positions are not folded yet
 		}
 		g, has := k.grants[id]
 		return !has || g.Session == mem.Session
@@ -517,15 +571,16 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 				continue // still waiting for the holder to release
 			}
 			delete(touch(h), b)
+			f.release(h, b)
 			released++
 		}
 		if target == "" || quarantined[b] || !canReceive(target) {
 			continue
 		}
-		touch(target)[b] = newToken
+		touch(target)[b] = shard.BucketToken{Bucket: b, Token: newToken, Position: f.from(b)}
 		granted++
 	}
-	if len(next) == 0 {
+	if len(next) == 0 && !f.changes() {
 		return WriteGrants{}, false
 	}
 	// Every round bumps the counter, even one that only releases, so that
@@ -542,13 +597,14 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 			session = mem.Session
 		}
 		g := shard.Grants{Session: session}
-		for b, t := range next[id] {
-			g.Buckets = append(g.Buckets, shard.BucketToken{Bucket: b, Token: t})
+		for _, bt := range next[id] {
+			g.Buckets = append(g.Buckets, bt)
 		}
 		shard.SortPairs(g.Buckets)
 		a.Grants[id] = g
 		a.Expects = append(a.Expects, Expect{Kind: KeyGrants, ID: id, Rev: k.grantRev[id]})
 	}
 	a.Expects = append(a.Expects, Expect{Kind: KeyTokens, Rev: k.tokenRev})
+	f.finish(&a)
 	return a, true
 }

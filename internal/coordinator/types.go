@@ -18,12 +18,17 @@ const (
 	KeyGrants   KeyKind = "grants"
 	KeyReleases KeyKind = "releases"
 	KeyTokens   KeyKind = "tokens"
+	// KeyCommit is a member's commit record of stream positions; KeyBucketPos
+	// a piece of the keyspace's bucket positions (Expect.Chunk).
+	KeyCommit    KeyKind = "positions"
+	KeyBucketPos KeyKind = "bucketpos"
 )
 
 // Expect says that a key must still be at revision Rev (0: must not exist)
 // for a write to apply.
 type Expect struct {
-	Kind KeyKind
-	ID   string // member id for grants and releases
-	Rev  Rev
+	Kind  KeyKind
+	ID    string // member id for grants, releases and commit records
+	Chunk int    // the piece, for bucket positions
+	Rev   Rev
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -102,6 +103,12 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 		for id, q := range ks.Quarantines {
 			evs = append(evs, coordinator.QuarantinePut{Keyspace: name, ID: id, Quarantine: q.Value})
 		}
+		for id, c := range ks.Commits {
+			evs = append(evs, coordinator.CommitPut{Keyspace: name, ID: id, Commit: c.Value, Rev: c.ModRevision})
+		}
+		for chunk, p := range ks.BucketPos {
+			evs = append(evs, coordinator.BucketPosPut{Keyspace: name, Chunk: chunk, Positions: p.Value, Rev: p.ModRevision})
+		}
 	}
 	return evs
 }
@@ -153,6 +160,20 @@ func changeEvent(c store.Change) coordinator.Event {
 			return coordinator.QuarantineDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
 		return coordinator.QuarantinePut{Keyspace: c.Keyspace, ID: c.ID, Quarantine: c.Value.(shard.Quarantine)}
+	case store.KindPositions:
+		if c.Deleted {
+			return coordinator.CommitDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.CommitPut{Keyspace: c.Keyspace, ID: c.ID, Commit: c.Value.(shard.Commit), Rev: c.ModRevision}
+	case store.KindBucketPos:
+		chunk, err := strconv.Atoi(c.ID) // store.ParseKey checked it
+		if err != nil {
+			return nil
+		}
+		if c.Deleted {
+			return coordinator.BucketPosDeleted{Keyspace: c.Keyspace, Chunk: chunk}
+		}
+		return coordinator.BucketPosPut{Keyspace: c.Keyspace, Chunk: chunk, Positions: c.Value.(shard.BucketPositions), Rev: c.ModRevision}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -348,6 +349,23 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 		ev := coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: rev}
 		o[store.TokensKey(a.Keyspace)] = ownWrite{rev, ev}
 		evs = append(evs, ev)
+		was, now := store.SplitPositions(a.WasPositions), store.SplitPositions(a.Positions)
+		for c := range now {
+			if slices.Equal(was[c].Runs, now[c].Runs) {
+				continue
+			}
+			var ev coordinator.Event = coordinator.BucketPosPut{Keyspace: a.Keyspace, Chunk: c, Positions: now[c], Rev: rev}
+			if len(now[c].Runs) == 0 {
+				ev = coordinator.BucketPosDeleted{Keyspace: a.Keyspace, Chunk: c}
+			}
+			o[store.BucketPosKey(a.Keyspace, c)] = ownWrite{rev, ev}
+			evs = append(evs, ev)
+		}
+		for _, id := range a.Folded {
+			ev := coordinator.CommitDeleted{Keyspace: a.Keyspace, ID: id}
+			o[store.PositionsKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			evs = append(evs, ev)
+		}
 	}
 	return evs
 }
@@ -412,9 +430,19 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 				expects = append(expects, store.Expect{Key: store.GrantsKey(a.Keyspace, e.ID), ModRevision: e.Rev})
 			case coordinator.KeyTokens:
 				expects = append(expects, store.Expect{Key: store.TokensKey(a.Keyspace), ModRevision: e.Rev})
+			case coordinator.KeyCommit:
+				expects = append(expects, store.Expect{Key: store.PositionsKey(a.Keyspace, e.ID), ModRevision: e.Rev})
+			case coordinator.KeyBucketPos:
+				expects = append(expects, store.Expect{Key: store.BucketPosKey(a.Keyspace, e.Chunk), ModRevision: e.Rev})
 			}
 		}
 		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
+		// Stream keyspaces: the positions of the buckets that left their
+		// holders, folded, and the commit records of ended sessions.
+		writes = append(writes, store.PutBucketPositions(a.Keyspace, a.WasPositions, a.Positions)...)
+		for _, id := range a.Folded {
+			writes = append(writes, store.Delete(store.PositionsKey(a.Keyspace, id)))
+		}
 		rev, err := st.Commit(ctx, fence, writes, expects)
 		if err != nil {
 			return 0, err

@@ -40,6 +40,7 @@ type memFault struct {
 	key   string
 	err   error
 	apply bool
+	race  *store.Change // applied first, at a revision of its own; then the commit goes on
 }
 
 // memCommit is one Commit call: the keys it wrote, and its outcome.
@@ -111,6 +112,16 @@ func (m *memStore) failCommit(key string, err error, apply bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.faults = append(m.faults, memFault{key: key, err: err, apply: apply})
+}
+
+// raceCommit makes the next commit that writes key find c applied just
+// before it, at a revision of its own, as a member's write that lands
+// while the leader's commit is on its way.
+func (m *memStore) raceCommit(key string, c store.Change) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c.Key = store.Key(c.Kind, c.Keyspace, c.ID)
+	m.faults = append(m.faults, memFault{key: key, race: &c})
 }
 
 // snapshot returns the state now.
@@ -239,6 +250,10 @@ func (m *memStore) commit(f store.Fence, writes []store.Write, expects []store.E
 	for i, fault := range m.faults {
 		if slices.ContainsFunc(writes, func(w store.Write) bool { return w.Key() == fault.key }) {
 			m.faults = slices.Delete(m.faults, i, i+1)
+			if fault.race != nil {
+				m.apply([]store.Change{*fault.race})
+				return m.commit(f, writes, expects)
+			}
 			if !fault.apply {
 				return 0, fault.err
 			}

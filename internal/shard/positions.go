@@ -65,6 +65,11 @@ type PositionRun struct {
 	Position uint64
 }
 
+// PositionChunk is how many buckets' positions one stored piece of a
+// keyspace's BucketPositions holds: piece c has the buckets
+// [c*PositionChunk, (c+1)*PositionChunk).
+const PositionChunk = 4096
+
 // BucketPositions is the committed position of the buckets of a keyspace
 // that no holder's positions cover, run-length encoded: runs of buckets at
 // one position, sorted by First, neither overlapping nor adjacent at an

@@ -32,7 +32,7 @@ import (
 // PositionChunk is the number of buckets whose positions one bucketpos key
 // holds; a keyspace has at most MaxPositionChunks of them.
 const (
-	PositionChunk     = 4096
+	PositionChunk     = shard.PositionChunk
 	MaxPositionChunks = placement.MaxBuckets / PositionChunk
 )
 

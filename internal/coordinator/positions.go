@@ -1,0 +1,146 @@
+package coordinator
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/keyshard/keyshard/internal/shard"
+)
+
+// Stream positions in a grant round. A bucket's position belongs to its
+// holder while it holds it (the grant's From, raised by the holder's
+// commit record) and to the keyspace's bucket positions otherwise. So the
+// round that takes a bucket from its holder folds the bucket's position
+// into the bucket positions, and a grant starts at the bucket positions
+// after that. The fold expects the commit record it read, and the pieces
+// of the bucket positions, at the revisions it read them: a commit that
+// lands meanwhile makes the round conflict, and the machine plans it again
+// from the newer record, so no committed position is lost or moves back.
+//
+// A commit record whose session has ended (its member record is gone or on
+// another session, and no grants of that session remain) is folded for
+// every bucket the session held, from the grants the machine saw last, and
+// deleted in the same round: until then the member's new session is
+// granted nothing, and the store refuses its commits.
+
+// fold is one grant round's changes to a stream keyspace's bucket
+// positions. A nil *fold (exclusive keyspaces) changes nothing.
+type fold struct {
+	k      *keyspace
+	was    shard.BucketPositions
+	pos    []uint64 // per bucket, as folded so far
+	eff    map[string]map[int]uint64
+	read   map[string]bool // members whose commit records the round read
+	chunks map[int]bool    // pieces of the bucket positions the round read
+	folded []string        // ended commit records folded, to delete
+}
+
+// newFold starts a round's fold: for a stream keyspace, it folds every
+// commit record of an ended session first.
+func (k *keyspace) newFold() *fold {
+	if k.cfg.Mode != shard.ModeStream {
+		return nil
+	}
+	f := &fold{k: k, eff: map[string]map[int]uint64{}, read: map[string]bool{}, chunks: map[int]bool{}}
+	for _, c := range slices.Sorted(maps.Keys(k.chunks)) {
+		f.was.Runs = append(f.was.Runs, k.chunks[c].Runs...)
+	}
+	f.was = shard.NewBucketPositions(f.was.Dense(k.cfg.Buckets)) // joined, canonical
+	f.pos = f.was.Dense(k.cfg.Buckets)
+
+	for _, id := range slices.Sorted(maps.Keys(k.commits)) {
+		c := k.commits[id]
+		if mem, ok := k.members[id]; ok && mem.Session == c.Session {
+			continue // the session is live
+		}
+		if k.grants[id].Session == c.Session {
+			continue // a superseded session that still holds its grants: folded once it is revoked
+		}
+		g := k.ended[id]
+		if g.Session != c.Session {
+			// The grants of the session are not known (they vanished
+			// before this term began): only the exceptions name their
+			// buckets. Default covered buckets that cannot be told apart,
+			// which their next holders resume from the bucket positions.
+			g = shard.Grants{Session: c.Session}
+			for _, e := range c.Exceptions {
+				g.Buckets = append(g.Buckets, shard.BucketToken{Bucket: e.Bucket, Token: e.Token})
+			}
+		}
+		for i, p := range shard.Positions(g, c, f.was) {
+			f.raise(g.Buckets[i].Bucket, p)
+		}
+		f.read[id] = true
+		f.folded = append(f.folded, id)
+	}
+	// Ended grants without a commit record of their session have nothing
+	// to fold: their positions are their grants' From, never above the
+	// bucket positions.
+	for id := range k.ended {
+		if !slices.Contains(f.folded, id) {
+			delete(k.ended, id)
+		}
+	}
+	return f
+}
+
+// folds reports whether the round folds member id's commit record.
+func (f *fold) folds(id string) bool { return f != nil && slices.Contains(f.folded, id) }
+
+// changes reports whether the round must be written for the fold alone:
+// it folds a commit record of an ended session.
+func (f *fold) changes() bool { return f != nil && len(f.folded) > 0 }
+
+// raise folds position p of bucket b.
+func (f *fold) raise(b int, p uint64) {
+	if b < 0 || b >= len(f.pos) {
+		return
+	}
+	f.pos[b] = max(f.pos[b], p)
+	f.chunks[b/shard.PositionChunk] = true
+}
+
+// release folds the position of bucket b, which holder h gives up: the
+// final position its release carries if that is not below the committed
+// one, else the committed one.
+func (f *fold) release(h string, b int) {
+	if f == nil {
+		return
+	}
+	eff, ok := f.eff[h]
+	if !ok {
+		g := f.k.grants[h]
+		eff = make(map[int]uint64, len(g.Buckets))
+		for i, p := range shard.Positions(g, f.k.commits[h], f.was) {
+			eff[g.Buckets[i].Bucket] = p
+		}
+		f.eff[h] = eff
+	}
+	f.read[h] = true
+	f.raise(b, max(eff[b], f.k.relPos[h][b]))
+}
+
+// from is where a grant of bucket b starts: its position after the fold.
+func (f *fold) from(b int) uint64 {
+	if f == nil || b < 0 || b >= len(f.pos) {
+		return 0
+	}
+	f.chunks[b/shard.PositionChunk] = true
+	return f.pos[b]
+}
+
+// finish sets a's positions, deletions and the expectations on what the
+// fold read.
+func (f *fold) finish(a *WriteGrants) {
+	if f == nil {
+		return
+	}
+	a.WasPositions, a.Positions = f.was, shard.NewBucketPositions(f.pos)
+	a.Folded = f.folded
+	for _, id := range slices.Sorted(maps.Keys(f.read)) {
+		a.Expects = append(a.Expects, Expect{Kind: KeyCommit, ID: id, Rev: f.k.commitRev[id]})
+	}
+	for _, c := range slices.Sorted(maps.Keys(f.chunks)) {
+		a.Expects = append(a.Expects, Expect{Kind: KeyBucketPos, Chunk: c, Rev: f.k.chunkRev[c]})
+	}
+}
