@@ -43,6 +43,13 @@ type world struct {
 	quarUntil  map[string]map[string]time.Time            // when each quarantine's lease expires
 	drains     map[string]map[string]coordinator.DrainPut // each on the session it is bound to
 	nextSess   shard.LeaseID
+	// Stream keyspaces: members' commit records and the bucket positions
+	// (one piece, chunk 0: a test keyspace has at most
+	// shard.PositionChunk buckets).
+	commits   map[string]map[string]shard.Commit
+	commitRev map[string]map[string]coordinator.Rev
+	bpos      map[string]shard.BucketPositions
+	bposRev   map[string]coordinator.Rev
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
@@ -53,7 +60,12 @@ type world struct {
 	// released, until when that session's holder may still act on it: its
 	// last acknowledged keep-alive + TTL. Nobody may be granted the bucket
 	// before then.
-	mayAct    map[string]map[int]revokedHold
+	mayAct map[string]map[int]revokedHold
+	// floor is, per bucket of a stream keyspace, the position its next
+	// grant must start at or above: the highest effective position its
+	// holders committed (see posFloor).
+	floor     map[string]map[int]posFloor
+	stats     streamStats
 	violation []string
 	reports   []string
 }
@@ -77,6 +89,11 @@ func newWorld() *world {
 		lastToken:  map[string]map[int]uint64{},
 		quarUntil:  map[string]map[string]time.Time{},
 		mayAct:     map[string]map[int]revokedHold{},
+		commits:    map[string]map[string]shard.Commit{},
+		commitRev:  map[string]map[string]coordinator.Rev{},
+		bpos:       map[string]shard.BucketPositions{},
+		bposRev:    map[string]coordinator.Rev{},
+		floor:      map[string]map[int]posFloor{},
 
 		replacedAt: map[shard.LeaseID]time.Time{},
 		nextSess:   0x100,
@@ -119,6 +136,9 @@ func (w *world) createKeyspace(ks shard.Keyspace) []coordinator.Action {
 	w.quarUntil[ks.Name] = map[string]time.Time{}
 	w.mayAct[ks.Name] = map[int]revokedHold{}
 	w.drains[ks.Name] = map[string]coordinator.DrainPut{}
+	w.commits[ks.Name] = map[string]shard.Commit{}
+	w.commitRev[ks.Name] = map[string]coordinator.Rev{}
+	w.floor[ks.Name] = map[int]posFloor{}
 	return w.step(coordinator.KeyspacePut{Keyspace: ks})
 }
 
@@ -169,7 +189,7 @@ func (w *world) releaseBucket(ks, id string, b int) []coordinator.Action {
 	for _, bt := range w.grants[ks][id].Buckets {
 		if bt.Bucket == b {
 			w.rev++
-			w.releases[ks][id] = append(w.releases[ks][id], bt)
+			w.releases[ks][id] = append(w.releases[ks][id], w.finalPositions(ks, id, []shard.BucketToken{bt})...)
 			w.relSess[ks+"/"+id] = w.grants[ks][id].Session
 			return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Releases: shard.Releases{Buckets: slices.Clone(w.releases[ks][id])}, Rev: w.rev})
 		}
@@ -243,6 +263,7 @@ func (w *world) release(ks, id string) []coordinator.Action {
 		return nil
 	}
 	w.rev++
+	rel = w.finalPositions(ks, id, rel)
 	w.releases[ks][id] = rel
 	w.relSess[ks+"/"+id] = g.Session
 	return w.step(coordinator.ReleasesPut{Keyspace: ks, ID: id, Releases: shard.Releases{Buckets: rel}, Rev: w.rev})
@@ -281,6 +302,7 @@ func (w *world) apply() []coordinator.Action {
 					}
 				}
 			}
+			w.checkFrom(a)
 			for id, g := range a.Grants {
 				// A bucket leaves a live holder only after it released it
 				// at the token it held.
@@ -311,6 +333,7 @@ func (w *world) apply() []coordinator.Action {
 				w.grants[a.Keyspace][id], w.grantRev[a.Keyspace][id] = g, w.rev
 				evs = append(evs, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: w.rev})
 			}
+			evs = append(evs, w.writePositions(a)...)
 			w.tokens[a.Keyspace], w.tokenRev[a.Keyspace] = a.Token, w.rev
 			evs = append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: w.rev})
 			w.checkExclusive(a.Keyspace)
@@ -438,7 +461,7 @@ func (w *world) settle() {
 
 func (w *world) released(ks, id string, bt shard.BucketToken) bool {
 	for _, r := range w.releases[ks][id] {
-		if r == bt {
+		if r.Bucket == bt.Bucket && r.Token == bt.Token {
 			return true
 		}
 	}
@@ -463,6 +486,14 @@ func (w *world) expectsHold(a coordinator.WriteGrants) bool {
 			}
 		case coordinator.KeyTokens:
 			if w.tokenRev[a.Keyspace] != e.Rev {
+				return false
+			}
+		case coordinator.KeyCommit:
+			if w.commitRev[a.Keyspace][e.ID] != e.Rev {
+				return false
+			}
+		case coordinator.KeyBucketPos:
+			if e.Chunk != 0 && e.Rev != 0 || e.Chunk == 0 && w.bposRev[a.Keyspace] != e.Rev {
 				return false
 			}
 		}

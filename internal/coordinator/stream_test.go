@@ -1,0 +1,258 @@
+package coordinator_test
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/keyshard/keyshard/internal/coordinator"
+	"github.com/keyshard/keyshard/internal/shard"
+)
+
+// posFloor is what the next grant of a stream bucket must start at or
+// above: pos, the highest effective position its holders committed, set
+// by session (at the token it held the bucket by). gap says that a leader
+// failover lowered pos (see loadStream).
+type posFloor struct {
+	pos     uint64
+	session shard.LeaseID
+	token   uint64
+	gap     bool
+}
+
+// streamStats counts what a stream history exercised, so that a test
+// can tell it checked something.
+type streamStats struct {
+	commits, folded, resumed, gaps int
+}
+
+// effective returns the effective positions of what member id's session
+// holds, as the store and the machine compute them (shard.Positions).
+func (w *world) effective(ks, id string) map[int]uint64 {
+	g := w.grants[ks][id]
+	out := map[int]uint64{}
+	for i, p := range shard.Positions(g, w.commits[ks][id], w.bpos[ks]) {
+		out[g.Buckets[i].Bucket] = p
+	}
+	return out
+}
+
+// finalPositions sets, in a stream keyspace, the final position a release
+// hands over for each bucket: usually at or a little above the committed
+// one, sometimes behind it (the fold keeps the committed one then). A
+// bucket released again keeps the final position it was released at: the
+// holder has stopped reading it.
+func (w *world) finalPositions(ks, id string, rel []shard.BucketToken) []shard.BucketToken {
+	rel = slices.Clone(rel)
+	stream := w.keyspaces[ks].Mode == shard.ModeStream
+	eff := map[int]uint64{}
+	if stream {
+		eff = w.effective(ks, id)
+	}
+	for i := range rel {
+		rel[i].Position = 0
+		if !stream {
+			continue
+		}
+		if w.released(ks, id, rel[i]) {
+			for _, r := range w.releases[ks][id] {
+				if r.Bucket == rel[i].Bucket {
+					rel[i].Position = r.Position
+				}
+			}
+			continue
+		}
+		switch b := rel[i].Bucket; b % 4 {
+		case 3:
+			rel[i].Position = eff[b] / 2
+		default:
+			rel[i].Position = eff[b] + uint64(b%4)
+		}
+	}
+	return rel
+}
+
+// commit writes member id's commit record as the store's CommitPositions
+// would: Default raised by bump, MaxToken the last token issued if all is
+// set (else the previous one's), exceptions for the held buckets picked
+// (by index) at their effective position + ahead, or behind Default. A
+// commit the store would refuse is not made; commit reports whether it
+// was.
+func (w *world) commit(ks, id string, bump uint64, all bool, picks []int, ahead []int) bool {
+	mem, ok := w.members[ks][id]
+	if !ok || w.keyspaces[ks].Mode != shard.ModeStream {
+		return false
+	}
+	prev, had := w.commits[ks][id]
+	if had && prev.Session != mem.Session {
+		return false // an earlier session's record is not folded yet
+	}
+	g := w.grants[ks][id]
+	if g.Session != mem.Session {
+		g = shard.Grants{Session: mem.Session}
+	}
+	next := shard.Commit{Session: mem.Session, MaxToken: prev.MaxToken, Default: prev.Default + bump}
+	if all {
+		next.MaxToken = w.tokens[ks]
+	}
+	was := shard.Positions(g, prev, shard.BucketPositions{})
+	for j, i := range picks {
+		if len(g.Buckets) == 0 {
+			break
+		}
+		i %= len(g.Buckets)
+		bt := g.Buckets[i]
+		if _, dup := next.Exception(bt.Bucket); dup {
+			continue
+		}
+		p := was[i] + uint64(ahead[j%len(ahead)])
+		if ahead[j%len(ahead)] == 0 && next.Default > 3 {
+			p = next.Default - 3 // behind: just gained, catching up
+		}
+		next.Exceptions = append(next.Exceptions, shard.BucketPosition{Bucket: bt.Bucket, Token: bt.Token, Position: p})
+		slices.SortFunc(next.Exceptions, func(a, b shard.BucketPosition) int { return a.Bucket - b.Bucket })
+	}
+	// store.CommitPositions' checks (checkCommit).
+	if next.MaxToken < prev.MaxToken || next.Default < prev.Default || next.MaxToken > w.tokens[ks] {
+		return false
+	}
+	for i, p := range shard.Positions(g, next, shard.BucketPositions{}) {
+		if p < was[i] {
+			return false
+		}
+	}
+	w.rev++
+	w.stats.commits++
+	w.commits[ks][id], w.commitRev[ks][id] = next, w.rev
+	for i, p := range shard.Positions(g, next, w.bpos[ks]) {
+		bt := g.Buckets[i]
+		f := w.floor[ks][bt.Bucket]
+		w.floor[ks][bt.Bucket] = posFloor{pos: max(f.pos, p), session: g.Session, token: bt.Token}
+	}
+	w.step(coordinator.CommitPut{Keyspace: ks, ID: id, Commit: next, Rev: w.rev})
+	return true
+}
+
+// loadStream returns the events that load a stream keyspace's positions
+// into a new leader, and accounts for the one position a failover may
+// lose. A commit record of a session whose grants are gone and that the
+// old leader had not folded is folded by the new one from its exceptions
+// alone: it never saw the grants, so it cannot tell which buckets Default
+// covered. Those buckets fall back to the bucket positions (never below);
+// their floor becomes what the exceptions say.
+func (w *world) loadStream(ks string) []coordinator.Event {
+	var evs []coordinator.Event
+	for id, c := range w.commits[ks] {
+		evs = append(evs, coordinator.CommitPut{Keyspace: ks, ID: id, Commit: c, Rev: w.commitRev[ks][id]})
+		if w.grants[ks][id].Session == c.Session {
+			continue // the new leader sees the grants: nothing is lost
+		}
+		for b, f := range w.floor[ks] {
+			if f.session != c.Session {
+				continue
+			}
+			var fallback uint64
+			if e, ok := c.Exception(b); ok && e.Token == f.token {
+				fallback = e.Position
+			}
+			if fallback < f.pos {
+				w.stats.gaps++
+				f.pos, f.gap = fallback, true
+				w.floor[ks][b] = f
+			}
+		}
+	}
+	if w.bposRev[ks] != 0 {
+		evs = append(evs, coordinator.BucketPosPut{Keyspace: ks, Chunk: 0, Positions: w.bpos[ks], Rev: w.bposRev[ks]})
+	}
+	return evs
+}
+
+// checkFrom checks a grant round against the position invariants, before
+// it lands: an exclusive keyspace's has no positions; a stream
+// keyspace's grants start at or above the bucket positions, the floor of
+// committed positions, and the final position the previous holder's
+// release handed over.
+func (w *world) checkFrom(a coordinator.WriteGrants) {
+	ks := a.Keyspace
+	if w.keyspaces[ks].Mode != shard.ModeStream {
+		if len(a.Positions.Runs) > 0 || len(a.WasPositions.Runs) > 0 || len(a.Folded) > 0 {
+			w.violation = append(w.violation, fmt.Sprintf("exclusive keyspace %s: grant round carries positions %v, was %v, folded %v", ks, a.Positions, a.WasPositions, a.Folded))
+		}
+		for id, g := range a.Grants {
+			for _, bt := range g.Buckets {
+				if bt.Position != 0 {
+					w.violation = append(w.violation, fmt.Sprintf("exclusive keyspace %s: bucket %d granted to %s from position %d", ks, bt.Bucket, id, bt.Position))
+				}
+			}
+		}
+		return
+	}
+	if !slices.Equal(a.WasPositions.Dense(w.keyspaces[ks].Buckets), w.bpos[ks].Dense(w.keyspaces[ks].Buckets)) {
+		w.violation = append(w.violation, fmt.Sprintf("grant round read bucket positions %v, the store holds %v", a.WasPositions, w.bpos[ks]))
+	}
+	fresh := map[int]posFloor{}
+	for id, g := range a.Grants {
+		for _, bt := range g.Buckets {
+			if w.heldAt(ks, id, bt) {
+				continue
+			}
+			b := bt.Bucket
+			fresh[b] = posFloor{pos: bt.Position, session: g.Session, token: bt.Token}
+			if bt.Position > 0 {
+				w.stats.resumed++
+			}
+			if base := w.bpos[ks].Position(b); bt.Position < base {
+				w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below its bucket position %d", b, id, bt.Position, base))
+			}
+			if f := w.floor[ks][b]; bt.Position < f.pos {
+				w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below %d committed by session %v (gap %v)", b, id, bt.Position, f.pos, f.session, f.gap))
+			}
+			for hid, rel := range w.releases[ks] {
+				for _, r := range rel {
+					if r.Bucket == b && r.Token == w.lastToken[ks][b] && bt.Position < r.Position {
+						w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below the final position %d %s released it at", b, id, bt.Position, r.Position, hid))
+					}
+				}
+			}
+		}
+	}
+	// A new grant starts the bucket's floor afresh at its From.
+	for b, f := range fresh {
+		w.floor[ks][b] = f
+	}
+}
+
+// writePositions lands a grant round's bucket positions and deletes the
+// commit records it folded, checking that no bucket position moves back.
+// It returns the events.
+func (w *world) writePositions(a coordinator.WriteGrants) []coordinator.Event {
+	ks := a.Keyspace
+	if w.keyspaces[ks].Mode != shard.ModeStream {
+		return nil
+	}
+	var evs []coordinator.Event
+	n := w.keyspaces[ks].Buckets
+	was, now := w.bpos[ks].Dense(n), a.Positions.Dense(n)
+	for b := range n {
+		if now[b] < was[b] {
+			w.violation = append(w.violation, fmt.Sprintf("bucket %d's position moved back from %d to %d", b, was[b], now[b]))
+		}
+	}
+	if !slices.Equal(was, now) {
+		w.bpos[ks] = shard.NewBucketPositions(now)
+		if len(w.bpos[ks].Runs) == 0 {
+			w.bposRev[ks] = 0
+			evs = append(evs, coordinator.BucketPosDeleted{Keyspace: ks, Chunk: 0})
+		} else {
+			w.bposRev[ks] = w.rev
+			evs = append(evs, coordinator.BucketPosPut{Keyspace: ks, Chunk: 0, Positions: w.bpos[ks], Rev: w.rev})
+		}
+	}
+	for _, id := range a.Folded {
+		w.stats.folded++
+		delete(w.commits[ks], id)
+		delete(w.commitRev[ks], id)
+		evs = append(evs, coordinator.CommitDeleted{Keyspace: ks, ID: id})
+	}
+	return evs
+}
