@@ -875,6 +875,606 @@ func (*DrainMemberResponse) Descriptor() ([]byte, []int) {
 	return file_keyshard_proto_rawDescGZIP(), []int{14}
 }
 
+// PositionRun says that the count buckets from first on are all at
+// position.
+type PositionRun struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         uint32                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Position      uint64                 `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PositionRun) Reset() {
+	*x = PositionRun{}
+	mi := &file_keyshard_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PositionRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PositionRun) ProtoMessage() {}
+
+func (x *PositionRun) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PositionRun.ProtoReflect.Descriptor instead.
+func (*PositionRun) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PositionRun) GetFirst() uint32 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *PositionRun) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PositionRun) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+// BucketBehind is a bucket among those furthest behind, with its holder.
+type BucketBehind struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Bucket   uint32                 `protobuf:"varint,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Position uint64                 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"`
+	// The member holding it and the token, or empty and 0 if nobody does.
+	Member        string `protobuf:"bytes,3,opt,name=member,proto3" json:"member,omitempty"`
+	Token         uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketBehind) Reset() {
+	*x = BucketBehind{}
+	mi := &file_keyshard_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketBehind) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketBehind) ProtoMessage() {}
+
+func (x *BucketBehind) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketBehind.ProtoReflect.Descriptor instead.
+func (*BucketBehind) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *BucketBehind) GetBucket() uint32 {
+	if x != nil {
+		return x.Bucket
+	}
+	return 0
+}
+
+func (x *BucketBehind) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *BucketBehind) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *BucketBehind) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+type GetPositionsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	// How many of the buckets furthest behind to list; 0 means 10, at most
+	// 1000.
+	Behind        uint32 `protobuf:"varint,2,opt,name=behind,proto3" json:"behind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPositionsRequest) Reset() {
+	*x = GetPositionsRequest{}
+	mi := &file_keyshard_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPositionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPositionsRequest) ProtoMessage() {}
+
+func (x *GetPositionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPositionsRequest.ProtoReflect.Descriptor instead.
+func (*GetPositionsRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetPositionsRequest) GetKeyspace() string {
+	if x != nil {
+		return x.Keyspace
+	}
+	return ""
+}
+
+func (x *GetPositionsRequest) GetBehind() uint32 {
+	if x != nil {
+		return x.Behind
+	}
+	return 0
+}
+
+type GetPositionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Over every bucket's committed position (a held bucket's is its
+	// holder's last Commit, or its grant's from).
+	Min uint64 `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	Max uint64 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	// max - min.
+	Spread uint64 `protobuf:"varint,3,opt,name=spread,proto3" json:"spread,omitempty"`
+	// Every bucket's committed position, run-length encoded, in bucket
+	// order (a bucket at 0 is in a run too).
+	Runs []*PositionRun `protobuf:"bytes,4,rep,name=runs,proto3" json:"runs,omitempty"`
+	// The buckets furthest behind, lowest position first.
+	Behind []*BucketBehind `protobuf:"bytes,5,rep,name=behind,proto3" json:"behind,omitempty"`
+	Epoch  uint64          `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The store revision the answer was read at.
+	Revision      uint64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPositionsResponse) Reset() {
+	*x = GetPositionsResponse{}
+	mi := &file_keyshard_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPositionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPositionsResponse) ProtoMessage() {}
+
+func (x *GetPositionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPositionsResponse.ProtoReflect.Descriptor instead.
+func (*GetPositionsResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetPositionsResponse) GetMin() uint64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *GetPositionsResponse) GetMax() uint64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *GetPositionsResponse) GetSpread() uint64 {
+	if x != nil {
+		return x.Spread
+	}
+	return 0
+}
+
+func (x *GetPositionsResponse) GetRuns() []*PositionRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *GetPositionsResponse) GetBehind() []*BucketBehind {
+	if x != nil {
+		return x.Behind
+	}
+	return nil
+}
+
+func (x *GetPositionsResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GetPositionsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// ResetPositionsRequest sets the committed position of buckets, also
+// backwards: disaster recovery (a stream restored from a backup, a
+// position past the stream's end). The buckets must be held by nobody
+// (stop or drain their holders first, as Kafka's offset reset needs an
+// inactive group): a held bucket is refused (FAILED_PRECONDITION, naming
+// it and its holder), nothing is applied.
+type ResetPositionsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	// The buckets to reset, each in the keyspace's range, listed once.
+	Buckets []uint32 `protobuf:"varint,2,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	// Instead of buckets: every bucket of the keyspace.
+	AllBuckets    bool   `protobuf:"varint,3,opt,name=all_buckets,json=allBuckets,proto3" json:"all_buckets,omitempty"`
+	Position      uint64 `protobuf:"varint,4,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetPositionsRequest) Reset() {
+	*x = ResetPositionsRequest{}
+	mi := &file_keyshard_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetPositionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetPositionsRequest) ProtoMessage() {}
+
+func (x *ResetPositionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetPositionsRequest.ProtoReflect.Descriptor instead.
+func (*ResetPositionsRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ResetPositionsRequest) GetKeyspace() string {
+	if x != nil {
+		return x.Keyspace
+	}
+	return ""
+}
+
+func (x *ResetPositionsRequest) GetBuckets() []uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *ResetPositionsRequest) GetAllBuckets() bool {
+	if x != nil {
+		return x.AllBuckets
+	}
+	return false
+}
+
+func (x *ResetPositionsRequest) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+type ResetPositionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Buckets       uint32                 `protobuf:"varint,1,opt,name=buckets,proto3" json:"buckets,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetPositionsResponse) Reset() {
+	*x = ResetPositionsResponse{}
+	mi := &file_keyshard_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetPositionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetPositionsResponse) ProtoMessage() {}
+
+func (x *ResetPositionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetPositionsResponse.ProtoReflect.Descriptor instead.
+func (*ResetPositionsResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ResetPositionsResponse) GetBuckets() uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return 0
+}
+
+func (x *ResetPositionsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// ImportKeyspaceRequest creates a keyspace whose first map reproduces a
+// static mapping exactly: Synapse's sha256(key) mod N over the instances
+// in order (instance i owns the keys whose hash mod N is i). When the
+// instances join under those ids, nothing moves and, in a stream
+// keyspace, each bucket starts at its instance's position, so nothing is
+// reprocessed. Until an instance joins, its buckets wait for it (granted
+// to nobody) for at most wait_for_instances, as they would with the
+// static mapping; after that they are placed over the members present.
+type ImportKeyspaceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hash must be "synapse-sha256" or empty (which means it).
+	Keyspace  *Keyspace         `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	Instances []*ImportInstance `protobuf:"bytes,2,rep,name=instances,proto3" json:"instances,omitempty"`
+	// Default 10m; at most 24h.
+	WaitForInstances *durationpb.Duration `protobuf:"bytes,3,opt,name=wait_for_instances,json=waitForInstances,proto3" json:"wait_for_instances,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ImportKeyspaceRequest) Reset() {
+	*x = ImportKeyspaceRequest{}
+	mi := &file_keyshard_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportKeyspaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportKeyspaceRequest) ProtoMessage() {}
+
+func (x *ImportKeyspaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportKeyspaceRequest.ProtoReflect.Descriptor instead.
+func (*ImportKeyspaceRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ImportKeyspaceRequest) GetKeyspace() *Keyspace {
+	if x != nil {
+		return x.Keyspace
+	}
+	return nil
+}
+
+func (x *ImportKeyspaceRequest) GetInstances() []*ImportInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *ImportKeyspaceRequest) GetWaitForInstances() *durationpb.Duration {
+	if x != nil {
+		return x.WaitForInstances
+	}
+	return nil
+}
+
+type ImportInstance struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member id the instance joins with.
+	Member string `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
+	// Stream keyspaces: the position of the next event the instance would
+	// read (for Synapse's federation_stream_position, its stream_id + 1).
+	// Must be 0 in an exclusive keyspace.
+	Position      uint64 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportInstance) Reset() {
+	*x = ImportInstance{}
+	mi := &file_keyshard_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportInstance) ProtoMessage() {}
+
+func (x *ImportInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportInstance.ProtoReflect.Descriptor instead.
+func (*ImportInstance) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ImportInstance) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *ImportInstance) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+type ImportKeyspaceResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace *Keyspace              `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	Epoch    uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Buckets per instance, in the order of the request.
+	Buckets       []uint32 `protobuf:"varint,3,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportKeyspaceResponse) Reset() {
+	*x = ImportKeyspaceResponse{}
+	mi := &file_keyshard_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportKeyspaceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportKeyspaceResponse) ProtoMessage() {}
+
+func (x *ImportKeyspaceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportKeyspaceResponse.ProtoReflect.Descriptor instead.
+func (*ImportKeyspaceResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ImportKeyspaceResponse) GetKeyspace() *Keyspace {
+	if x != nil {
+		return x.Keyspace
+	}
+	return nil
+}
+
+func (x *ImportKeyspaceResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ImportKeyspaceResponse) GetBuckets() []uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -883,7 +1483,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keyshard_proto_msgTypes[15]
+	mi := &file_keyshard_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1495,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[15]
+	mi := &file_keyshard_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1508,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{15}
+	return file_keyshard_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusResponse struct {
@@ -923,7 +1523,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keyshard_proto_msgTypes[16]
+	mi := &file_keyshard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1535,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[16]
+	mi := &file_keyshard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1548,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{16}
+	return file_keyshard_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetReplica() string {
@@ -986,7 +1586,7 @@ type KeyspaceStatus struct {
 
 func (x *KeyspaceStatus) Reset() {
 	*x = KeyspaceStatus{}
-	mi := &file_keyshard_proto_msgTypes[17]
+	mi := &file_keyshard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1598,7 @@ func (x *KeyspaceStatus) String() string {
 func (*KeyspaceStatus) ProtoMessage() {}
 
 func (x *KeyspaceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[17]
+	mi := &file_keyshard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1611,7 @@ func (x *KeyspaceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyspaceStatus.ProtoReflect.Descriptor instead.
 func (*KeyspaceStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{17}
+	return file_keyshard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeyspaceStatus) GetKeyspace() *Keyspace {
@@ -1052,16 +1652,23 @@ func (x *KeyspaceStatus) GetHandoffsInFlight() uint32 {
 // BucketGrant is the right to act on one bucket. token strictly increases
 // per bucket: pass it to storage so a stale owner's writes are rejected.
 type BucketGrant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Bucket        uint32                 `protobuf:"varint,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Bucket uint32                 `protobuf:"varint,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Token  uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Stream keyspaces: the bucket's committed position when it was granted
+	// (the position of the next event to read for it; 0 is the start of the
+	// stream). Read the bucket's events from here: it may be older than the
+	// holder's own position (read back for this bucket, so nothing is
+	// skipped) or newer (skip this bucket's events below it). Always 0 in
+	// exclusive keyspaces.
+	From          uint64 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BucketGrant) Reset() {
 	*x = BucketGrant{}
-	mi := &file_keyshard_proto_msgTypes[18]
+	mi := &file_keyshard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1680,7 @@ func (x *BucketGrant) String() string {
 func (*BucketGrant) ProtoMessage() {}
 
 func (x *BucketGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[18]
+	mi := &file_keyshard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1693,7 @@ func (x *BucketGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketGrant.ProtoReflect.Descriptor instead.
 func (*BucketGrant) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{18}
+	return file_keyshard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BucketGrant) GetBucket() uint32 {
@@ -1099,6 +1706,76 @@ func (x *BucketGrant) GetBucket() uint32 {
 func (x *BucketGrant) GetToken() uint64 {
 	if x != nil {
 		return x.Token
+	}
+	return 0
+}
+
+func (x *BucketGrant) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+// BucketPosition is one bucket's stream position, with the token its
+// holder holds it at.
+type BucketPosition struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Bucket uint32                 `protobuf:"varint,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Token  uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The position of the next event to read for the bucket.
+	Position      uint64 `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketPosition) Reset() {
+	*x = BucketPosition{}
+	mi := &file_keyshard_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketPosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketPosition) ProtoMessage() {}
+
+func (x *BucketPosition) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketPosition.ProtoReflect.Descriptor instead.
+func (*BucketPosition) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BucketPosition) GetBucket() uint32 {
+	if x != nil {
+		return x.Bucket
+	}
+	return 0
+}
+
+func (x *BucketPosition) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *BucketPosition) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
 	}
 	return 0
 }
@@ -1128,7 +1805,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_keyshard_proto_msgTypes[19]
+	mi := &file_keyshard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1817,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[19]
+	mi := &file_keyshard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1830,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{19}
+	return file_keyshard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JoinRequest) GetKeyspace() string {
@@ -1198,7 +1875,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_keyshard_proto_msgTypes[20]
+	mi := &file_keyshard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1887,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[20]
+	mi := &file_keyshard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1900,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{20}
+	return file_keyshard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JoinResponse) GetSession() string {
@@ -1261,7 +1938,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_keyshard_proto_msgTypes[21]
+	mi := &file_keyshard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1950,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[21]
+	mi := &file_keyshard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1963,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{21}
+	return file_keyshard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KeepAliveRequest) GetSession() string {
@@ -1306,7 +1983,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_keyshard_proto_msgTypes[22]
+	mi := &file_keyshard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1995,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[22]
+	mi := &file_keyshard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +2008,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{22}
+	return file_keyshard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -1361,7 +2038,7 @@ type GetGrantsRequest struct {
 
 func (x *GetGrantsRequest) Reset() {
 	*x = GetGrantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[23]
+	mi := &file_keyshard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +2050,7 @@ func (x *GetGrantsRequest) String() string {
 func (*GetGrantsRequest) ProtoMessage() {}
 
 func (x *GetGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[23]
+	mi := &file_keyshard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +2063,7 @@ func (x *GetGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGrantsRequest.ProtoReflect.Descriptor instead.
 func (*GetGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{23}
+	return file_keyshard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetGrantsRequest) GetSession() string {
@@ -1436,7 +2113,7 @@ type GetGrantsResponse struct {
 
 func (x *GetGrantsResponse) Reset() {
 	*x = GetGrantsResponse{}
-	mi := &file_keyshard_proto_msgTypes[24]
+	mi := &file_keyshard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +2125,7 @@ func (x *GetGrantsResponse) String() string {
 func (*GetGrantsResponse) ProtoMessage() {}
 
 func (x *GetGrantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[24]
+	mi := &file_keyshard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +2138,7 @@ func (x *GetGrantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGrantsResponse.ProtoReflect.Descriptor instead.
 func (*GetGrantsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{24}
+	return file_keyshard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetGrantsResponse) GetGrants() []*BucketGrant {
@@ -1503,7 +2180,7 @@ type WatchGrantsRequest struct {
 
 func (x *WatchGrantsRequest) Reset() {
 	*x = WatchGrantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[25]
+	mi := &file_keyshard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +2192,7 @@ func (x *WatchGrantsRequest) String() string {
 func (*WatchGrantsRequest) ProtoMessage() {}
 
 func (x *WatchGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[25]
+	mi := &file_keyshard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +2205,7 @@ func (x *WatchGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchGrantsRequest.ProtoReflect.Descriptor instead.
 func (*WatchGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{25}
+	return file_keyshard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WatchGrantsRequest) GetSession() string {
@@ -1555,16 +2232,23 @@ func (x *WatchGrantsRequest) GetMinRevision() uint64 {
 // released without being asked to (its target is still this member) is
 // given up and granted back at a higher token.
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Buckets       []*BucketGrant         `protobuf:"bytes,2,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Buckets []*BucketGrant         `protobuf:"bytes,2,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// Stream keyspaces: the final position of released buckets (the next
+	// event the releaser did not process), so the next holder starts there
+	// and a graceful move reprocesses nothing. Each entry names one of
+	// buckets at the same token; a bucket released without one keeps the
+	// position of the session's last Commit. A position below the bucket's
+	// committed one is refused (FAILED_PRECONDITION, nothing released).
+	Positions     []*BucketPosition `protobuf:"bytes,3,rep,name=positions,proto3" json:"positions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_keyshard_proto_msgTypes[26]
+	mi := &file_keyshard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +2260,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[26]
+	mi := &file_keyshard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +2273,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{26}
+	return file_keyshard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseRequest) GetSession() string {
@@ -1606,6 +2290,13 @@ func (x *ReleaseRequest) GetBuckets() []*BucketGrant {
 	return nil
 }
 
+func (x *ReleaseRequest) GetPositions() []*BucketPosition {
+	if x != nil {
+		return x.Positions
+	}
+	return nil
+}
+
 type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The revision the release was recorded at: pass it as min_revision to
@@ -1617,7 +2308,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_keyshard_proto_msgTypes[27]
+	mi := &file_keyshard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +2320,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[27]
+	mi := &file_keyshard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +2333,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{27}
+	return file_keyshard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReleaseResponse) GetRevision() uint64 {
@@ -1663,7 +2354,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_keyshard_proto_msgTypes[28]
+	mi := &file_keyshard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +2366,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[28]
+	mi := &file_keyshard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +2379,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{28}
+	return file_keyshard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *LeaveRequest) GetSession() string {
@@ -1706,7 +2397,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_keyshard_proto_msgTypes[29]
+	mi := &file_keyshard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +2409,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[29]
+	mi := &file_keyshard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +2422,137 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{29}
+	return file_keyshard_proto_rawDescGZIP(), []int{39}
+}
+
+// CommitRequest records the session's stream positions, the whole of them
+// (each Commit replaces the previous one), in one small write however many
+// buckets it holds. Stream keyspaces only.
+//
+// position covers every bucket the session holds at a token <= max_token
+// that exceptions do not list: pass the highest token among the grants the
+// worker read, so a bucket granted after that (at a higher token) is not
+// covered until the worker has seen it. exceptions carry their own
+// position, for buckets that are behind (just gained, catching up) or
+// ahead; each must be held at its token.
+//
+// Refused whole, nothing applied: an exception for a bucket not held at
+// its token (FAILED_PRECONDITION, naming the bucket), a position or
+// max_token lower than the session's previous Commit, any held bucket's
+// position moving backwards (FAILED_PRECONDITION "backwards"), a session
+// that ended (NOT_FOUND). A commit equal to the previous one succeeds, so
+// Commit is safe to retry.
+type CommitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	MaxToken      uint64                 `protobuf:"varint,2,opt,name=max_token,json=maxToken,proto3" json:"max_token,omitempty"`
+	Position      uint64                 `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	Exceptions    []*BucketPosition      `protobuf:"bytes,4,rep,name=exceptions,proto3" json:"exceptions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitRequest) Reset() {
+	*x = CommitRequest{}
+	mi := &file_keyshard_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitRequest) ProtoMessage() {}
+
+func (x *CommitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
+func (*CommitRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CommitRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *CommitRequest) GetMaxToken() uint64 {
+	if x != nil {
+		return x.MaxToken
+	}
+	return 0
+}
+
+func (x *CommitRequest) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *CommitRequest) GetExceptions() []*BucketPosition {
+	if x != nil {
+		return x.Exceptions
+	}
+	return nil
+}
+
+type CommitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The revision the commit was recorded at.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitResponse) Reset() {
+	*x = CommitResponse{}
+	mi := &file_keyshard_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitResponse) ProtoMessage() {}
+
+func (x *CommitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
+func (*CommitResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CommitResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // Map is the owner of every bucket of a keyspace at one epoch.
@@ -1750,7 +2571,7 @@ type Map struct {
 
 func (x *Map) Reset() {
 	*x = Map{}
-	mi := &file_keyshard_proto_msgTypes[30]
+	mi := &file_keyshard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +2583,7 @@ func (x *Map) String() string {
 func (*Map) ProtoMessage() {}
 
 func (x *Map) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[30]
+	mi := &file_keyshard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2596,7 @@ func (x *Map) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Map.ProtoReflect.Descriptor instead.
 func (*Map) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{30}
+	return file_keyshard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Map) GetKeyspace() string {
@@ -1833,7 +2654,7 @@ type GetMapRequest struct {
 
 func (x *GetMapRequest) Reset() {
 	*x = GetMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[31]
+	mi := &file_keyshard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2666,7 @@ func (x *GetMapRequest) String() string {
 func (*GetMapRequest) ProtoMessage() {}
 
 func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[31]
+	mi := &file_keyshard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2679,7 @@ func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapRequest.ProtoReflect.Descriptor instead.
 func (*GetMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{31}
+	return file_keyshard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetMapRequest) GetKeyspace() string {
@@ -1893,7 +2714,7 @@ type GetMapResponse struct {
 
 func (x *GetMapResponse) Reset() {
 	*x = GetMapResponse{}
-	mi := &file_keyshard_proto_msgTypes[32]
+	mi := &file_keyshard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2726,7 @@ func (x *GetMapResponse) String() string {
 func (*GetMapResponse) ProtoMessage() {}
 
 func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[32]
+	mi := &file_keyshard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2739,7 @@ func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapResponse.ProtoReflect.Descriptor instead.
 func (*GetMapResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{32}
+	return file_keyshard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetMapResponse) GetMap() *Map {
@@ -1945,7 +2766,7 @@ type WatchMapRequest struct {
 
 func (x *WatchMapRequest) Reset() {
 	*x = WatchMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[33]
+	mi := &file_keyshard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2778,7 @@ func (x *WatchMapRequest) String() string {
 func (*WatchMapRequest) ProtoMessage() {}
 
 func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[33]
+	mi := &file_keyshard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2791,7 @@ func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMapRequest.ProtoReflect.Descriptor instead.
 func (*WatchMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{33}
+	return file_keyshard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchMapRequest) GetKeyspace() string {
@@ -1997,7 +2818,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keyshard_proto_msgTypes[34]
+	mi := &file_keyshard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2830,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[34]
+	mi := &file_keyshard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2843,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{34}
+	return file_keyshard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LookupRequest) GetKeyspace() string {
@@ -2052,7 +2873,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_keyshard_proto_msgTypes[35]
+	mi := &file_keyshard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2885,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[35]
+	mi := &file_keyshard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2898,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{35}
+	return file_keyshard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Owner) GetKey() string {
@@ -2118,7 +2939,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keyshard_proto_msgTypes[36]
+	mi := &file_keyshard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2951,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[36]
+	mi := &file_keyshard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2964,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{36}
+	return file_keyshard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LookupResponse) GetEpoch() uint64 {
@@ -2175,7 +2996,7 @@ type WrongOwner struct {
 
 func (x *WrongOwner) Reset() {
 	*x = WrongOwner{}
-	mi := &file_keyshard_proto_msgTypes[37]
+	mi := &file_keyshard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +3008,7 @@ func (x *WrongOwner) String() string {
 func (*WrongOwner) ProtoMessage() {}
 
 func (x *WrongOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[37]
+	mi := &file_keyshard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2200,7 +3021,7 @@ func (x *WrongOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WrongOwner.ProtoReflect.Descriptor instead.
 func (*WrongOwner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{37}
+	return file_keyshard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WrongOwner) GetBucket() uint32 {
@@ -2265,7 +3086,7 @@ type HotKeyPool struct {
 
 func (x *HotKeyPool) Reset() {
 	*x = HotKeyPool{}
-	mi := &file_keyshard_proto_msgTypes[38]
+	mi := &file_keyshard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +3098,7 @@ func (x *HotKeyPool) String() string {
 func (*HotKeyPool) ProtoMessage() {}
 
 func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[38]
+	mi := &file_keyshard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +3111,7 @@ func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeyPool.ProtoReflect.Descriptor instead.
 func (*HotKeyPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{38}
+	return file_keyshard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HotKeyPool) GetName() string {
@@ -2351,7 +3172,7 @@ type PutHotKeyPoolRequest struct {
 
 func (x *PutHotKeyPoolRequest) Reset() {
 	*x = PutHotKeyPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[39]
+	mi := &file_keyshard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +3184,7 @@ func (x *PutHotKeyPoolRequest) String() string {
 func (*PutHotKeyPoolRequest) ProtoMessage() {}
 
 func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[39]
+	mi := &file_keyshard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +3197,7 @@ func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{39}
+	return file_keyshard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PutHotKeyPoolRequest) GetPool() *HotKeyPool {
@@ -2396,7 +3217,7 @@ type PutHotKeyPoolResponse struct {
 
 func (x *PutHotKeyPoolResponse) Reset() {
 	*x = PutHotKeyPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[40]
+	mi := &file_keyshard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +3229,7 @@ func (x *PutHotKeyPoolResponse) String() string {
 func (*PutHotKeyPoolResponse) ProtoMessage() {}
 
 func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[40]
+	mi := &file_keyshard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +3242,7 @@ func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{40}
+	return file_keyshard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PutHotKeyPoolResponse) GetPool() *HotKeyPool {
@@ -2439,7 +3260,7 @@ type ListHotKeyPoolsRequest struct {
 
 func (x *ListHotKeyPoolsRequest) Reset() {
 	*x = ListHotKeyPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[41]
+	mi := &file_keyshard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +3272,7 @@ func (x *ListHotKeyPoolsRequest) String() string {
 func (*ListHotKeyPoolsRequest) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[41]
+	mi := &file_keyshard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +3285,7 @@ func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{41}
+	return file_keyshard_proto_rawDescGZIP(), []int{53}
 }
 
 type ListHotKeyPoolsResponse struct {
@@ -2476,7 +3297,7 @@ type ListHotKeyPoolsResponse struct {
 
 func (x *ListHotKeyPoolsResponse) Reset() {
 	*x = ListHotKeyPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[42]
+	mi := &file_keyshard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +3309,7 @@ func (x *ListHotKeyPoolsResponse) String() string {
 func (*ListHotKeyPoolsResponse) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[42]
+	mi := &file_keyshard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +3322,7 @@ func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{42}
+	return file_keyshard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListHotKeyPoolsResponse) GetPools() []*HotKeyPool {
@@ -2524,7 +3345,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_keyshard_proto_msgTypes[43]
+	mi := &file_keyshard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +3357,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[43]
+	mi := &file_keyshard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +3370,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{43}
+	return file_keyshard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -2584,7 +3405,7 @@ type ReportHotKeysRequest struct {
 
 func (x *ReportHotKeysRequest) Reset() {
 	*x = ReportHotKeysRequest{}
-	mi := &file_keyshard_proto_msgTypes[44]
+	mi := &file_keyshard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +3417,7 @@ func (x *ReportHotKeysRequest) String() string {
 func (*ReportHotKeysRequest) ProtoMessage() {}
 
 func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[44]
+	mi := &file_keyshard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +3430,7 @@ func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{44}
+	return file_keyshard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReportHotKeysRequest) GetPool() string {
@@ -2645,7 +3466,7 @@ type ReportHotKeysResponse struct {
 
 func (x *ReportHotKeysResponse) Reset() {
 	*x = ReportHotKeysResponse{}
-	mi := &file_keyshard_proto_msgTypes[45]
+	mi := &file_keyshard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +3478,7 @@ func (x *ReportHotKeysResponse) String() string {
 func (*ReportHotKeysResponse) ProtoMessage() {}
 
 func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[45]
+	mi := &file_keyshard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +3491,7 @@ func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{45}
+	return file_keyshard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReportHotKeysResponse) GetPool() *HotKeyPool {
@@ -2705,7 +3526,7 @@ type OverflowKey struct {
 
 func (x *OverflowKey) Reset() {
 	*x = OverflowKey{}
-	mi := &file_keyshard_proto_msgTypes[46]
+	mi := &file_keyshard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +3538,7 @@ func (x *OverflowKey) String() string {
 func (*OverflowKey) ProtoMessage() {}
 
 func (x *OverflowKey) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[46]
+	mi := &file_keyshard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +3551,7 @@ func (x *OverflowKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowKey.ProtoReflect.Descriptor instead.
 func (*OverflowKey) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{46}
+	return file_keyshard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *OverflowKey) GetKey() string {
@@ -2775,7 +3596,7 @@ type OverflowSet struct {
 
 func (x *OverflowSet) Reset() {
 	*x = OverflowSet{}
-	mi := &file_keyshard_proto_msgTypes[47]
+	mi := &file_keyshard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +3608,7 @@ func (x *OverflowSet) String() string {
 func (*OverflowSet) ProtoMessage() {}
 
 func (x *OverflowSet) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[47]
+	mi := &file_keyshard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +3621,7 @@ func (x *OverflowSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowSet.ProtoReflect.Descriptor instead.
 func (*OverflowSet) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{47}
+	return file_keyshard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *OverflowSet) GetPool() string {
@@ -2837,7 +3658,7 @@ type GetOverflowSetRequest struct {
 
 func (x *GetOverflowSetRequest) Reset() {
 	*x = GetOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +3670,7 @@ func (x *GetOverflowSetRequest) String() string {
 func (*GetOverflowSetRequest) ProtoMessage() {}
 
 func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +3683,7 @@ func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{48}
+	return file_keyshard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetOverflowSetRequest) GetPool() string {
@@ -2897,7 +3718,7 @@ type GetOverflowSetResponse struct {
 
 func (x *GetOverflowSetResponse) Reset() {
 	*x = GetOverflowSetResponse{}
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3730,7 @@ func (x *GetOverflowSetResponse) String() string {
 func (*GetOverflowSetResponse) ProtoMessage() {}
 
 func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3743,7 @@ func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetResponse.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{49}
+	return file_keyshard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GetOverflowSetResponse) GetSet() *OverflowSet {
@@ -2949,7 +3770,7 @@ type WatchOverflowSetRequest struct {
 
 func (x *WatchOverflowSetRequest) Reset() {
 	*x = WatchOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3782,7 @@ func (x *WatchOverflowSetRequest) String() string {
 func (*WatchOverflowSetRequest) ProtoMessage() {}
 
 func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3795,7 @@ func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*WatchOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{50}
+	return file_keyshard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchOverflowSetRequest) GetPool() string {
@@ -3041,7 +3862,47 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x12DrainMemberRequest\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\"\x15\n" +
-	"\x13DrainMemberResponse\"\x0f\n" +
+	"\x13DrainMemberResponse\"U\n" +
+	"\vPositionRun\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\rR\x05first\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\x04R\bposition\"p\n" +
+	"\fBucketBehind\x12\x16\n" +
+	"\x06bucket\x18\x01 \x01(\rR\x06bucket\x12\x1a\n" +
+	"\bposition\x18\x02 \x01(\x04R\bposition\x12\x16\n" +
+	"\x06member\x18\x03 \x01(\tR\x06member\x12\x14\n" +
+	"\x05token\x18\x04 \x01(\x04R\x05token\"I\n" +
+	"\x13GetPositionsRequest\x12\x1a\n" +
+	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x16\n" +
+	"\x06behind\x18\x02 \x01(\rR\x06behind\"\xe5\x01\n" +
+	"\x14GetPositionsResponse\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\x04R\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x04R\x03max\x12\x16\n" +
+	"\x06spread\x18\x03 \x01(\x04R\x06spread\x12,\n" +
+	"\x04runs\x18\x04 \x03(\v2\x18.keyshard.v1.PositionRunR\x04runs\x121\n" +
+	"\x06behind\x18\x05 \x03(\v2\x19.keyshard.v1.BucketBehindR\x06behind\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\brevision\x18\a \x01(\x04R\brevision\"\x8a\x01\n" +
+	"\x15ResetPositionsRequest\x12\x1a\n" +
+	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x18\n" +
+	"\abuckets\x18\x02 \x03(\rR\abuckets\x12\x1f\n" +
+	"\vall_buckets\x18\x03 \x01(\bR\n" +
+	"allBuckets\x12\x1a\n" +
+	"\bposition\x18\x04 \x01(\x04R\bposition\"N\n" +
+	"\x16ResetPositionsResponse\x12\x18\n" +
+	"\abuckets\x18\x01 \x01(\rR\abuckets\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\xce\x01\n" +
+	"\x15ImportKeyspaceRequest\x121\n" +
+	"\bkeyspace\x18\x01 \x01(\v2\x15.keyshard.v1.KeyspaceR\bkeyspace\x129\n" +
+	"\tinstances\x18\x02 \x03(\v2\x1b.keyshard.v1.ImportInstanceR\tinstances\x12G\n" +
+	"\x12wait_for_instances\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x10waitForInstances\"D\n" +
+	"\x0eImportInstance\x12\x16\n" +
+	"\x06member\x18\x01 \x01(\tR\x06member\x12\x1a\n" +
+	"\bposition\x18\x02 \x01(\x04R\bposition\"{\n" +
+	"\x16ImportKeyspaceResponse\x121\n" +
+	"\bkeyspace\x18\x01 \x01(\v2\x15.keyshard.v1.KeyspaceR\bkeyspace\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\abuckets\x18\x03 \x03(\rR\abuckets\"\x0f\n" +
 	"\rStatusRequest\"}\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x16\n" +
@@ -3052,10 +3913,15 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\amembers\x18\x03 \x01(\rR\amembers\x12-\n" +
 	"\x12unassigned_buckets\x18\x04 \x01(\rR\x11unassignedBuckets\x12,\n" +
-	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\";\n" +
+	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\"O\n" +
 	"\vBucketGrant\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\rR\x06bucket\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\x04R\x05token\"\x97\x01\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\"Z\n" +
+	"\x0eBucketPosition\x12\x16\n" +
+	"\x06bucket\x18\x01 \x01(\rR\x06bucket\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\x04R\bposition\"\x97\x01\n" +
 	"\vJoinRequest\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12+\n" +
 	"\x06member\x18\x02 \x01(\v2\x13.keyshard.v1.MemberR\x06member\x12\x18\n" +
@@ -3081,15 +3947,25 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"Q\n" +
 	"\x12WatchGrantsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12!\n" +
-	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\"^\n" +
+	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\"\x99\x01\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x122\n" +
-	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\"-\n" +
+	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\x129\n" +
+	"\tpositions\x18\x03 \x03(\v2\x1b.keyshard.v1.BucketPositionR\tpositions\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"(\n" +
 	"\fLeaveRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x0f\n" +
-	"\rLeaveResponse\"\xac\x01\n" +
+	"\rLeaveResponse\"\x9f\x01\n" +
+	"\rCommitRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x1b\n" +
+	"\tmax_token\x18\x02 \x01(\x04R\bmaxToken\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\x04R\bposition\x12;\n" +
+	"\n" +
+	"exceptions\x18\x04 \x03(\v2\x1b.keyshard.v1.BucketPositionR\n" +
+	"exceptions\",\n" +
+	"\x0eCommitResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\xac\x01\n" +
 	"\x03Map\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -3174,7 +4050,7 @@ const file_keyshard_proto_rawDesc = "" +
 	"\fKeyspaceMode\x12\x1d\n" +
 	"\x19KEYSPACE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17KEYSPACE_MODE_EXCLUSIVE\x10\x01\x12\x18\n" +
-	"\x14KEYSPACE_MODE_STREAM\x10\x022\xa9\x06\n" +
+	"\x14KEYSPACE_MODE_STREAM\x10\x022\xb9\b\n" +
 	"\fAdminService\x12Y\n" +
 	"\x0eCreateKeyspace\x12\".keyshard.v1.CreateKeyspaceRequest\x1a#.keyshard.v1.CreateKeyspaceResponse\x12U\n" +
 	"\vGetKeyspace\x12\x1f.keyshard.v1.GetKeyspaceRequest\x1a .keyshard.v1.GetKeyspaceResponse\"\x03\x90\x02\x01\x12[\n" +
@@ -3183,15 +4059,19 @@ const file_keyshard_proto_rawDesc = "" +
 	"\vListMembers\x12\x1f.keyshard.v1.ListMembersRequest\x1a .keyshard.v1.ListMembersResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\vDrainMember\x12\x1f.keyshard.v1.DrainMemberRequest\x1a .keyshard.v1.DrainMemberResponse\x12F\n" +
 	"\x06Status\x12\x1a.keyshard.v1.StatusRequest\x1a\x1b.keyshard.v1.StatusResponse\"\x03\x90\x02\x01\x12[\n" +
-	"\rPutHotKeyPool\x12!.keyshard.v1.PutHotKeyPoolRequest\x1a\".keyshard.v1.PutHotKeyPoolResponse\"\x03\x90\x02\x02\x12a\n" +
-	"\x0fListHotKeyPools\x12#.keyshard.v1.ListHotKeyPoolsRequest\x1a$.keyshard.v1.ListHotKeyPoolsResponse\"\x03\x90\x02\x012\xbc\x03\n" +
+	"\rPutHotKeyPool\x12!.keyshard.v1.PutHotKeyPoolRequest\x1a\".keyshard.v1.PutHotKeyPoolResponse\"\x03\x90\x02\x02\x12X\n" +
+	"\fGetPositions\x12 .keyshard.v1.GetPositionsRequest\x1a!.keyshard.v1.GetPositionsResponse\"\x03\x90\x02\x01\x12Y\n" +
+	"\x0eResetPositions\x12\".keyshard.v1.ResetPositionsRequest\x1a#.keyshard.v1.ResetPositionsResponse\x12Y\n" +
+	"\x0eImportKeyspace\x12\".keyshard.v1.ImportKeyspaceRequest\x1a#.keyshard.v1.ImportKeyspaceResponse\x12a\n" +
+	"\x0fListHotKeyPools\x12#.keyshard.v1.ListHotKeyPoolsRequest\x1a$.keyshard.v1.ListHotKeyPoolsResponse\"\x03\x90\x02\x012\xff\x03\n" +
 	"\rMemberService\x12;\n" +
 	"\x04Join\x12\x18.keyshard.v1.JoinRequest\x1a\x19.keyshard.v1.JoinResponse\x12J\n" +
 	"\tKeepAlive\x12\x1d.keyshard.v1.KeepAliveRequest\x1a\x1e.keyshard.v1.KeepAliveResponse\x12J\n" +
 	"\tGetGrants\x12\x1d.keyshard.v1.GetGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse\x12P\n" +
 	"\vWatchGrants\x12\x1f.keyshard.v1.WatchGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse0\x01\x12D\n" +
 	"\aRelease\x12\x1b.keyshard.v1.ReleaseRequest\x1a\x1c.keyshard.v1.ReleaseResponse\x12>\n" +
-	"\x05Leave\x12\x19.keyshard.v1.LeaveRequest\x1a\x1a.keyshard.v1.LeaveResponse2\xd5\x01\n" +
+	"\x05Leave\x12\x19.keyshard.v1.LeaveRequest\x1a\x1a.keyshard.v1.LeaveResponse\x12A\n" +
+	"\x06Commit\x12\x1a.keyshard.v1.CommitRequest\x1a\x1b.keyshard.v1.CommitResponse2\xd5\x01\n" +
 	"\n" +
 	"MapService\x12A\n" +
 	"\x06GetMap\x12\x1a.keyshard.v1.GetMapRequest\x1a\x1b.keyshard.v1.GetMapResponse\x12<\n" +
@@ -3215,7 +4095,7 @@ func file_keyshard_proto_rawDescGZIP() []byte {
 }
 
 var file_keyshard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_keyshard_proto_goTypes = []any{
 	(KeyspaceMode)(0),               // 0: keyshard.v1.KeyspaceMode
 	(*Keyspace)(nil),                // 1: keyshard.v1.Keyspace
@@ -3233,131 +4113,159 @@ var file_keyshard_proto_goTypes = []any{
 	(*ListMembersResponse)(nil),     // 13: keyshard.v1.ListMembersResponse
 	(*DrainMemberRequest)(nil),      // 14: keyshard.v1.DrainMemberRequest
 	(*DrainMemberResponse)(nil),     // 15: keyshard.v1.DrainMemberResponse
-	(*StatusRequest)(nil),           // 16: keyshard.v1.StatusRequest
-	(*StatusResponse)(nil),          // 17: keyshard.v1.StatusResponse
-	(*KeyspaceStatus)(nil),          // 18: keyshard.v1.KeyspaceStatus
-	(*BucketGrant)(nil),             // 19: keyshard.v1.BucketGrant
-	(*JoinRequest)(nil),             // 20: keyshard.v1.JoinRequest
-	(*JoinResponse)(nil),            // 21: keyshard.v1.JoinResponse
-	(*KeepAliveRequest)(nil),        // 22: keyshard.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),       // 23: keyshard.v1.KeepAliveResponse
-	(*GetGrantsRequest)(nil),        // 24: keyshard.v1.GetGrantsRequest
-	(*GetGrantsResponse)(nil),       // 25: keyshard.v1.GetGrantsResponse
-	(*WatchGrantsRequest)(nil),      // 26: keyshard.v1.WatchGrantsRequest
-	(*ReleaseRequest)(nil),          // 27: keyshard.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 28: keyshard.v1.ReleaseResponse
-	(*LeaveRequest)(nil),            // 29: keyshard.v1.LeaveRequest
-	(*LeaveResponse)(nil),           // 30: keyshard.v1.LeaveResponse
-	(*Map)(nil),                     // 31: keyshard.v1.Map
-	(*GetMapRequest)(nil),           // 32: keyshard.v1.GetMapRequest
-	(*GetMapResponse)(nil),          // 33: keyshard.v1.GetMapResponse
-	(*WatchMapRequest)(nil),         // 34: keyshard.v1.WatchMapRequest
-	(*LookupRequest)(nil),           // 35: keyshard.v1.LookupRequest
-	(*Owner)(nil),                   // 36: keyshard.v1.Owner
-	(*LookupResponse)(nil),          // 37: keyshard.v1.LookupResponse
-	(*WrongOwner)(nil),              // 38: keyshard.v1.WrongOwner
-	(*HotKeyPool)(nil),              // 39: keyshard.v1.HotKeyPool
-	(*PutHotKeyPoolRequest)(nil),    // 40: keyshard.v1.PutHotKeyPoolRequest
-	(*PutHotKeyPoolResponse)(nil),   // 41: keyshard.v1.PutHotKeyPoolResponse
-	(*ListHotKeyPoolsRequest)(nil),  // 42: keyshard.v1.ListHotKeyPoolsRequest
-	(*ListHotKeyPoolsResponse)(nil), // 43: keyshard.v1.ListHotKeyPoolsResponse
-	(*KeyRate)(nil),                 // 44: keyshard.v1.KeyRate
-	(*ReportHotKeysRequest)(nil),    // 45: keyshard.v1.ReportHotKeysRequest
-	(*ReportHotKeysResponse)(nil),   // 46: keyshard.v1.ReportHotKeysResponse
-	(*OverflowKey)(nil),             // 47: keyshard.v1.OverflowKey
-	(*OverflowSet)(nil),             // 48: keyshard.v1.OverflowSet
-	(*GetOverflowSetRequest)(nil),   // 49: keyshard.v1.GetOverflowSetRequest
-	(*GetOverflowSetResponse)(nil),  // 50: keyshard.v1.GetOverflowSetResponse
-	(*WatchOverflowSetRequest)(nil), // 51: keyshard.v1.WatchOverflowSetRequest
-	nil,                             // 52: keyshard.v1.Member.MetadataEntry
-	(*durationpb.Duration)(nil),     // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
+	(*PositionRun)(nil),             // 16: keyshard.v1.PositionRun
+	(*BucketBehind)(nil),            // 17: keyshard.v1.BucketBehind
+	(*GetPositionsRequest)(nil),     // 18: keyshard.v1.GetPositionsRequest
+	(*GetPositionsResponse)(nil),    // 19: keyshard.v1.GetPositionsResponse
+	(*ResetPositionsRequest)(nil),   // 20: keyshard.v1.ResetPositionsRequest
+	(*ResetPositionsResponse)(nil),  // 21: keyshard.v1.ResetPositionsResponse
+	(*ImportKeyspaceRequest)(nil),   // 22: keyshard.v1.ImportKeyspaceRequest
+	(*ImportInstance)(nil),          // 23: keyshard.v1.ImportInstance
+	(*ImportKeyspaceResponse)(nil),  // 24: keyshard.v1.ImportKeyspaceResponse
+	(*StatusRequest)(nil),           // 25: keyshard.v1.StatusRequest
+	(*StatusResponse)(nil),          // 26: keyshard.v1.StatusResponse
+	(*KeyspaceStatus)(nil),          // 27: keyshard.v1.KeyspaceStatus
+	(*BucketGrant)(nil),             // 28: keyshard.v1.BucketGrant
+	(*BucketPosition)(nil),          // 29: keyshard.v1.BucketPosition
+	(*JoinRequest)(nil),             // 30: keyshard.v1.JoinRequest
+	(*JoinResponse)(nil),            // 31: keyshard.v1.JoinResponse
+	(*KeepAliveRequest)(nil),        // 32: keyshard.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),       // 33: keyshard.v1.KeepAliveResponse
+	(*GetGrantsRequest)(nil),        // 34: keyshard.v1.GetGrantsRequest
+	(*GetGrantsResponse)(nil),       // 35: keyshard.v1.GetGrantsResponse
+	(*WatchGrantsRequest)(nil),      // 36: keyshard.v1.WatchGrantsRequest
+	(*ReleaseRequest)(nil),          // 37: keyshard.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 38: keyshard.v1.ReleaseResponse
+	(*LeaveRequest)(nil),            // 39: keyshard.v1.LeaveRequest
+	(*LeaveResponse)(nil),           // 40: keyshard.v1.LeaveResponse
+	(*CommitRequest)(nil),           // 41: keyshard.v1.CommitRequest
+	(*CommitResponse)(nil),          // 42: keyshard.v1.CommitResponse
+	(*Map)(nil),                     // 43: keyshard.v1.Map
+	(*GetMapRequest)(nil),           // 44: keyshard.v1.GetMapRequest
+	(*GetMapResponse)(nil),          // 45: keyshard.v1.GetMapResponse
+	(*WatchMapRequest)(nil),         // 46: keyshard.v1.WatchMapRequest
+	(*LookupRequest)(nil),           // 47: keyshard.v1.LookupRequest
+	(*Owner)(nil),                   // 48: keyshard.v1.Owner
+	(*LookupResponse)(nil),          // 49: keyshard.v1.LookupResponse
+	(*WrongOwner)(nil),              // 50: keyshard.v1.WrongOwner
+	(*HotKeyPool)(nil),              // 51: keyshard.v1.HotKeyPool
+	(*PutHotKeyPoolRequest)(nil),    // 52: keyshard.v1.PutHotKeyPoolRequest
+	(*PutHotKeyPoolResponse)(nil),   // 53: keyshard.v1.PutHotKeyPoolResponse
+	(*ListHotKeyPoolsRequest)(nil),  // 54: keyshard.v1.ListHotKeyPoolsRequest
+	(*ListHotKeyPoolsResponse)(nil), // 55: keyshard.v1.ListHotKeyPoolsResponse
+	(*KeyRate)(nil),                 // 56: keyshard.v1.KeyRate
+	(*ReportHotKeysRequest)(nil),    // 57: keyshard.v1.ReportHotKeysRequest
+	(*ReportHotKeysResponse)(nil),   // 58: keyshard.v1.ReportHotKeysResponse
+	(*OverflowKey)(nil),             // 59: keyshard.v1.OverflowKey
+	(*OverflowSet)(nil),             // 60: keyshard.v1.OverflowSet
+	(*GetOverflowSetRequest)(nil),   // 61: keyshard.v1.GetOverflowSetRequest
+	(*GetOverflowSetResponse)(nil),  // 62: keyshard.v1.GetOverflowSetResponse
+	(*WatchOverflowSetRequest)(nil), // 63: keyshard.v1.WatchOverflowSetRequest
+	nil,                             // 64: keyshard.v1.Member.MetadataEntry
+	(*durationpb.Duration)(nil),     // 65: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 66: google.protobuf.Timestamp
 }
 var file_keyshard_proto_depIdxs = []int32{
 	0,  // 0: keyshard.v1.Keyspace.mode:type_name -> keyshard.v1.KeyspaceMode
-	53, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
-	53, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
+	65, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
+	65, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
 	1,  // 3: keyshard.v1.CreateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	1,  // 4: keyshard.v1.CreateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	1,  // 5: keyshard.v1.GetKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	1,  // 6: keyshard.v1.ListKeyspacesResponse.keyspaces:type_name -> keyshard.v1.Keyspace
 	1,  // 7: keyshard.v1.UpdateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	1,  // 8: keyshard.v1.UpdateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	52, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
+	64, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
 	10, // 10: keyshard.v1.MemberStatus.member:type_name -> keyshard.v1.Member
 	11, // 11: keyshard.v1.ListMembersResponse.members:type_name -> keyshard.v1.MemberStatus
-	18, // 12: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
-	1,  // 13: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
-	10, // 14: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
-	53, // 15: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
-	1,  // 16: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	53, // 17: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	53, // 18: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
-	19, // 19: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
-	19, // 20: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
-	10, // 21: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
-	53, // 22: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
-	31, // 23: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
-	36, // 24: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
-	53, // 25: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
-	53, // 26: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
-	39, // 27: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
-	39, // 28: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	39, // 29: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
-	44, // 30: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
-	39, // 31: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	54, // 32: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
-	54, // 33: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
-	47, // 34: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
-	53, // 35: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
-	48, // 36: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
-	2,  // 37: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	4,  // 38: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	6,  // 39: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	8,  // 40: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	12, // 41: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	14, // 42: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	16, // 43: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	40, // 44: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	42, // 45: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	20, // 46: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	22, // 47: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	24, // 48: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	26, // 49: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	27, // 50: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	29, // 51: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	32, // 52: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	34, // 53: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	35, // 54: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	45, // 55: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	49, // 56: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	51, // 57: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	3,  // 58: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	5,  // 59: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	7,  // 60: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	9,  // 61: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	13, // 62: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	15, // 63: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	17, // 64: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	41, // 65: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	43, // 66: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	21, // 67: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	23, // 68: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	25, // 69: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	25, // 70: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	28, // 71: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	30, // 72: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	33, // 73: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	31, // 74: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	37, // 75: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	46, // 76: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	50, // 77: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	48, // 78: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	58, // [58:79] is the sub-list for method output_type
-	37, // [37:58] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	16, // 12: keyshard.v1.GetPositionsResponse.runs:type_name -> keyshard.v1.PositionRun
+	17, // 13: keyshard.v1.GetPositionsResponse.behind:type_name -> keyshard.v1.BucketBehind
+	1,  // 14: keyshard.v1.ImportKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
+	23, // 15: keyshard.v1.ImportKeyspaceRequest.instances:type_name -> keyshard.v1.ImportInstance
+	65, // 16: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
+	1,  // 17: keyshard.v1.ImportKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	27, // 18: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
+	1,  // 19: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
+	10, // 20: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
+	65, // 21: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
+	1,  // 22: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	65, // 23: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	65, // 24: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
+	28, // 25: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
+	28, // 26: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
+	29, // 27: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
+	29, // 28: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
+	10, // 29: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
+	65, // 30: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
+	43, // 31: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
+	48, // 32: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
+	65, // 33: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
+	65, // 34: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
+	51, // 35: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
+	51, // 36: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	51, // 37: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
+	56, // 38: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
+	51, // 39: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	66, // 40: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
+	66, // 41: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
+	59, // 42: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
+	65, // 43: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
+	60, // 44: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
+	2,  // 45: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	4,  // 46: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	6,  // 47: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	8,  // 48: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	12, // 49: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	14, // 50: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	25, // 51: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	52, // 52: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	18, // 53: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	20, // 54: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	22, // 55: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	54, // 56: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	30, // 57: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	32, // 58: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	34, // 59: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	36, // 60: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	37, // 61: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	39, // 62: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	41, // 63: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	44, // 64: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	46, // 65: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	47, // 66: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	57, // 67: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	61, // 68: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	63, // 69: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	3,  // 70: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	5,  // 71: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	7,  // 72: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	9,  // 73: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	13, // 74: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	15, // 75: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	26, // 76: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	53, // 77: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	19, // 78: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	21, // 79: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	24, // 80: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	55, // 81: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	31, // 82: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	33, // 83: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	35, // 84: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	35, // 85: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	38, // 86: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	40, // 87: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	42, // 88: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	45, // 89: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	43, // 90: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	49, // 91: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	58, // 92: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	62, // 93: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	60, // 94: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	70, // [70:95] is the sub-list for method output_type
+	45, // [45:70] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }
@@ -3371,7 +4279,7 @@ func file_keyshard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keyshard_proto_rawDesc), len(file_keyshard_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   52,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

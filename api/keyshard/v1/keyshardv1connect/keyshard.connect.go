@@ -76,6 +76,15 @@ const (
 	// AdminServicePutHotKeyPoolProcedure is the fully-qualified name of the AdminService's
 	// PutHotKeyPool RPC.
 	AdminServicePutHotKeyPoolProcedure = "/keyshard.v1.AdminService/PutHotKeyPool"
+	// AdminServiceGetPositionsProcedure is the fully-qualified name of the AdminService's GetPositions
+	// RPC.
+	AdminServiceGetPositionsProcedure = "/keyshard.v1.AdminService/GetPositions"
+	// AdminServiceResetPositionsProcedure is the fully-qualified name of the AdminService's
+	// ResetPositions RPC.
+	AdminServiceResetPositionsProcedure = "/keyshard.v1.AdminService/ResetPositions"
+	// AdminServiceImportKeyspaceProcedure is the fully-qualified name of the AdminService's
+	// ImportKeyspace RPC.
+	AdminServiceImportKeyspaceProcedure = "/keyshard.v1.AdminService/ImportKeyspace"
 	// AdminServiceListHotKeyPoolsProcedure is the fully-qualified name of the AdminService's
 	// ListHotKeyPools RPC.
 	AdminServiceListHotKeyPoolsProcedure = "/keyshard.v1.AdminService/ListHotKeyPools"
@@ -92,6 +101,8 @@ const (
 	MemberServiceReleaseProcedure = "/keyshard.v1.MemberService/Release"
 	// MemberServiceLeaveProcedure is the fully-qualified name of the MemberService's Leave RPC.
 	MemberServiceLeaveProcedure = "/keyshard.v1.MemberService/Leave"
+	// MemberServiceCommitProcedure is the fully-qualified name of the MemberService's Commit RPC.
+	MemberServiceCommitProcedure = "/keyshard.v1.MemberService/Commit"
 	// MapServiceGetMapProcedure is the fully-qualified name of the MapService's GetMap RPC.
 	MapServiceGetMapProcedure = "/keyshard.v1.MapService/GetMap"
 	// MapServiceWatchMapProcedure is the fully-qualified name of the MapService's WatchMap RPC.
@@ -121,6 +132,9 @@ type AdminServiceClient interface {
 	// PutHotKeyPool creates a hot-key pool or replaces its settings; a new
 	// threshold applies from the leader's next aggregation.
 	PutHotKeyPool(context.Context, *connect.Request[v1.PutHotKeyPoolRequest]) (*connect.Response[v1.PutHotKeyPoolResponse], error)
+	GetPositions(context.Context, *connect.Request[v1.GetPositionsRequest]) (*connect.Response[v1.GetPositionsResponse], error)
+	ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error)
+	ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error)
 	ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error)
 }
 
@@ -188,6 +202,25 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		getPositions: connect.NewClient[v1.GetPositionsRequest, v1.GetPositionsResponse](
+			httpClient,
+			baseURL+AdminServiceGetPositionsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetPositions")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		resetPositions: connect.NewClient[v1.ResetPositionsRequest, v1.ResetPositionsResponse](
+			httpClient,
+			baseURL+AdminServiceResetPositionsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ResetPositions")),
+			connect.WithClientOptions(opts...),
+		),
+		importKeyspace: connect.NewClient[v1.ImportKeyspaceRequest, v1.ImportKeyspaceResponse](
+			httpClient,
+			baseURL+AdminServiceImportKeyspaceProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ImportKeyspace")),
+			connect.WithClientOptions(opts...),
+		),
 		listHotKeyPools: connect.NewClient[v1.ListHotKeyPoolsRequest, v1.ListHotKeyPoolsResponse](
 			httpClient,
 			baseURL+AdminServiceListHotKeyPoolsProcedure,
@@ -208,6 +241,9 @@ type adminServiceClient struct {
 	drainMember     *connect.Client[v1.DrainMemberRequest, v1.DrainMemberResponse]
 	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	putHotKeyPool   *connect.Client[v1.PutHotKeyPoolRequest, v1.PutHotKeyPoolResponse]
+	getPositions    *connect.Client[v1.GetPositionsRequest, v1.GetPositionsResponse]
+	resetPositions  *connect.Client[v1.ResetPositionsRequest, v1.ResetPositionsResponse]
+	importKeyspace  *connect.Client[v1.ImportKeyspaceRequest, v1.ImportKeyspaceResponse]
 	listHotKeyPools *connect.Client[v1.ListHotKeyPoolsRequest, v1.ListHotKeyPoolsResponse]
 }
 
@@ -251,6 +287,21 @@ func (c *adminServiceClient) PutHotKeyPool(ctx context.Context, req *connect.Req
 	return c.putHotKeyPool.CallUnary(ctx, req)
 }
 
+// GetPositions calls keyshard.v1.AdminService.GetPositions.
+func (c *adminServiceClient) GetPositions(ctx context.Context, req *connect.Request[v1.GetPositionsRequest]) (*connect.Response[v1.GetPositionsResponse], error) {
+	return c.getPositions.CallUnary(ctx, req)
+}
+
+// ResetPositions calls keyshard.v1.AdminService.ResetPositions.
+func (c *adminServiceClient) ResetPositions(ctx context.Context, req *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error) {
+	return c.resetPositions.CallUnary(ctx, req)
+}
+
+// ImportKeyspace calls keyshard.v1.AdminService.ImportKeyspace.
+func (c *adminServiceClient) ImportKeyspace(ctx context.Context, req *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error) {
+	return c.importKeyspace.CallUnary(ctx, req)
+}
+
 // ListHotKeyPools calls keyshard.v1.AdminService.ListHotKeyPools.
 func (c *adminServiceClient) ListHotKeyPools(ctx context.Context, req *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error) {
 	return c.listHotKeyPools.CallUnary(ctx, req)
@@ -268,6 +319,9 @@ type AdminServiceHandler interface {
 	// PutHotKeyPool creates a hot-key pool or replaces its settings; a new
 	// threshold applies from the leader's next aggregation.
 	PutHotKeyPool(context.Context, *connect.Request[v1.PutHotKeyPoolRequest]) (*connect.Response[v1.PutHotKeyPoolResponse], error)
+	GetPositions(context.Context, *connect.Request[v1.GetPositionsRequest]) (*connect.Response[v1.GetPositionsResponse], error)
+	ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error)
+	ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error)
 	ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error)
 }
 
@@ -331,6 +385,25 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceGetPositionsHandler := connect.NewUnaryHandler(
+		AdminServiceGetPositionsProcedure,
+		svc.GetPositions,
+		connect.WithSchema(adminServiceMethods.ByName("GetPositions")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceResetPositionsHandler := connect.NewUnaryHandler(
+		AdminServiceResetPositionsProcedure,
+		svc.ResetPositions,
+		connect.WithSchema(adminServiceMethods.ByName("ResetPositions")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceImportKeyspaceHandler := connect.NewUnaryHandler(
+		AdminServiceImportKeyspaceProcedure,
+		svc.ImportKeyspace,
+		connect.WithSchema(adminServiceMethods.ByName("ImportKeyspace")),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceListHotKeyPoolsHandler := connect.NewUnaryHandler(
 		AdminServiceListHotKeyPoolsProcedure,
 		svc.ListHotKeyPools,
@@ -356,6 +429,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceStatusHandler.ServeHTTP(w, r)
 		case AdminServicePutHotKeyPoolProcedure:
 			adminServicePutHotKeyPoolHandler.ServeHTTP(w, r)
+		case AdminServiceGetPositionsProcedure:
+			adminServiceGetPositionsHandler.ServeHTTP(w, r)
+		case AdminServiceResetPositionsProcedure:
+			adminServiceResetPositionsHandler.ServeHTTP(w, r)
+		case AdminServiceImportKeyspaceProcedure:
+			adminServiceImportKeyspaceHandler.ServeHTTP(w, r)
 		case AdminServiceListHotKeyPoolsProcedure:
 			adminServiceListHotKeyPoolsHandler.ServeHTTP(w, r)
 		default:
@@ -399,6 +478,18 @@ func (UnimplementedAdminServiceHandler) PutHotKeyPool(context.Context, *connect.
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.PutHotKeyPool is not implemented"))
 }
 
+func (UnimplementedAdminServiceHandler) GetPositions(context.Context, *connect.Request[v1.GetPositionsRequest]) (*connect.Response[v1.GetPositionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.GetPositions is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.ResetPositions is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.ImportKeyspace is not implemented"))
+}
+
 func (UnimplementedAdminServiceHandler) ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.ListHotKeyPools is not implemented"))
 }
@@ -411,6 +502,7 @@ type MemberServiceClient interface {
 	WatchGrants(context.Context, *connect.Request[v1.WatchGrantsRequest]) (*connect.ServerStreamForClient[v1.GetGrantsResponse], error)
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
 }
 
 // NewMemberServiceClient constructs a client for the keyshard.v1.MemberService service. By default,
@@ -460,6 +552,12 @@ func NewMemberServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(memberServiceMethods.ByName("Leave")),
 			connect.WithClientOptions(opts...),
 		),
+		commit: connect.NewClient[v1.CommitRequest, v1.CommitResponse](
+			httpClient,
+			baseURL+MemberServiceCommitProcedure,
+			connect.WithSchema(memberServiceMethods.ByName("Commit")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -471,6 +569,7 @@ type memberServiceClient struct {
 	watchGrants *connect.Client[v1.WatchGrantsRequest, v1.GetGrantsResponse]
 	release     *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	leave       *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	commit      *connect.Client[v1.CommitRequest, v1.CommitResponse]
 }
 
 // Join calls keyshard.v1.MemberService.Join.
@@ -503,6 +602,11 @@ func (c *memberServiceClient) Leave(ctx context.Context, req *connect.Request[v1
 	return c.leave.CallUnary(ctx, req)
 }
 
+// Commit calls keyshard.v1.MemberService.Commit.
+func (c *memberServiceClient) Commit(ctx context.Context, req *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
+	return c.commit.CallUnary(ctx, req)
+}
+
 // MemberServiceHandler is an implementation of the keyshard.v1.MemberService service.
 type MemberServiceHandler interface {
 	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
@@ -511,6 +615,7 @@ type MemberServiceHandler interface {
 	WatchGrants(context.Context, *connect.Request[v1.WatchGrantsRequest], *connect.ServerStream[v1.GetGrantsResponse]) error
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
 }
 
 // NewMemberServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -556,6 +661,12 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(memberServiceMethods.ByName("Leave")),
 		connect.WithHandlerOptions(opts...),
 	)
+	memberServiceCommitHandler := connect.NewUnaryHandler(
+		MemberServiceCommitProcedure,
+		svc.Commit,
+		connect.WithSchema(memberServiceMethods.ByName("Commit")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keyshard.v1.MemberService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case MemberServiceJoinProcedure:
@@ -570,6 +681,8 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 			memberServiceReleaseHandler.ServeHTTP(w, r)
 		case MemberServiceLeaveProcedure:
 			memberServiceLeaveHandler.ServeHTTP(w, r)
+		case MemberServiceCommitProcedure:
+			memberServiceCommitHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -601,6 +714,10 @@ func (UnimplementedMemberServiceHandler) Release(context.Context, *connect.Reque
 
 func (UnimplementedMemberServiceHandler) Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.Leave is not implemented"))
+}
+
+func (UnimplementedMemberServiceHandler) Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.Commit is not implemented"))
 }
 
 // MapServiceClient is a client for the keyshard.v1.MapService service.
