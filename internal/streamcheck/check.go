@@ -1,0 +1,186 @@
+package streamcheck
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// Event is one event of the stream, as produced.
+type Event struct {
+	Pos    uint64
+	Key    string
+	Bucket int
+}
+
+// BucketPosition is a commit's own position for one bucket held at Token.
+type BucketPosition struct {
+	Bucket   int
+	Token    uint64
+	Position uint64
+}
+
+// End is how a tenure ended.
+type End int
+
+const (
+	// Held: the tenure had not ended when the record was taken.
+	Held End = iota
+	// Released: the holder released the bucket gracefully.
+	Released
+	// Crashed: the holder's process or session ended without a release.
+	Crashed
+)
+
+func (e End) String() string {
+	switch e {
+	case Released:
+		return "released"
+	case Crashed:
+		return "crashed"
+	}
+	return "held"
+}
+
+// Tenure is one grant of a bucket to a worker, from its acquire to its end.
+type Tenure struct {
+	Worker string
+	Bucket int
+	Token  uint64
+	// From is the grant's from: where the holder starts the bucket.
+	From uint64
+	// Committed is the bucket's highest position among the holder's
+	// acknowledged commits (at least From).
+	Committed uint64
+	End       End
+	// Final is the final position a graceful release handed over.
+	Final uint64
+
+	handled []handling
+}
+
+type handling struct {
+	pos uint64
+	key string
+}
+
+type tenureKey struct {
+	bucket int
+	token  uint64
+}
+
+// Recorder collects a run's record. It is safe for concurrent use.
+type Recorder struct {
+	mu      sync.Mutex
+	tenures map[tenureKey]*Tenure
+	open    map[string]map[tenureKey]*Tenure // by worker
+	errs    []string
+}
+
+// NewRecorder returns an empty Recorder.
+func NewRecorder() *Recorder {
+	return &Recorder{tenures: map[tenureKey]*Tenure{}, open: map[string]map[tenureKey]*Tenure{}}
+}
+
+func (r *Recorder) errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// Acquire records that worker was granted bucket at token, starting at
+// from.
+func (r *Recorder) Acquire(worker string, bucket int, token, from uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := tenureKey{bucket, token}
+	if t, ok := r.tenures[k]; ok {
+		r.errorf("bucket %d token %d acquired twice (by %s and %s)", bucket, token, t.Worker, worker)
+		return
+	}
+	t := &Tenure{Worker: worker, Bucket: bucket, Token: token, From: from, Committed: from}
+	r.tenures[k] = t
+	if r.open[worker] == nil {
+		r.open[worker] = map[tenureKey]*Tenure{}
+	}
+	r.open[worker][k] = t
+}
+
+// Handle records that worker handled the event at pos with key, as the
+// holder of bucket at token.
+func (r *Recorder) Handle(worker string, bucket int, token, pos uint64, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.open[worker][tenureKey{bucket, token}]
+	if !ok {
+		r.errorf("%s handled position %d (key %q) of bucket %d at token %d without holding it", worker, pos, key, bucket, token)
+		return
+	}
+	t.handled = append(t.handled, handling{pos, key})
+}
+
+// Commit records an acknowledged commit of worker: every bucket it holds
+// at a token <= maxToken that except does not list is at def; those
+// except lists (at the token they are held) are at their own position.
+func (r *Recorder) Commit(worker string, maxToken, def uint64, except []BucketPosition) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	own := make(map[tenureKey]uint64, len(except))
+	for _, e := range except {
+		own[tenureKey{e.Bucket, e.Token}] = e.Position
+	}
+	for k, t := range r.open[worker] {
+		p, ok := own[k]
+		if !ok {
+			if k.token > maxToken {
+				continue
+			}
+			p = def
+		}
+		t.Committed = max(t.Committed, p)
+	}
+}
+
+// Release records worker's graceful release of bucket at token, handing
+// over final.
+func (r *Recorder) Release(worker string, bucket int, token, final uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := tenureKey{bucket, token}
+	t, ok := r.open[worker][k]
+	if !ok {
+		r.errorf("%s released bucket %d at token %d without holding it", worker, bucket, token)
+		return
+	}
+	t.End, t.Final = Released, final
+	delete(r.open[worker], k)
+}
+
+// Crash records that every tenure worker still holds ended without a
+// release (its process was killed, or its session was lost).
+func (r *Recorder) Crash(worker string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, t := range r.open[worker] {
+		t.End = Crashed
+		delete(r.open[worker], k)
+	}
+}
+
+// Tenures returns a copy of every tenure recorded, by bucket then token.
+func (r *Recorder) Tenures() []Tenure {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Tenure, 0, len(r.tenures))
+	for _, t := range r.tenures {
+		c := *t
+		c.handled = slices.Clone(t.handled)
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Bucket != out[j].Bucket {
+			return out[i].Bucket < out[j].Bucket
+		}
+		return out[i].Token < out[j].Token
+	})
+	return out
+}
