@@ -1,7 +1,10 @@
-// Package kafka is the overflow router's Kafka producer adapter: it routes
+// Package kafka is Keyshard's Kafka adapter. The overflow router routes
 // keyed records to a main or an overflow topic by a hotkey.Policy and
 // produces them with a franz-go client, and its Barrier lets consumers of
-// either lane honour the order of a key that moves between lanes.
+// either lane honour the order of a key that moves between lanes. A
+// PartitionReader reads one partition as the shared stream of a stream
+// keyspace's workers (client/stream): a record's position is its offset,
+// and a bucket's committed position is the next offset to read for it.
 //
 // It is a module of its own, github.com/keyshard/keyshard/kafka, so that
 // programs using the SDK (package client) do not depend on franz-go or

@@ -31,7 +31,7 @@ require (
 	github.com/keyshard/keyshard/client v0.0.0-00010101000000-000000000000
 	github.com/keyshard/keyshard/clock v0.0.0-00010101000000-000000000000
 	github.com/keyshard/keyshard/hotkey v0.0.0-00010101000000-000000000000
-	github.com/keyshard/keyshard/placement v0.0.0-00010101000000-000000000000 // indirect
+	github.com/keyshard/keyshard/placement v0.0.0-00010101000000-000000000000
 )
 
 replace (
