@@ -110,6 +110,9 @@ and changes nothing.`,
 				what := "every bucket"
 				if !all {
 					what = fmt.Sprintf("%d buckets (%s)", len(buckets), formatBuckets(buckets))
+					if len(buckets) == 1 {
+						what = fmt.Sprintf("bucket %d", buckets[0])
+					}
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "would reset %s of keyspace %s to position %d; they are at %s now\n", what, ks, position, positionRange(p, buckets))
 				return errors.New("nothing reset: add --yes to reset")
@@ -262,11 +265,11 @@ func printPositions(out io.Writer, ks string, p client.Positions) error {
 	if len(p.Runs) <= fewRuns {
 		fmt.Fprintln(out, "\nruns:")
 		for _, r := range p.Runs {
-			span := strconv.Itoa(r.First)
+			span := "bucket " + strconv.Itoa(r.First)
 			if r.Count > 1 {
-				span = fmt.Sprintf("%d-%d", r.First, r.First+r.Count-1)
+				span = fmt.Sprintf("buckets %d-%d", r.First, r.First+r.Count-1)
 			}
-			fmt.Fprintf(out, "  buckets %s at %d\n", span, r.Position)
+			fmt.Fprintf(out, "  %s at %d\n", span, r.Position)
 		}
 	} else {
 		fmt.Fprintf(out, "\n%d runs (more than %d; --json lists them)\n", len(p.Runs), fewRuns)

@@ -87,9 +87,9 @@ func (a *adminService) ResetPositions(ctx context.Context, req *connect.Request[
 		var he *store.HeldError
 		if errors.As(err, &he) {
 			if he.Reason == store.HeldUnfolded {
-				return nil, failedPrecondition("reset positions of keyspace %q: %v; retry in a moment, once the leader has folded them. Nothing was reset", name, he)
+				return nil, failedPrecondition("%v; retry in a moment, once the leader has folded them. Nothing was reset", he)
 			}
-			return nil, failedPrecondition("reset positions of keyspace %q: %v; drain the member (keyshard drain %s %s) or stop it first. Nothing was reset", name, he, name, he.Member)
+			return nil, failedPrecondition("%v; drain the member (keyshard drain %s %s) or stop it first. Nothing was reset", he, name, he.Member)
 		}
 		return nil, apiError(err)
 	}
