@@ -74,7 +74,8 @@ const PositionChunk = 4096
 // that no holder's positions cover, run-length encoded: runs of buckets at
 // one position, sorted by First, neither overlapping nor adjacent at an
 // equal position, each at a position > 0. A bucket no run covers is at 0,
-// the start of the stream. Only the leader writes it.
+// the start of the stream. The leader writes it (and an admin's reset, of
+// buckets nobody holds).
 type BucketPositions struct {
 	Runs []PositionRun
 }
