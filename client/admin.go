@@ -193,3 +193,67 @@ func (a *Admin) ListHotKeyPools(ctx context.Context) ([]HotKeyPool, error) {
 	}
 	return out, nil
 }
+
+// MaxPositionsBehind is the most buckets Admin.Positions lists as
+// furthest behind.
+const MaxPositionsBehind = 1000
+
+// Positions returns the committed positions of stream keyspace keyspace:
+// the minimum, maximum and spread over every bucket, every bucket's
+// position in runs, and the behind buckets furthest behind with their
+// holders (0 means 10; at most MaxPositionsBehind). It returns an error
+// wrapping ErrNotFound for an unknown keyspace, ErrInvalid for one that is
+// not a stream keyspace or a bad behind.
+func (a *Admin) Positions(ctx context.Context, keyspace string, behind int) (Positions, error) {
+	if err := validName("Admin.Positions", "keyspace name", keyspace); err != nil {
+		return Positions{}, err
+	}
+	if behind < 0 || behind > MaxPositionsBehind {
+		return Positions{}, argError("Admin.Positions", "behind", "%d is outside [0, %d]", behind, MaxPositionsBehind)
+	}
+	resp, err := call(ctx, a.c, adminAPI.GetPositions, &keyshardv1.GetPositionsRequest{Keyspace: keyspace, Behind: uint32(behind)})
+	if err != nil {
+		return Positions{}, fmt.Errorf("get positions of keyspace %q: %w", keyspace, err)
+	}
+	return positionsFromProto(resp), nil
+}
+
+// ResetPositions sets the committed position of buckets of stream
+// keyspace keyspace to position, also backwards (disaster recovery: a
+// stream restored from a backup). The buckets must be held by nobody:
+// drain or stop their holders first. If one is held, nothing is reset and
+// the error (wrapping ErrImmutable: the server answers
+// FailedPrecondition) names the bucket and its holder. Buckets must be in
+// the keyspace's range and listed once (ErrInvalid).
+func (a *Admin) ResetPositions(ctx context.Context, keyspace string, buckets []int, position uint64) (PositionsReset, error) {
+	if err := validName("Admin.ResetPositions", "keyspace name", keyspace); err != nil {
+		return PositionsReset{}, err
+	}
+	if len(buckets) == 0 {
+		return PositionsReset{}, argError("Admin.ResetPositions", "buckets", "is empty; use ResetAllPositions to reset every bucket")
+	}
+	in := make([]uint32, len(buckets))
+	for i, b := range buckets {
+		if b < 0 || b >= 65536 {
+			return PositionsReset{}, argError("Admin.ResetPositions", "buckets", "entry %d: %d is outside [0, 65536)", i, b)
+		}
+		in[i] = uint32(b)
+	}
+	return a.resetPositions(ctx, &keyshardv1.ResetPositionsRequest{Keyspace: keyspace, Buckets: in, Position: position})
+}
+
+// ResetAllPositions is ResetPositions for every bucket of the keyspace.
+func (a *Admin) ResetAllPositions(ctx context.Context, keyspace string, position uint64) (PositionsReset, error) {
+	if err := validName("Admin.ResetAllPositions", "keyspace name", keyspace); err != nil {
+		return PositionsReset{}, err
+	}
+	return a.resetPositions(ctx, &keyshardv1.ResetPositionsRequest{Keyspace: keyspace, AllBuckets: true, Position: position})
+}
+
+func (a *Admin) resetPositions(ctx context.Context, req *keyshardv1.ResetPositionsRequest) (PositionsReset, error) {
+	resp, err := call(ctx, a.c, adminAPI.ResetPositions, req)
+	if err != nil {
+		return PositionsReset{}, fmt.Errorf("reset positions of keyspace %q: %w", req.GetKeyspace(), err)
+	}
+	return PositionsReset{Buckets: int(resp.GetBuckets()), Revision: resp.GetRevision()}, nil
+}

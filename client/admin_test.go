@@ -90,6 +90,21 @@ func TestAdminBadInput(t *testing.T) {
 	checkArgError(t, "DrainMember", a.DrainMember(ctx, "rooms", ""), "Admin.DrainMember", "member id", "is empty")
 	_, err := a.ListMembers(ctx, "")
 	checkArgError(t, "ListMembers", err, "Admin.ListMembers", "keyspace name", "is empty")
+	_, err = a.Positions(ctx, "ev", 1001)
+	checkArgError(t, "Positions", err, "Admin.Positions", "behind", "1001 is outside [0, 1000]")
+	_, err = a.Positions(ctx, "", 0)
+	checkArgError(t, "Positions", err, "Admin.Positions", "keyspace name", "is empty")
+	_, err = a.ResetPositions(ctx, "ev", nil, 5)
+	checkArgError(t, "ResetPositions", err, "Admin.ResetPositions", "buckets", "is empty; use ResetAllPositions")
+	_, err = a.ResetPositions(ctx, "ev", []int{3, -1}, 5)
+	checkArgError(t, "ResetPositions", err, "Admin.ResetPositions", "buckets", "entry 1: -1 is outside [0, 65536)")
+	_, err = a.ResetAllPositions(ctx, "bad name", 5)
+	checkArgError(t, "ResetAllPositions", err, "Admin.ResetAllPositions", "keyspace name", "has ' ' at byte 3")
+	for _, proc := range []string{"CreateKeyspace", "GetPositions", "ResetPositions"} {
+		if n := f.CallCount("/keyshard.v1.AdminService/" + proc); n != 0 {
+			t.Errorf("%d %s calls reached the server; bad input must be refused locally", n, proc)
+		}
+	}
 	if n := f.CallCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
 		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
 	}

@@ -448,3 +448,53 @@ func timeFromProto(t *timestamppb.Timestamp) time.Time {
 	}
 	return t.AsTime()
 }
+
+// Positions is the answer of Admin.Positions: a stream keyspace's
+// committed positions. A position is the position of the next event to
+// read for a bucket; a held bucket's is its holder's last commit, or its
+// grant's from.
+type Positions struct {
+	Min, Max uint64
+	Spread   uint64 // Max - Min
+	// Runs cover every bucket, in bucket order.
+	Runs []PositionRun
+	// Behind are the buckets furthest behind, lowest position first.
+	Behind []BucketBehind
+	// Epoch is the epoch of the keyspace's map; Revision the store
+	// revision the answer was read at.
+	Epoch    uint64
+	Revision uint64
+}
+
+// PositionRun says that the Count buckets from First on are at Position.
+type PositionRun struct {
+	First, Count int
+	Position     uint64
+}
+
+// BucketBehind is a bucket among those furthest behind, with its holder:
+// Member and Token are empty and 0 if nobody holds it.
+type BucketBehind struct {
+	Bucket   int
+	Position uint64
+	Member   string
+	Token    uint64
+}
+
+// PositionsReset is the answer of Admin.ResetPositions: how many buckets
+// were reset, at which store revision.
+type PositionsReset struct {
+	Buckets  int
+	Revision uint64
+}
+
+func positionsFromProto(r *keyshardv1.GetPositionsResponse) Positions {
+	p := Positions{Min: r.GetMin(), Max: r.GetMax(), Spread: r.GetSpread(), Epoch: r.GetEpoch(), Revision: r.GetRevision()}
+	for _, run := range r.GetRuns() {
+		p.Runs = append(p.Runs, PositionRun{First: int(run.GetFirst()), Count: int(run.GetCount()), Position: run.GetPosition()})
+	}
+	for _, b := range r.GetBehind() {
+		p.Behind = append(p.Behind, BucketBehind{Bucket: int(b.GetBucket()), Position: b.GetPosition(), Member: b.GetMember(), Token: b.GetToken()})
+	}
+	return p
+}

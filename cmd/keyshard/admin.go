@@ -218,7 +218,7 @@ func addAdminCommands(root *cobra.Command) {
 		}),
 	}
 
-	for _, cmd := range []*cobra.Command{status, keyspace, members, mapCmd, drain} {
+	for _, cmd := range []*cobra.Command{status, keyspace, members, mapCmd, drain, newPositions(&c)} {
 		c.register(cmd)
 		root.AddCommand(cmd)
 	}

@@ -31,6 +31,7 @@ var codeTable = []struct {
 	{store.ErrLeaseNotFound, connect.CodeNotFound},
 	{store.ErrExists, connect.CodeAlreadyExists},
 	{store.ErrImmutable, connect.CodeFailedPrecondition},
+	{store.ErrHeld, connect.CodeFailedPrecondition},
 	{store.ErrConflict, connect.CodeAborted},
 	{store.ErrFenced, connect.CodeAborted},
 	{store.ErrTooLarge, connect.CodeResourceExhausted},

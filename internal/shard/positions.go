@@ -74,7 +74,8 @@ const PositionChunk = 4096
 // that no holder's positions cover, run-length encoded: runs of buckets at
 // one position, sorted by First, neither overlapping nor adjacent at an
 // equal position, each at a position > 0. A bucket no run covers is at 0,
-// the start of the stream. Only the leader writes it.
+// the start of the stream. The leader writes it (and an admin's reset, of
+// buckets nobody holds).
 type BucketPositions struct {
 	Runs []PositionRun
 }
@@ -144,4 +145,65 @@ func Positions(g Grants, c Commit, base BucketPositions) []uint64 {
 		out[i] = max(p, base.Position(bt.Bucket))
 	}
 	return out
+}
+
+// Holder is who holds a bucket: a member and the token of its grant; the
+// zero Holder means nobody does.
+type Holder struct {
+	Member string
+	Token  uint64
+}
+
+// HeldPositions is the input of KeyspacePositions: what a stream keyspace
+// stores, by member id. Releases of a member count only if they belong
+// to the session of its grants (the caller checks the leases).
+type HeldPositions struct {
+	Buckets  int
+	Grants   map[string]Grants
+	Commits  map[string]Commit
+	Releases map[string]Releases
+	Base     BucketPositions
+}
+
+// KeyspacePositions returns every bucket's committed position, [0,
+// in.Buckets), and its holder, as the leader would fold them if every
+// holder gave its buckets up now:
+//
+//   - a held bucket is at Positions(grants, the holder's commit, base),
+//     and at the final position of the holder's release of it if that is
+//     higher and the release is at the grant's token (a release the leader
+//     has not processed yet);
+//   - any other bucket is at base.
+//
+// A bucket that two members' grants name (which the leader never writes)
+// counts as held by the grant with the higher token. Buckets outside the
+// keyspace are ignored.
+func KeyspacePositions(in HeldPositions) ([]uint64, []Holder) {
+	pos := in.Base.Dense(in.Buckets)
+	holders := make([]Holder, in.Buckets)
+	ids := make([]string, 0, len(in.Grants))
+	for id := range in.Grants {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		g := in.Grants[id]
+		rel := map[int]BucketToken{}
+		for _, bt := range in.Releases[id].Buckets {
+			rel[bt.Bucket] = bt
+		}
+		eff := Positions(g, in.Commits[id], in.Base)
+		for i, bt := range g.Buckets {
+			b := bt.Bucket
+			if b < 0 || b >= in.Buckets || holders[b].Token > bt.Token {
+				continue
+			}
+			p := eff[i]
+			if r, ok := rel[b]; ok && r.Token == bt.Token {
+				p = max(p, r.Position)
+			}
+			pos[b], holders[b] = p, Holder{Member: id, Token: bt.Token}
+		}
+	}
+	return pos, holders
 }

@@ -34,7 +34,8 @@
 //	quarantine/<ks>/<id>  Quarantine {"session","buckets":[b]}  leader Commit         its own, one TTL
 //	positions/<ks>/<id>   Commit {"session","max_token",        the member            none; the leader
 //	                        "default","exceptions":[[b,t,p]]}                         folds and deletes it
-//	bucketpos/<ks>/<c>    BucketPositions                       leader Commit         none
+//	bucketpos/<ks>/<c>    BucketPositions                       leader Commit,        none
+//	                                                            admin ResetPositions
 //	                        {"runs":[[first,count,p]]}
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
@@ -83,7 +84,9 @@
 // CommitPositions (a stream keyspace's positions: one value per member,
 // checked against its grants, its previous commit and its session in the
 // transaction that writes it; ErrNotHeld, ErrBackwards or ErrInvalid refuse
-// it whole) and DeleteMember; the API writes keyspaces and drain requests, hot-key pools
+// it whole) and DeleteMember; the API writes keyspaces and drain requests,
+// a stream keyspace's bucket positions (ResetPositions, only of buckets
+// nobody holds, compared against everything it read), hot-key pools
 // (PutHotPool, CreateHotPool) and producers' reports (PutHotReport, only
 // into an existing pool). The leader writes only through Commit: one etcd
 // transaction guarded by CreateRevision(Fence.LeaderKey) == Fence.LeaderRev

@@ -24,8 +24,9 @@ import (
 //     from chunk*PositionChunk on that no holder covers, run-length
 //     encoded: {"runs":[[first,count,position],...]}, runs sorted, inside
 //     the chunk, neither overlapping nor adjacent at one position, each at
-//     a position > 0 (a bucket no run covers is at 0). Only the leader
-//     writes them (PutBucketPositions in a fenced Commit); a change rewrites
+//     a position > 0 (a bucket no run covers is at 0). The leader writes
+//     them (PutBucketPositions in a fenced Commit), and an admin's
+//     ResetPositions for buckets nobody holds; a change rewrites
 //     only the chunks it touches, and even 65,536 distinct positions keep
 //     each value near 130 KB.
 
