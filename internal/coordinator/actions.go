@@ -39,10 +39,17 @@ type WriteGrants struct {
 	// position after that. Positions is the bucket positions the round
 	// writes in place of WasPositions, as read (only the pieces that
 	// differ); Folded are the members whose commit records, of a session
-	// that has ended, the round folded and deletes. Expects covers the
-	// commit records and the pieces of the bucket positions read.
+	// that has ended, the round folded and deletes. Held are the copies of
+	// grants the round writes (without a lease), Unheld the members whose
+	// copies it deletes: it writes a copy with every member's grants it
+	// writes, and deletes one once its session has ended (with the
+	// session's commit record, if any) or holds nothing and never
+	// committed. Expects covers the commit records, the copies and the
+	// pieces of the bucket positions read.
 	Positions, WasPositions shard.BucketPositions
 	Folded                  []string
+	Held                    map[string]shard.Held
+	Unheld                  []string
 }
 
 // RevokeSession ends a member's session (etcd lease revoke): its member

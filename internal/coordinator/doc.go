@@ -33,7 +33,9 @@
 //     holder's committed one) into the keyspace's bucket positions, and a
 //     grant starts at them, so a position moves with its bucket and never
 //     back. A commit record of an ended session is folded and deleted
-//     before its member's new session is granted anything (positions.go).
+//     before its member's new session is granted anything, from the
+//     unleased copy of the session's grants, so exactly even when this
+//     machine never saw the grants (positions.go).
 //
 // # Lifecycle
 //

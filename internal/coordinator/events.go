@@ -109,6 +109,19 @@ type BucketPosDeleted struct {
 	Chunk    int
 }
 
+// HeldPut: the copy of a member's grants in a stream keyspace was
+// written (by the leader, with the grants). It has no lease: it outlives
+// the session whose grants it copies.
+type HeldPut struct {
+	Keyspace, ID string
+	Held         shard.Held
+	Rev          Rev
+}
+
+// HeldDeleted: the copy of a member's grants is gone (the leader folded
+// its session's commit record, or the session ended or holds nothing).
+type HeldDeleted struct{ Keyspace, ID string }
+
 // Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
 type Tick struct{}
 
@@ -149,6 +162,8 @@ func (CommitPut) isEvent()         {}
 func (CommitDeleted) isEvent()     {}
 func (BucketPosPut) isEvent()      {}
 func (BucketPosDeleted) isEvent()  {}
+func (HeldPut) isEvent()           {}
+func (HeldDeleted) isEvent()       {}
 func (QuarantinePut) isEvent()     {}
 func (QuarantineDeleted) isEvent() {}
 func (Reset) isEvent()             {}

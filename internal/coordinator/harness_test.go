@@ -50,6 +50,17 @@ type world struct {
 	commitRev map[string]map[string]coordinator.Rev
 	bpos      map[string]shard.BucketPositions
 	bposRev   map[string]coordinator.Rev
+	// held are the copies of the members' grants (no lease: they outlive
+	// the session).
+	held    map[string]map[string]shard.Held
+	heldRev map[string]map[string]coordinator.Rev
+	// lastGrants are, per member, the grants its session held when etcd
+	// deleted them with its lease: what a fold of its commit record must
+	// cover.
+	lastGrants map[string]map[string]shard.Grants
+	// lateFolds are the "ks/id" whose commit records a leader loaded
+	// after their session's grants were gone.
+	lateFolds map[string]bool
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
@@ -93,6 +104,10 @@ func newWorld() *world {
 		commitRev:  map[string]map[string]coordinator.Rev{},
 		bpos:       map[string]shard.BucketPositions{},
 		bposRev:    map[string]coordinator.Rev{},
+		held:       map[string]map[string]shard.Held{},
+		heldRev:    map[string]map[string]coordinator.Rev{},
+		lastGrants: map[string]map[string]shard.Grants{},
+		lateFolds:  map[string]bool{},
 		floor:      map[string]map[int]posFloor{},
 
 		replacedAt: map[shard.LeaseID]time.Time{},
@@ -138,6 +153,9 @@ func (w *world) createKeyspace(ks shard.Keyspace) []coordinator.Action {
 	w.drains[ks.Name] = map[string]coordinator.DrainPut{}
 	w.commits[ks.Name] = map[string]shard.Commit{}
 	w.commitRev[ks.Name] = map[string]coordinator.Rev{}
+	w.held[ks.Name] = map[string]shard.Held{}
+	w.heldRev[ks.Name] = map[string]coordinator.Rev{}
+	w.lastGrants[ks.Name] = map[string]shard.Grants{}
 	w.floor[ks.Name] = map[int]posFloor{}
 	return w.step(coordinator.KeyspacePut{Keyspace: ks})
 }
@@ -215,6 +233,7 @@ func (w *world) expire(ks, id string, session shard.LeaseID) []coordinator.Actio
 		evs = append(evs, coordinator.ReleasesDeleted{Keyspace: ks, ID: id})
 	}
 	if g, ok := w.grants[ks][id]; ok && g.Session == session {
+		w.lastGrants[ks][id] = g
 		delete(w.grants[ks], id)
 		delete(w.grantRev[ks], id)
 		evs = append(evs, coordinator.GrantsDeleted{Keyspace: ks, ID: id})
@@ -334,6 +353,7 @@ func (w *world) apply() []coordinator.Action {
 				evs = append(evs, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: w.rev})
 			}
 			evs = append(evs, w.writePositions(a)...)
+			evs = append(evs, w.writeHeld(a)...)
 			w.tokens[a.Keyspace], w.tokenRev[a.Keyspace] = a.Token, w.rev
 			evs = append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: w.rev})
 			w.checkExclusive(a.Keyspace)
@@ -494,6 +514,10 @@ func (w *world) expectsHold(a coordinator.WriteGrants) bool {
 			}
 		case coordinator.KeyBucketPos:
 			if e.Chunk != 0 && e.Rev != 0 || e.Chunk == 0 && w.bposRev[a.Keyspace] != e.Rev {
+				return false
+			}
+		case coordinator.KeyHeld:
+			if w.heldRev[a.Keyspace][e.ID] != e.Rev {
 				return false
 			}
 		}

@@ -45,14 +45,15 @@ type keyspace struct {
 
 	// Stream keyspaces: the members' commit records, the pieces of the
 	// bucket positions, the final positions releases carry (member →
-	// bucket → position), and the last grants of each member whose grants
-	// vanished with their session, kept until its commit record is folded.
+	// bucket → position), and the copies of the members' grants, which
+	// outlive their sessions until the leader folds their commit records.
 	commits   map[string]shard.Commit
 	commitRev map[string]Rev
 	chunks    map[int]shard.BucketPositions
 	chunkRev  map[int]Rev
 	relPos    map[string]map[int]uint64
-	ended     map[string]shard.Grants
+	held      map[string]shard.Held
+	heldRev   map[string]Rev
 
 	waitSince map[int]time.Time // bucket → since when its holder is asked to release
 
@@ -95,7 +96,8 @@ func (m *Machine) ks(name string) *keyspace {
 			chunks:         map[int]shard.BucketPositions{},
 			chunkRev:       map[int]Rev{},
 			relPos:         map[string]map[int]uint64{},
-			ended:          map[string]shard.Grants{},
+			held:           map[string]shard.Held{},
+			heldRev:        map[string]Rev{},
 		}
 		m.keyspaces[name] = k
 	}
@@ -181,9 +183,6 @@ func (m *Machine) apply(ev Event) {
 				k.revoked[e.ID] = g.Session
 			}
 			delete(k.revokeInflight, g.Session)
-			if k.cfg.Mode == shard.ModeStream {
-				k.ended[e.ID] = g
-			}
 		}
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
@@ -209,7 +208,13 @@ func (m *Machine) apply(ev Event) {
 		k := m.ks(e.Keyspace)
 		delete(k.commits, e.ID)
 		delete(k.commitRev, e.ID)
-		delete(k.ended, e.ID)
+	case HeldPut:
+		k := m.ks(e.Keyspace)
+		k.held[e.ID], k.heldRev[e.ID] = e.Held, e.Rev
+	case HeldDeleted:
+		k := m.ks(e.Keyspace)
+		delete(k.held, e.ID)
+		delete(k.heldRev, e.ID)
 	case BucketPosPut:
 		k := m.ks(e.Keyspace)
 		k.chunks[e.Chunk], k.chunkRev[e.Chunk] = e.Positions, e.Rev
@@ -277,6 +282,10 @@ func eventKeyspace(ev Event) string {
 	case CommitPut:
 		return e.Keyspace
 	case CommitDeleted:
+		return e.Keyspace
+	case HeldPut:
+		return e.Keyspace
+	case HeldDeleted:
 		return e.Keyspace
 	case BucketPosPut:
 		return e.Keyspace

@@ -19,9 +19,20 @@ import (
 //
 // A commit record whose session has ended (its member record is gone or on
 // another session, and no grants of that session remain) is folded for
-// every bucket the session held, from the grants the machine saw last, and
-// deleted in the same round: until then the member's new session is
-// granted nothing, and the store refuses its commits.
+// every bucket the session held, and deleted in the same round: until
+// then the member's new session is granted nothing, and the store refuses
+// its commits. The buckets the session held, and their tokens, which the
+// commit's Default covers by token, come from the copy of its grants (the
+// member's Held), not from the grants: those vanished with the session's
+// lease, possibly before this machine (a new leader, or one whose watch
+// resynced) ever saw them. The copy has no lease; every round that writes
+// a member's grants writes it too, in the same transaction and with an
+// expectation on both, so it names exactly what the session held when it
+// ended. The round that folds the commit record deletes the copy; so does
+// the first round after the session ended without a commit record, or
+// the round that leaves a session that never committed holding nothing.
+// A commit record with no copy of its session folds nothing: the session
+// held nothing the leader granted.
 
 // fold is one grant round's changes to a stream keyspace's bucket
 // positions. A nil *fold (exclusive keyspaces) changes nothing.
@@ -33,6 +44,7 @@ type fold struct {
 	read   map[string]bool // members whose commit records the round read
 	chunks map[int]bool    // pieces of the bucket positions the round read
 	folded []string        // ended commit records folded, to delete
+	unheld []string        // copies of grants of ended sessions, to delete
 }
 
 // newFold starts a round's fold: for a stream keyspace, it folds every
@@ -50,46 +62,49 @@ func (k *keyspace) newFold() *fold {
 
 	for _, id := range slices.Sorted(maps.Keys(k.commits)) {
 		c := k.commits[id]
-		if mem, ok := k.members[id]; ok && mem.Session == c.Session {
-			continue // the session is live
+		if !k.ended(id, c.Session) {
+			continue // live, or a superseded session that still holds its grants: folded once it is revoked
 		}
-		if k.grants[id].Session == c.Session {
-			continue // a superseded session that still holds its grants: folded once it is revoked
-		}
-		g := k.ended[id]
-		if g.Session != c.Session {
-			// The grants of the session are not known (they vanished
-			// before this term began): only the exceptions name their
-			// buckets. Default covered buckets that cannot be told apart,
-			// which their next holders resume from the bucket positions.
-			g = shard.Grants{Session: c.Session}
-			for _, e := range c.Exceptions {
-				g.Buckets = append(g.Buckets, shard.BucketToken{Bucket: e.Bucket, Token: e.Token})
+		if h, ok := k.held[id]; ok && h.Session == c.Session {
+			g := shard.Grants(h)
+			for i, p := range shard.Positions(g, c, f.was) {
+				f.raise(g.Buckets[i].Bucket, p)
 			}
-		}
-		for i, p := range shard.Positions(g, c, f.was) {
-			f.raise(g.Buckets[i].Bucket, p)
 		}
 		f.read[id] = true
 		f.folded = append(f.folded, id)
 	}
-	// Ended grants without a commit record of their session have nothing
-	// to fold: their positions are their grants' From, never above the
-	// bucket positions.
-	for id := range k.ended {
-		if !slices.Contains(f.folded, id) {
-			delete(k.ended, id)
+	// The copies of ended sessions go, with their commit records or, if
+	// the session never committed, alone: its positions are its grants'
+	// From, never above the bucket positions. The round expects the
+	// member's commit record as read (absent, or of another session), so
+	// it is folded first should one land.
+	for _, id := range slices.Sorted(maps.Keys(k.held)) {
+		if k.ended(id, k.held[id].Session) {
+			f.read[id] = true
+			f.unheld = append(f.unheld, id)
 		}
 	}
 	return f
+}
+
+// ended reports whether member id's session s has ended as far as the
+// machine knows: the member record is not on it and no grants of it
+// remain.
+func (k *keyspace) ended(id string, s shard.LeaseID) bool {
+	if mem, ok := k.members[id]; ok && mem.Session == s {
+		return false
+	}
+	return k.grants[id].Session != s
 }
 
 // folds reports whether the round folds member id's commit record.
 func (f *fold) folds(id string) bool { return f != nil && slices.Contains(f.folded, id) }
 
 // changes reports whether the round must be written for the fold alone:
-// it folds a commit record of an ended session.
-func (f *fold) changes() bool { return f != nil && len(f.folded) > 0 }
+// it folds a commit record of an ended session or deletes a copy of
+// grants.
+func (f *fold) changes() bool { return f != nil && (len(f.folded) > 0 || len(f.unheld) > 0) }
 
 // raise folds position p of bucket b.
 func (f *fold) raise(b int, p uint64) {
@@ -137,6 +152,36 @@ func (f *fold) finish(a *WriteGrants) {
 	}
 	a.WasPositions, a.Positions = f.was, shard.NewBucketPositions(f.pos)
 	a.Folded = f.folded
+	// The copies of the grants the round writes, and of ended sessions.
+	copies := map[string]bool{}
+	for id, g := range a.Grants {
+		copies[id] = true
+		if len(g.Buckets) == 0 && f.k.commits[id].Session != g.Session {
+			continue // holds nothing and never committed: nothing to fold, no copy
+		}
+		h := shard.Held{Session: g.Session, Buckets: make([]shard.BucketToken, len(g.Buckets))}
+		for i, bt := range g.Buckets {
+			h.Buckets[i] = shard.BucketToken{Bucket: bt.Bucket, Token: bt.Token}
+		}
+		if a.Held == nil {
+			a.Held = map[string]shard.Held{}
+		}
+		a.Held[id] = h
+	}
+	for _, id := range f.unheld {
+		copies[id] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(copies)) {
+		if _, put := a.Held[id]; put {
+			continue
+		}
+		if _, ok := f.k.held[id]; ok {
+			a.Unheld = append(a.Unheld, id)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(copies)) {
+		a.Expects = append(a.Expects, Expect{Kind: KeyHeld, ID: id, Rev: f.k.heldRev[id]})
+	}
 	for _, id := range slices.Sorted(maps.Keys(f.read)) {
 		a.Expects = append(a.Expects, Expect{Kind: KeyCommit, ID: id, Rev: f.k.commitRev[id]})
 	}

@@ -10,19 +10,21 @@ import (
 
 // posFloor is what the next grant of a stream bucket must start at or
 // above: pos, the highest effective position its holders committed, set
-// by session (at the token it held the bucket by). gap says that a leader
-// failover lowered pos (see loadStream).
+// by session (at the token it held the bucket by).
 type posFloor struct {
 	pos     uint64
 	session shard.LeaseID
 	token   uint64
-	gap     bool
 }
 
 // streamStats counts what a stream history exercised, so that a test
 // can tell it checked something.
 type streamStats struct {
-	commits, folded, resumed, gaps int
+	commits, folded, resumed int
+	// crashFolds counts the folds of a commit record of a session that
+	// held buckets when it ended, and lateFolds those of them that a
+	// leader made that had not seen the session's grants.
+	crashFolds, lateFolds int
 }
 
 // effective returns the effective positions of what member id's session
@@ -133,33 +135,17 @@ func (w *world) commit(ks, id string, bump uint64, all bool, picks []int, ahead 
 }
 
 // loadStream returns the events that load a stream keyspace's positions
-// into a new leader, and accounts for the one position a failover may
-// lose. A commit record of a session whose grants are gone and that the
-// old leader had not folded is folded by the new one from its exceptions
-// alone: it never saw the grants, so it cannot tell which buckets Default
-// covered. Those buckets fall back to the bucket positions (never below);
-// their floor becomes what the exceptions say.
+// and copies of grants into a new leader.
 func (w *world) loadStream(ks string) []coordinator.Event {
 	var evs []coordinator.Event
 	for id, c := range w.commits[ks] {
 		evs = append(evs, coordinator.CommitPut{Keyspace: ks, ID: id, Commit: c, Rev: w.commitRev[ks][id]})
-		if w.grants[ks][id].Session == c.Session {
-			continue // the new leader sees the grants: nothing is lost
+		if w.grants[ks][id].Session != c.Session && w.lastGrants[ks][id].Session == c.Session && len(w.lastGrants[ks][id].Buckets) > 0 {
+			w.lateFolds[ks+"/"+id] = true // the new leader never sees these grants
 		}
-		for b, f := range w.floor[ks] {
-			if f.session != c.Session {
-				continue
-			}
-			var fallback uint64
-			if e, ok := c.Exception(b); ok && e.Token == f.token {
-				fallback = e.Position
-			}
-			if fallback < f.pos {
-				w.stats.gaps++
-				f.pos, f.gap = fallback, true
-				w.floor[ks][b] = f
-			}
-		}
+	}
+	for id, h := range w.held[ks] {
+		evs = append(evs, coordinator.HeldPut{Keyspace: ks, ID: id, Held: h, Rev: w.heldRev[ks][id]})
 	}
 	if w.bposRev[ks] != 0 {
 		evs = append(evs, coordinator.BucketPosPut{Keyspace: ks, Chunk: 0, Positions: w.bpos[ks], Rev: w.bposRev[ks]})
@@ -205,7 +191,7 @@ func (w *world) checkFrom(a coordinator.WriteGrants) {
 				w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below its bucket position %d", b, id, bt.Position, base))
 			}
 			if f := w.floor[ks][b]; bt.Position < f.pos {
-				w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below %d committed by session %v (gap %v)", b, id, bt.Position, f.pos, f.session, f.gap))
+				w.violation = append(w.violation, fmt.Sprintf("bucket %d granted to %s from %d, below %d committed by session %v", b, id, bt.Position, f.pos, f.session))
 			}
 			for hid, rel := range w.releases[ks] {
 				for _, r := range rel {
@@ -238,6 +224,26 @@ func (w *world) writePositions(a coordinator.WriteGrants) []coordinator.Event {
 			w.violation = append(w.violation, fmt.Sprintf("bucket %d's position moved back from %d to %d", b, was[b], now[b]))
 		}
 	}
+	// A fold of an ended session's commit record puts each bucket the
+	// session held when it ended at exactly its effective position under
+	// that record (which the store computes from the grants the leader
+	// may never have seen): no lower, or its next holder reprocesses
+	// events from before the bucket's last commit.
+	for _, id := range a.Folded {
+		c, g := w.commits[ks][id], w.lastGrants[ks][id]
+		if g.Session != c.Session || len(g.Buckets) == 0 {
+			continue
+		}
+		w.stats.crashFolds++
+		if w.lateFolds[ks+"/"+id] {
+			w.stats.lateFolds++
+		}
+		for i, p := range shard.Positions(g, c, w.bpos[ks]) {
+			if b := g.Buckets[i].Bucket; now[b] != p {
+				w.violation = append(w.violation, fmt.Sprintf("fold of %s's commit %+v: bucket %d (token %d) at %d; want its committed position %d", id, c, b, g.Buckets[i].Token, now[b], p))
+			}
+		}
+	}
 	if !slices.Equal(was, now) {
 		w.bpos[ks] = shard.NewBucketPositions(now)
 		if len(w.bpos[ks].Runs) == 0 {
@@ -252,7 +258,80 @@ func (w *world) writePositions(a coordinator.WriteGrants) []coordinator.Event {
 		w.stats.folded++
 		delete(w.commits[ks], id)
 		delete(w.commitRev[ks], id)
+		delete(w.lateFolds, ks+"/"+id)
 		evs = append(evs, coordinator.CommitDeleted{Keyspace: ks, ID: id})
 	}
 	return evs
+}
+
+// writeHeld lands a grant round's copies of grants, each covered by an
+// expectation, and checks that the copy of every member's grants names
+// exactly the buckets and tokens they do. It returns the events.
+func (w *world) writeHeld(a coordinator.WriteGrants) []coordinator.Event {
+	ks := a.Keyspace
+	if w.keyspaces[ks].Mode != shard.ModeStream {
+		if len(a.Held) > 0 || len(a.Unheld) > 0 {
+			w.violation = append(w.violation, fmt.Sprintf("exclusive keyspace %s: grant round writes copies %v, deletes %v", ks, a.Held, a.Unheld))
+		}
+		return nil
+	}
+	expected := map[string]bool{}
+	for _, e := range a.Expects {
+		if e.Kind == coordinator.KeyHeld {
+			expected[e.ID] = true
+		}
+	}
+	var evs []coordinator.Event
+	for id, h := range a.Held {
+		if !expected[id] {
+			w.violation = append(w.violation, fmt.Sprintf("copy of %s's grants written without an expectation", id))
+		}
+		w.held[ks][id], w.heldRev[ks][id] = h, w.rev
+		evs = append(evs, coordinator.HeldPut{Keyspace: ks, ID: id, Held: h, Rev: w.rev})
+	}
+	for _, id := range a.Unheld {
+		if !expected[id] {
+			w.violation = append(w.violation, fmt.Sprintf("copy of %s's grants deleted without an expectation", id))
+		}
+		if _, ok := a.Held[id]; ok {
+			w.violation = append(w.violation, fmt.Sprintf("copy of %s's grants both written and deleted", id))
+		}
+		delete(w.held[ks], id)
+		delete(w.heldRev[ks], id)
+		evs = append(evs, coordinator.HeldDeleted{Keyspace: ks, ID: id})
+	}
+	for id, g := range w.grants[ks] {
+		h, ok := w.held[ks][id]
+		if len(g.Buckets) == 0 && !ok {
+			continue // holds nothing: no copy needed
+		}
+		same := ok && h.Session == g.Session && len(h.Buckets) == len(g.Buckets)
+		for i := 0; same && i < len(g.Buckets); i++ {
+			same = h.Buckets[i].Bucket == g.Buckets[i].Bucket && h.Buckets[i].Token == g.Buckets[i].Token
+		}
+		if !same {
+			w.violation = append(w.violation, fmt.Sprintf("%s's grants %v (session %v) and their copy %v (present %v) differ", id, g.Buckets, g.Session, h, ok))
+		}
+	}
+	return evs
+}
+
+// leftovers lists the copies of grants and the commit records of sessions
+// that have ended: once the machine has settled there are none.
+func (w *world) leftovers(ks string) []string {
+	var out []string
+	live := func(id string, s shard.LeaseID) bool {
+		return w.members[ks][id].Session == s || w.grants[ks][id].Session == s
+	}
+	for id, h := range w.held[ks] {
+		if !live(id, h.Session) {
+			out = append(out, fmt.Sprintf("copy of %s's grants of ended session %v", id, h.Session))
+		}
+	}
+	for id, c := range w.commits[ks] {
+		if !live(id, c.Session) {
+			out = append(out, fmt.Sprintf("commit record of %s's ended session %v", id, c.Session))
+		}
+	}
+	return out
 }

@@ -22,13 +22,15 @@ const (
 	// a piece of the keyspace's bucket positions (Expect.Chunk).
 	KeyCommit    KeyKind = "positions"
 	KeyBucketPos KeyKind = "bucketpos"
+	// KeyHeld is the copy of a member's grants in a stream keyspace.
+	KeyHeld KeyKind = "held"
 )
 
 // Expect says that a key must still be at revision Rev (0: must not exist)
 // for a write to apply.
 type Expect struct {
 	Kind  KeyKind
-	ID    string // member id for grants, releases and commit records
+	ID    string // member id for grants, releases, commit records and copies of grants
 	Chunk int    // the piece, for bucket positions
 	Rev   Rev
 }

@@ -109,6 +109,9 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 		for chunk, p := range ks.BucketPos {
 			evs = append(evs, coordinator.BucketPosPut{Keyspace: name, Chunk: chunk, Positions: p.Value, Rev: p.ModRevision})
 		}
+		for id, h := range ks.Held {
+			evs = append(evs, coordinator.HeldPut{Keyspace: name, ID: id, Held: h.Value, Rev: h.ModRevision})
+		}
 	}
 	return evs
 }
@@ -165,6 +168,11 @@ func changeEvent(c store.Change) coordinator.Event {
 			return coordinator.CommitDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
 		return coordinator.CommitPut{Keyspace: c.Keyspace, ID: c.ID, Commit: c.Value.(shard.Commit), Rev: c.ModRevision}
+	case store.KindHeld:
+		if c.Deleted {
+			return coordinator.HeldDeleted{Keyspace: c.Keyspace, ID: c.ID}
+		}
+		return coordinator.HeldPut{Keyspace: c.Keyspace, ID: c.ID, Held: c.Value.(shard.Held), Rev: c.ModRevision}
 	case store.KindBucketPos:
 		chunk, err := strconv.Atoi(c.ID) // store.ParseKey checked it
 		if err != nil {

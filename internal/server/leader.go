@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -366,6 +367,16 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 			o[store.PositionsKey(a.Keyspace, id)] = ownWrite{rev, ev}
 			evs = append(evs, ev)
 		}
+		for _, id := range slices.Sorted(maps.Keys(a.Held)) {
+			ev := coordinator.HeldPut{Keyspace: a.Keyspace, ID: id, Held: a.Held[id], Rev: rev}
+			o[store.HeldKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			evs = append(evs, ev)
+		}
+		for _, id := range a.Unheld {
+			ev := coordinator.HeldDeleted{Keyspace: a.Keyspace, ID: id}
+			o[store.HeldKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			evs = append(evs, ev)
+		}
 	}
 	return evs
 }
@@ -434,6 +445,8 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 				expects = append(expects, store.Expect{Key: store.PositionsKey(a.Keyspace, e.ID), ModRevision: e.Rev})
 			case coordinator.KeyBucketPos:
 				expects = append(expects, store.Expect{Key: store.BucketPosKey(a.Keyspace, e.Chunk), ModRevision: e.Rev})
+			case coordinator.KeyHeld:
+				expects = append(expects, store.Expect{Key: store.HeldKey(a.Keyspace, e.ID), ModRevision: e.Rev})
 			}
 		}
 		writes = append(writes, store.PutTokens(a.Keyspace, a.Token))
@@ -442,6 +455,14 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 		writes = append(writes, store.PutBucketPositions(a.Keyspace, a.WasPositions, a.Positions)...)
 		for _, id := range a.Folded {
 			writes = append(writes, store.Delete(store.PositionsKey(a.Keyspace, id)))
+		}
+		// And the copies of the grants, without a lease, in the same
+		// transaction as the grants they copy.
+		for id, h := range a.Held {
+			writes = append(writes, store.PutHeld(a.Keyspace, id, h))
+		}
+		for _, id := range a.Unheld {
+			writes = append(writes, store.Delete(store.HeldKey(a.Keyspace, id)))
 		}
 		rev, err := st.Commit(ctx, fence, writes, expects)
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
@@ -121,5 +123,135 @@ func TestLeadStreamHandoffEtcd(t *testing.T) {
 	}
 	if c, ok := k.Commits["a"]; !ok || c.Value.Default != 70 {
 		t.Errorf("a's commit record %+v, present %v; want a's, at 70", c.Value, ok)
+	}
+}
+
+// TestLeadStreamFoldAcrossLeadersEtcd: on embedded etcd, a commits its
+// positions and its leader stops; a's lease expires while no leader runs,
+// so etcd deletes its grants before any leader sees that. The next
+// leader folds a's commit record from the copy of a's grants (held/),
+// exactly: b's grants start at a's Default, and at its exception for the
+// bucket that has one, not at the older bucket positions. The commit
+// record and the copy go in that round.
+func TestLeadStreamFoldAcrossLeadersEtcd(t *testing.T) {
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
+	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
+		t.Fatal(err)
+	}
+	join := func(id string, ttl time.Duration) shard.LeaseID {
+		t.Helper()
+		lease, _, err := st.Grant(ctx, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.Join(ctx, "ev", shard.Member{ID: id, Weight: 1, JoinedAt: time.Now()}, lease, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Activate(ctx, "ev", id, lease); err != nil {
+			t.Fatal(err)
+		}
+		return lease
+	}
+	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
+		t.Helper()
+		snap, err := st.LoadAll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		defer wcancel()
+		updates := st.Watch(wctx, snap.Rev+1)
+		for {
+			if k := snap.Keyspaces["ev"]; k != nil && cond(k) {
+				return k
+			}
+			select {
+			case u, ok := <-updates:
+				if !ok {
+					t.Fatalf("watch ended waiting for %s", what)
+				}
+				if u.Resync != nil {
+					snap = u.Resync.Snapshot
+				}
+				for _, c := range u.Changes {
+					snap.Apply(c)
+				}
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v", what, ctx.Err())
+			}
+		}
+	}
+	// lead runs a leader's loop on a new election session until the
+	// returned stop is called; stop resigns, so that the next one is
+	// elected at once.
+	lead := func(name string) (stop func()) {
+		t.Helper()
+		sess, err := st.NewSession(ctx, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fence, err := st.NewElection(sess).Campaign(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- s.lead(lctx, st, fence) }() // exits when stop is called
+		return func() { cancel(); <-done; sess.Close() }
+	}
+
+	// a's lease is short, and nobody keeps it alive: it expires a few
+	// seconds after the Join.
+	la := join("a", 3*time.Second)
+	stop := lead("first")
+	k := waitFor("a to hold every bucket, with a copy", func(k *store.KeyspaceState) bool {
+		return len(k.Grants["a"].Value.Buckets) == 4 && k.Held["a"].Exists()
+	})
+	g := k.Grants["a"].Value
+	if h := k.Held["a"]; h.Value.Session != la || h.Lease != 0 || len(h.Value.Buckets) != 4 {
+		t.Fatalf("copy of a's grants: %+v (lease %v); want a's 4 buckets without a lease", h.Value, h.Lease)
+	}
+	c := shard.Commit{Session: la, MaxToken: g.Buckets[3].Token, Default: 70, Exceptions: []shard.BucketPosition{{Bucket: 2, Token: g.Buckets[2].Token, Position: 95}}}
+	if _, err := st.CommitPositions(ctx, "ev", "a", la, c); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	join("b", 10*time.Second)
+	k = waitFor("a's lease to expire", func(k *store.KeyspaceState) bool {
+		_, member := k.Members["a"]
+		_, grants := k.Grants["a"]
+		return !member && !grants
+	})
+	if _, ok := k.Commits["a"]; !ok {
+		t.Fatal("a's commit record went with its lease")
+	}
+	if _, ok := k.Held["a"]; !ok {
+		t.Fatal("the copy of a's grants went with its lease")
+	}
+
+	stop = lead("second")
+	defer stop()
+	k = waitFor("b to hold every bucket", func(k *store.KeyspaceState) bool { return len(k.Grants["b"].Value.Buckets) == 4 })
+	want := map[int]uint64{0: 70, 1: 70, 2: 95, 3: 70}
+	got := map[int]uint64{}
+	for _, bt := range k.Grants["b"].Value.Buckets {
+		got[bt.Bucket] = bt.Position
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("b's grants' From (-want +got):\n%s", diff)
+	}
+	if _, ok := k.Commits["a"]; ok {
+		t.Error("a's commit record outlived the fold")
+	}
+	if _, ok := k.Held["a"]; ok {
+		t.Error("the copy of a's grants outlived the fold")
+	}
+	if h := k.Held["b"].Value; h.Session != k.Grants["b"].Value.Session || len(h.Buckets) != 4 {
+		t.Errorf("copy of b's grants %+v; want its 4 buckets", h)
 	}
 }

@@ -296,3 +296,54 @@ func TestLeadExclusiveWritesNoPositions(t *testing.T) {
 		}
 	})
 }
+
+// TestLeadStreamLeaveLeavesNoCopy: a commits, then leaves gracefully: it
+// releases everything to b and the leader ends its session. The copy of
+// a's grants is written with them while a holds buckets, names nothing
+// once a released them all (a's commit record still needs folding), and
+// goes with the commit record once a's session has ended: nothing of a
+// is left in the store.
+func TestLeadStreamLeaveLeavesNoCopy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, l, la := streamWithA(t)
+		defer l.stop()
+		if h := st.snapshot().Keyspaces["ev"].Held["a"].Value; h.Session != la || len(h.Buckets) != 4 {
+			t.Fatalf("copy of a's grants %+v; want its 4 buckets", h)
+		}
+		sameCommit(t, st, store.HeldKey("ev", "a"), store.GrantsKey("ev", "a"))
+		commitA(st, la, 50)
+		st.join("ev", "b", loopTTL)
+		st.put(store.KindDrain, "ev", "a", shard.Drain{Leave: true}, la)
+		l.settle()
+		releaseA(st, la, []int{0, 1, 2, 3}, 60)
+		l.settle()
+
+		snap := st.snapshot().Keyspaces["ev"]
+		if diff := cmp.Diff(map[int]uint64{0: 60, 1: 60, 2: 60, 3: 60}, from(st.snapshot(), "ev", "b")); diff != "" {
+			t.Errorf("b's grants' From (-want +got):\n%s", diff)
+		}
+		if h := snap.Held["b"].Value; len(h.Buckets) != 4 {
+			t.Errorf("copy of b's grants %+v; want its 4 buckets", h)
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for _, kind := range []store.Kind{store.KindMember, store.KindGrants, store.KindPositions, store.KindHeld} {
+			if _, ok := st.kvs[store.Key(kind, "ev", "a")]; ok {
+				t.Errorf("a left, but %s is still there", store.Key(kind, "ev", "a"))
+			}
+		}
+		// While a held nothing but its commit record was not folded, its
+		// copy named nothing.
+		emptied := false
+		for _, u := range st.history {
+			for _, c := range u.Changes {
+				if c.Kind == store.KindHeld && c.ID == "a" && !c.Deleted && len(c.Value.(shard.Held).Buckets) == 0 {
+					emptied = true
+				}
+			}
+		}
+		if !emptied {
+			t.Error("the copy of a's grants never named nothing")
+		}
+	})
+}

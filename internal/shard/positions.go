@@ -57,6 +57,18 @@ func (c Commit) Exception(b int) (BucketPosition, bool) {
 	return BucketPosition{}, false
 }
 
+// Held is the copy of a stream member session's grants that the leader
+// keeps without a lease: the buckets the session holds and the tokens it
+// holds them at, sorted by bucket, without duplicates (Position is not
+// kept: a grant's From is never above the bucket positions). The leader
+// writes it in the transaction that writes the grants, so the two never
+// differ while the session lives, and it outlives the session, as the
+// commit record does, so that the leader can fold the commit record into
+// the bucket positions exactly once the grants have vanished with the
+// session's lease: the commit's Default covers buckets by their tokens,
+// which only the grants name.
+type Held Grants
+
 // PositionRun says that the Count buckets from First on are all at
 // Position.
 type PositionRun struct {

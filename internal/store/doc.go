@@ -37,6 +37,8 @@
 //	bucketpos/<ks>/<c>    BucketPositions                       leader Commit,        none
 //	                                                            admin ResetPositions
 //	                        {"runs":[[first,count,p]]}
+//	held/<ks>/<id>        Held {"session","held":               leader Commit, with   none; the leader
+//	                        [[token,first,gap,...]]}            grants/<ks>/<id>      deletes it with the fold
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
 //	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none
@@ -64,6 +66,17 @@
 // overlapping nor adjacent at one position, each at a position > 0; a
 // bucket outside every run is at 0); <c> is the chunk's index in decimal.
 // shard.Positions gives a held bucket's effective position from the three.
+//
+// held/<ks>/<id> is the leader's copy of grants/<ks>/<id>'s buckets and
+// tokens (not "from"), without a lease, so that the commit record of a
+// session whose grants vanished with its lease can still be folded for
+// exactly the buckets "default" covered: one group per grant token,
+// tokens ascending, each the first bucket then the gaps to the next
+// (each >= 1); "held":[] for a session that holds nothing but has a
+// commit record to fold. The leader writes it in the transaction that
+// writes the grants and deletes it in the one that folds the session's
+// commit record (or, for a session that never committed, once it ended
+// or holds nothing).
 //
 // Keys are 1-512 bytes, rates finite and >= 0, keys sorted and distinct; a
 // report has at most MaxReportKeys keys and a set at most MaxOverflowKeys;
@@ -95,8 +108,9 @@
 // carries the member's lease, so a grant to a dead session fails
 // (ErrLeaseNotFound) and writes nothing. The leader writes a pool's
 // overflow set (PutOverflow), a keyspace's bucket positions
-// (PutBucketPositions) and deletes stale reports and folded commit records
-// (Delete) through Commit too, each with an expectation on what it read.
+// (PutBucketPositions), the copies of grants (PutHeld) and deletes stale
+// reports, folded commit records and copies (Delete) through Commit too,
+// each with an expectation on what it read.
 //
 // # Usage
 //

@@ -45,6 +45,10 @@ const (
 	// PositionChunk buckets from chunk*PositionChunk on. The second name is
 	// the chunk's index in decimal, not a member id.
 	KindBucketPos
+	// KindHeld: held/<ks>/<id>: shard.Held, the copy of member id's
+	// grants in a stream keyspace, without a lease: it outlives the
+	// session until the leader folds the session's commit record.
+	KindHeld
 )
 
 var kindSegs = [...]string{
@@ -62,6 +66,7 @@ var kindSegs = [...]string{
 	KindOverflow:   "overflow",
 	KindPositions:  "positions",
 	KindBucketPos:  "bucketpos",
+	KindHeld:       "held",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -75,7 +80,7 @@ func (k Kind) String() string {
 // perMember reports whether keys of kind k carry a member id.
 func (k Kind) perMember() bool {
 	switch k {
-	case KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions:
+	case KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions, KindHeld:
 		return true
 	}
 	return false
@@ -185,6 +190,10 @@ func TokensKey(ks string) string { return Prefix + "tokens/" + ks }
 // PositionsKey returns the key of member id's committed positions in ks.
 func PositionsKey(ks, id string) string { return Prefix + "positions/" + ks + "/" + id }
 
+// HeldKey returns the key of the copy of member id's grants in stream
+// keyspace ks.
+func HeldKey(ks, id string) string { return Prefix + "held/" + ks + "/" + id }
+
 // BucketPosKey returns the key of chunk chunk of keyspace ks's bucket
 // positions: the PositionChunk buckets from chunk*PositionChunk on.
 func BucketPosKey(ks string, chunk int) string {
@@ -214,7 +223,7 @@ func Key(kind Kind, ks, id string) string {
 
 // keyspaceKinds are the kinds with many keys per keyspace, each under
 // kindPrefix(kind, ks).
-var keyspaceKinds = []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions, KindBucketPos}
+var keyspaceKinds = []Kind{KindMember, KindDrain, KindGrants, KindReleases, KindQuarantine, KindPositions, KindBucketPos, KindHeld}
 
 // kindPrefix returns the prefix of every key of a per-member kind in ks.
 func kindPrefix(kind Kind, ks string) string { return Prefix + kind.String() + "/" + ks + "/" }

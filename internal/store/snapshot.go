@@ -43,6 +43,10 @@ type KeyspaceState struct {
 	// BucketPos is the keyspace's bucket positions (bucketpos/), by chunk;
 	// Positions joins them.
 	BucketPos map[int]Entry[shard.BucketPositions]
+	// Held are the copies of the members' grants (held/), by member id,
+	// without leases: each outlives its session (Held.Session) until the
+	// leader folds the session's commit record.
+	Held map[string]Entry[shard.Held]
 }
 
 // Positions returns the keyspace's bucket positions, joined from its
@@ -66,13 +70,14 @@ func newKeyspaceState(ks string) *KeyspaceState {
 		Quarantines: map[string]Entry[shard.Quarantine]{},
 		Commits:     map[string]Entry[shard.Commit]{},
 		BucketPos:   map[int]Entry[shard.BucketPositions]{},
+		Held:        map[string]Entry[shard.Held]{},
 	}
 }
 
 func (st *KeyspaceState) empty() bool {
 	return !st.Config.Exists() && !st.Map.Exists() && !st.Tokens.Exists() &&
 		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0 &&
-		len(st.Commits) == 0 && len(st.BucketPos) == 0
+		len(st.Commits) == 0 && len(st.BucketPos) == 0 && len(st.Held) == 0
 }
 
 // PoolState is every key of one hot-key pool, as of one revision.
@@ -165,6 +170,8 @@ func (s *Snapshot) apply(c Change) {
 		setEntry(st.Quarantines, c, lease)
 	case KindPositions:
 		setEntry(st.Commits, c, lease)
+	case KindHeld:
+		setEntry(st.Held, c, lease)
 	case KindBucketPos:
 		chunk, _ := parseChunk(c.ID) // ParseKey checked it
 		if c.Deleted {
@@ -295,6 +302,12 @@ func (s *Snapshot) crossCheck() {
 					delete(st.Commits, id)
 					break
 				}
+			}
+		}
+		for id, h := range st.Held {
+			if e := checkPairsIn("held", h.Value.Buckets, cfg.Buckets); e != nil {
+				s.Corrupt[HeldKey(ks, id)] = e.corrupt(HeldKey(ks, id))
+				delete(st.Held, id)
 			}
 		}
 		for chunk, p := range st.BucketPos {
