@@ -174,7 +174,10 @@ type HeldPositions struct {
 	Grants   map[string]Grants
 	Commits  map[string]Commit
 	Releases map[string]Releases
-	Base     BucketPositions
+	// Copies are the leader's copies of the members' grants (held/): a
+	// commit record of an ended session counts through its copy.
+	Copies map[string]Held
+	Base   BucketPositions
 }
 
 // KeyspacePositions returns every bucket's committed position, [0,
@@ -185,6 +188,9 @@ type HeldPositions struct {
 //     and at the final position of the holder's release of it if that is
 //     higher and the release is at the grant's token (a release the leader
 //     has not processed yet);
+//   - a bucket nobody holds that the copy of an ended session names is at
+//     Positions(the copy, that session's commit, base), as the leader's
+//     next round folds it;
 //   - any other bucket is at base.
 //
 // A bucket that two members' grants name (which the leader never writes)
@@ -217,5 +223,26 @@ func KeyspacePositions(in HeldPositions) ([]uint64, []Holder) {
 			pos[b], holders[b] = p, Holder{Member: id, Token: bt.Token}
 		}
 	}
+	for _, id := range sortedKeys(in.Commits) {
+		c, cp := in.Commits[id], in.Copies[id]
+		if c.Session == 0 || cp.Session != c.Session || in.Grants[id].Session == c.Session {
+			continue // no copy of the commit's session, or the session still holds its grants
+		}
+		g := Grants(cp)
+		for i, p := range Positions(g, c, in.Base) {
+			if b := g.Buckets[i].Bucket; b >= 0 && b < in.Buckets && holders[b].Member == "" {
+				pos[b] = max(pos[b], p)
+			}
+		}
+	}
 	return pos, holders
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

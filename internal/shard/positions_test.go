@@ -70,3 +70,32 @@ func TestKeyspacePositionsDoubleGrant(t *testing.T) {
 		t.Errorf("bucket 0 = %d held by %v, want 3 held by a at 9", pos[0], holders[0])
 	}
 }
+
+func TestKeyspacePositionsEndedSession(t *testing.T) {
+	// c's session 7 ended (its grants vanished) before the leader folded
+	// its commit: buckets 0 and 1, named by the leader's copy, count at
+	// the commit's positions; bucket 2, granted above the commit's max
+	// token, stays at base; bucket 3, now held by d, is d's.
+	in := shard.HeldPositions{
+		Buckets: 4,
+		Grants:  map[string]shard.Grants{"d": {Session: 8, Buckets: []shard.BucketToken{{Bucket: 3, Token: 9, Position: 4}}}},
+		Commits: map[string]shard.Commit{"c": {Session: 7, MaxToken: 5, Default: 30, Exceptions: []shard.BucketPosition{{Bucket: 1, Token: 5, Position: 12}}}},
+		Copies: map[string]shard.Held{
+			"c": {Session: 7, Buckets: []shard.BucketToken{{Bucket: 0, Token: 2}, {Bucket: 1, Token: 5}, {Bucket: 2, Token: 6}, {Bucket: 3, Token: 2}}},
+			"d": {Session: 8, Buckets: []shard.BucketToken{{Bucket: 3, Token: 9}}},
+		},
+		Base: shard.NewBucketPositions([]uint64{1, 1, 3, 4}),
+	}
+	pos, holders := shard.KeyspacePositions(in)
+	if want := []uint64{30, 12, 3, 4}; !slices.Equal(pos, want) {
+		t.Errorf("positions = %v, want %v", pos, want)
+	}
+	if want := []shard.Holder{{}, {}, {}, {"d", 9}}; !slices.Equal(holders, want) {
+		t.Errorf("holders = %v, want %v", holders, want)
+	}
+	// Without the copy, nothing but base is known.
+	in.Copies = nil
+	if pos, _ := shard.KeyspacePositions(in); !slices.Equal(pos, []uint64{1, 1, 3, 4}) {
+		t.Errorf("positions without the copy = %v, want base", pos)
+	}
+}

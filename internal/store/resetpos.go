@@ -102,7 +102,11 @@ func heldPositions(st *KeyspaceState) shard.HeldPositions {
 		Grants:   map[string]shard.Grants{},
 		Commits:  map[string]shard.Commit{},
 		Releases: map[string]shard.Releases{},
+		Copies:   map[string]shard.Held{},
 		Base:     st.Positions(),
+	}
+	for id, h := range st.Held {
+		in.Copies[id] = h.Value
 	}
 	for id, g := range st.Grants {
 		in.Grants[id] = g.Value
