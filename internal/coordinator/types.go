@@ -22,6 +22,9 @@ const (
 	// a piece of the keyspace's bucket positions (Expect.Chunk).
 	KeyCommit    KeyKind = "positions"
 	KeyBucketPos KeyKind = "bucketpos"
+	// KeyReserved is the keyspace's reservation (an import's instances
+	// that have not joined yet).
+	KeyReserved KeyKind = "reserved"
 )
 
 // Expect says that a key must still be at revision Rev (0: must not exist)

@@ -109,6 +109,9 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 		for chunk, p := range ks.BucketPos {
 			evs = append(evs, coordinator.BucketPosPut{Keyspace: name, Chunk: chunk, Positions: p.Value, Rev: p.ModRevision})
 		}
+		if ks.Reserved.Exists() {
+			evs = append(evs, coordinator.ReservationPut{Keyspace: name, Reservation: ks.Reserved.Value, Rev: ks.Reserved.ModRevision})
+		}
 	}
 	return evs
 }
@@ -165,6 +168,11 @@ func changeEvent(c store.Change) coordinator.Event {
 			return coordinator.CommitDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
 		return coordinator.CommitPut{Keyspace: c.Keyspace, ID: c.ID, Commit: c.Value.(shard.Commit), Rev: c.ModRevision}
+	case store.KindReserved:
+		if c.Deleted {
+			return coordinator.ReservationDeleted{Keyspace: c.Keyspace}
+		}
+		return coordinator.ReservationPut{Keyspace: c.Keyspace, Reservation: c.Value.(shard.Reservation), Rev: c.ModRevision}
 	case store.KindBucketPos:
 		chunk, err := strconv.Atoi(c.ID) // store.ParseKey checked it
 		if err != nil {

@@ -852,7 +852,8 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 
 // Decode decodes the value stored at key according to the key's kind and
 // returns the typed value: a shard.Keyspace, Member, Drain, Map, Grants,
-// Releases, Quarantine, Commit (positions) or BucketPositions (bucketpos),
+// Releases, Quarantine, Commit (positions), BucketPositions (bucketpos) or
+// Reservation (reserved),
 // a uint64 (tokens), or a HotPool, hotkey.Report or hotkey.OverflowSet. Leader keys decode to their value as a string (the
 // leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {
@@ -888,6 +889,8 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		v, err = DecodeCommit(key, data)
 	case KindBucketPos:
 		v, err = DecodeBucketPositions(key, data)
+	case KindReserved:
+		v, err = DecodeReservation(key, data)
 	case KindLeader:
 		v = string(data)
 	}

@@ -36,6 +36,8 @@
 //	                        "default","exceptions":[[b,t,p]]}                         folds and deletes it
 //	bucketpos/<ks>/<c>    BucketPositions                       leader Commit         none
 //	                        {"runs":[[first,count,p]]}
+//	reserved/<ks>         Reservation {"members":[id],"until"}  ImportKeyspace,       none
+//	                                                            leader Commit
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
 //	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none

@@ -45,6 +45,10 @@ const (
 	// PositionChunk buckets from chunk*PositionChunk on. The second name is
 	// the chunk's index in decimal, not a member id.
 	KindBucketPos
+	// KindReserved: reserved/<ks>: shard.Reservation, the imported
+	// instances of keyspace ks that the leader still waits for, without a
+	// lease. ImportKeyspace creates it; the leader shrinks and deletes it.
+	KindReserved
 )
 
 var kindSegs = [...]string{
@@ -62,6 +66,7 @@ var kindSegs = [...]string{
 	KindOverflow:   "overflow",
 	KindPositions:  "positions",
 	KindBucketPos:  "bucketpos",
+	KindReserved:   "reserved",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -190,6 +195,10 @@ func PositionsKey(ks, id string) string { return Prefix + "positions/" + ks + "/
 func BucketPosKey(ks string, chunk int) string {
 	return Prefix + "bucketpos/" + ks + "/" + strconv.Itoa(chunk)
 }
+
+// ReservedKey returns the key of keyspace ks's reservation: the imported
+// instances the leader still waits for.
+func ReservedKey(ks string) string { return Prefix + "reserved/" + ks }
 
 // HotPoolKey returns the key of hot-key pool's settings.
 func HotPoolKey(pool string) string { return Prefix + "hotpools/" + pool }
