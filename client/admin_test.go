@@ -90,7 +90,21 @@ func TestAdminBadInput(t *testing.T) {
 	checkArgError(t, "DrainMember", a.DrainMember(ctx, "rooms", ""), "Admin.DrainMember", "member id", "is empty")
 	_, err := a.ListMembers(ctx, "")
 	checkArgError(t, "ListMembers", err, "Admin.ListMembers", "keyspace name", "is empty")
-	if n := f.CallCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
+	for _, tc := range []struct {
+		name string
+		imp  KeyspaceImport
+		arg  string
+		text string
+	}{
+		{"import without instances", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}}, "KeyspaceImport.Instances", "is empty"},
+		{"import bad member", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}, Instances: []ImportInstance{{Member: "a"}, {Member: "b c"}}}, "KeyspaceImport.Instances[1].Member", `has ' '`},
+		{"import negative wait", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}, Instances: []ImportInstance{{Member: "a"}}, WaitForInstances: -time.Second}, "KeyspaceImport.WaitForInstances", "-1s is negative"},
+		{"import bad keyspace", KeyspaceImport{Keyspace: KeyspaceConfig{Name: ""}, Instances: []ImportInstance{{Member: "a"}}}, "keyspace name", "is empty"},
+	} {
+		_, err := a.ImportKeyspace(ctx, tc.imp)
+		checkArgError(t, tc.name, err, "Admin.ImportKeyspace", tc.arg, tc.text)
+	}
+	if n := f.CallCount("/keyshard.v1.AdminService/CreateKeyspace") + f.CallCount("/keyshard.v1.AdminService/ImportKeyspace"); n != 0 {
 		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
 	}
 }

@@ -22,7 +22,3 @@ func (a *adminService) GetPositions(context.Context, *connect.Request[v1.GetPosi
 func (a *adminService) ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("reset positions: stream keyspaces are not served yet"))
 }
-
-func (a *adminService) ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("import keyspace: not served yet"))
-}
