@@ -131,7 +131,7 @@ func (a *adminService) ImportKeyspace(ctx context.Context, req *connect.Request[
 	rev, err := a.s.store.ImportKeyspace(ctx, p.imp)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
-			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("keyspace %q already exists; an import creates a new keyspace (delete it first, or import under another name)", k.Name))
+			return nil, connect.NewError(connect.CodeAlreadyExists, errorf("keyspace %q already exists; an import creates a new keyspace: import under another name", k.Name))
 		}
 		return nil, apiError(err)
 	}
