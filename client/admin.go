@@ -257,3 +257,77 @@ func (a *Admin) resetPositions(ctx context.Context, req *keyshardv1.ResetPositio
 	}
 	return PositionsReset{Buckets: int(resp.GetBuckets()), Revision: resp.GetRevision()}, nil
 }
+
+// ImportInstance is one instance of a static mapping: the member id it
+// will join with and, in a stream keyspace, its position (the position of
+// the next event it would read; for Synapse's federation_stream_position,
+// its stream_id + 1). Position must be 0 in an exclusive keyspace.
+type ImportInstance struct {
+	Member   string
+	Position uint64
+}
+
+// KeyspaceImport is what ImportKeyspace creates.
+type KeyspaceImport struct {
+	// Keyspace is the keyspace to create. Hash must be empty or
+	// placement.HashSynapse. Buckets must be a multiple of the number of
+	// instances; 0 means the multiple nearest 4096 (4096 for 4 instances,
+	// 4095 for 3).
+	Keyspace KeyspaceConfig
+	// Instances are the instances in the order of the static mapping:
+	// instance i owns the keys with sha256(key) mod N == i.
+	Instances []ImportInstance
+	// WaitForInstances is how long the buckets of an instance that has not
+	// joined wait for it before they are placed over the members present:
+	// 0 means 10 minutes; at most 24 hours.
+	WaitForInstances time.Duration
+}
+
+// ImportedKeyspace is the result of ImportKeyspace.
+type ImportedKeyspace struct {
+	Keyspace KeyspaceConfig
+	// Epoch is the first map's.
+	Epoch uint64
+	// Buckets is the number of buckets of each instance, in the order of
+	// KeyspaceImport.Instances.
+	Buckets []int
+}
+
+// ImportKeyspace creates a keyspace whose first map reproduces a static
+// sha256(key) mod N mapping over imp.Instances exactly, so that nothing
+// moves when those instances join under their member ids; in a stream
+// keyspace each bucket starts at its instance's position. Until an
+// instance joins, its buckets are granted to nobody, for at most
+// imp.WaitForInstances. It returns an error wrapping ErrExists if the
+// keyspace exists, or ErrInvalid naming the field (keyspace.buckets when
+// the count is not a multiple of the instances, instances[i].member,
+// instances[i].position, wait_for_instances).
+func (a *Admin) ImportKeyspace(ctx context.Context, imp KeyspaceImport) (ImportedKeyspace, error) {
+	const fn = "Admin.ImportKeyspace"
+	k, err := keyspaceToProto(fn, imp.Keyspace)
+	if err != nil {
+		return ImportedKeyspace{}, err
+	}
+	if len(imp.Instances) == 0 {
+		return ImportedKeyspace{}, argError(fn, "KeyspaceImport.Instances", "is empty; name the instances in the order of the static mapping")
+	}
+	if imp.WaitForInstances < 0 {
+		return ImportedKeyspace{}, argError(fn, "KeyspaceImport.WaitForInstances", "%v is negative (0 means the default, 10m)", imp.WaitForInstances)
+	}
+	req := &keyshardv1.ImportKeyspaceRequest{Keyspace: k, WaitForInstances: durationToProto(imp.WaitForInstances)}
+	for i, inst := range imp.Instances {
+		if err := validName(fn, fmt.Sprintf("KeyspaceImport.Instances[%d].Member", i), inst.Member); err != nil {
+			return ImportedKeyspace{}, err
+		}
+		req.Instances = append(req.Instances, &keyshardv1.ImportInstance{Member: inst.Member, Position: inst.Position})
+	}
+	resp, err := call(ctx, a.c, adminAPI.ImportKeyspace, req)
+	if err != nil {
+		return ImportedKeyspace{}, fmt.Errorf("import keyspace %q: %w", imp.Keyspace.Name, err)
+	}
+	out := ImportedKeyspace{Keyspace: keyspaceFromProto(resp.GetKeyspace()), Epoch: resp.GetEpoch(), Buckets: make([]int, len(resp.GetBuckets()))}
+	for i, b := range resp.GetBuckets() {
+		out.Buckets[i] = int(b)
+	}
+	return out, nil
+}

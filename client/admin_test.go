@@ -105,8 +105,22 @@ func TestAdminBadInput(t *testing.T) {
 			t.Errorf("%d %s calls reached the server; bad input must be refused locally", n, proc)
 		}
 	}
-	if n := f.CallCount("/keyshard.v1.AdminService/CreateKeyspace"); n != 0 {
-		t.Errorf("%d CreateKeyspace calls reached the server; bad input must be refused locally", n)
+	for _, tc := range []struct {
+		name string
+		imp  KeyspaceImport
+		arg  string
+		text string
+	}{
+		{"import without instances", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}}, "KeyspaceImport.Instances", "is empty"},
+		{"import bad member", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}, Instances: []ImportInstance{{Member: "a"}, {Member: "b c"}}}, "KeyspaceImport.Instances[1].Member", `has ' '`},
+		{"import negative wait", KeyspaceImport{Keyspace: KeyspaceConfig{Name: "fed"}, Instances: []ImportInstance{{Member: "a"}}, WaitForInstances: -time.Second}, "KeyspaceImport.WaitForInstances", "-1s is negative"},
+		{"import bad keyspace", KeyspaceImport{Keyspace: KeyspaceConfig{Name: ""}, Instances: []ImportInstance{{Member: "a"}}}, "keyspace name", "is empty"},
+	} {
+		_, err := a.ImportKeyspace(ctx, tc.imp)
+		checkArgError(t, tc.name, err, "Admin.ImportKeyspace", tc.arg, tc.text)
+	}
+	if n := f.CallCount("/keyshard.v1.AdminService/ImportKeyspace"); n != 0 {
+		t.Errorf("%d ImportKeyspace calls reached the server; bad input must be refused locally", n)
 	}
 }
 

@@ -112,9 +112,23 @@ func (h Hasher) BucketString(key string) int {
 
 // synapseBucket reduces the 256-bit little-endian integer in sum modulo n.
 func synapseBucket(sum [32]byte, n uint64) int {
+	return synapseReduce(synapseLimbs(sum), n)
+}
+
+// synapseLimbs splits the 256-bit little-endian integer in sum into its
+// 64-bit limbs, least significant first.
+func synapseLimbs(sum [32]byte) [4]uint64 {
+	return [4]uint64{
+		binary.LittleEndian.Uint64(sum[0:]), binary.LittleEndian.Uint64(sum[8:]),
+		binary.LittleEndian.Uint64(sum[16:]), binary.LittleEndian.Uint64(sum[24:]),
+	}
+}
+
+// synapseReduce returns the integer of limbs modulo n.
+func synapseReduce(limbs [4]uint64, n uint64) int {
 	var r uint64
-	for i := 3; i >= 0; i-- { // most significant 64-bit limb first
-		r = bits.Rem64(r, binary.LittleEndian.Uint64(sum[i*8:]), n)
+	for i := 3; i >= 0; i-- { // most significant limb first
+		r = bits.Rem64(r, limbs[i], n)
 	}
 	return int(r)
 }

@@ -90,7 +90,7 @@ func addAdminCommands(root *cobra.Command) {
 		}),
 	}
 
-	keyspace := &cobra.Command{Use: "keyspace", Short: "Create, list and show keyspaces"}
+	keyspace := &cobra.Command{Use: "keyspace", Short: "Create, import, list and show keyspaces"}
 	var kc client.KeyspaceConfig
 	var hash string
 	create := &cobra.Command{
@@ -141,7 +141,7 @@ func addAdminCommands(root *cobra.Command) {
 			return nil
 		}),
 	}
-	keyspace.AddCommand(create, list, show)
+	keyspace.AddCommand(create, importCommand(&c), list, show)
 
 	members := &cobra.Command{
 		Use:   "members KEYSPACE",

@@ -73,6 +73,19 @@ type RevokeSession struct {
 	Reason       string
 }
 
+// WriteReservation replaces the keyspace's reservation with Reservation,
+// or deletes it if Reservation.Members is empty: an imported instance
+// joined, or the wait for them is over. Expect is the reservation as
+// read.
+type WriteReservation struct {
+	Keyspace    string
+	Reservation shard.Reservation
+	Expect      Expect
+	// Joined are the instances that left the reservation because they
+	// joined; Expired those still absent when it ended.
+	Joined, Expired []string
+}
+
 // Report is something an operator should know: a drain that timed out, a
 // quarantined bucket, a failed write.
 type Report struct {
@@ -89,9 +102,13 @@ const (
 	ReportDrainTimeout ReportKind = "drain-timeout"
 	ReportReplaced     ReportKind = "session-replaced"
 	ReportLeft         ReportKind = "member-left"
+	// ReportReservationExpired: imported instances did not join before
+	// their reservation's deadline; their buckets are placed elsewhere.
+	ReportReservationExpired ReportKind = "reservation-expired"
 )
 
-func (WriteMap) isAction()      {}
-func (WriteGrants) isAction()   {}
-func (RevokeSession) isAction() {}
-func (Report) isAction()        {}
+func (WriteMap) isAction()         {}
+func (WriteGrants) isAction()      {}
+func (RevokeSession) isAction()    {}
+func (Report) isAction()           {}
+func (WriteReservation) isAction() {}

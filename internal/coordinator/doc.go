@@ -28,6 +28,9 @@
 //   - Every grant round takes a new token from the keyspace's counter, so a
 //     bucket's tokens strictly increase.
 //   - Each map is the placement.Balance of the previous one: minimal moves.
+//     The instances of an import that have not joined yet count as members
+//     until the import's deadline (reserve.go), so that their joining moves
+//     nothing.
 //   - In a stream keyspace, the round that takes a bucket from its holder
 //     folds the bucket's position (the release's final one, or the
 //     holder's committed one) into the keyspace's bucket positions, and a

@@ -122,7 +122,20 @@ type HeldPut struct {
 // its session's commit record, or the session ended or holds nothing).
 type HeldDeleted struct{ Keyspace, ID string }
 
-// Tick: time passed; deadlines (drain timeouts, quarantines) are checked.
+// ReservationPut: a keyspace's reservation, the imported instances the
+// leader still waits for, was written (by the import, or by the leader
+// as instances join).
+type ReservationPut struct {
+	Keyspace    string
+	Reservation shard.Reservation
+	Rev         Rev
+}
+
+// ReservationDeleted: a keyspace's reservation is over.
+type ReservationDeleted struct{ Keyspace string }
+
+// Tick: time passed; deadlines (drain timeouts, quarantines,
+// reservations) are checked.
 type Tick struct{}
 
 // Reset replaces everything the machine knows, after a (re)load of the
@@ -145,26 +158,28 @@ type WriteFailed struct {
 	Err    error
 }
 
-func (KeyspacePut) isEvent()       {}
-func (KeyspaceDeleted) isEvent()   {}
-func (MemberPut) isEvent()         {}
-func (MemberDeleted) isEvent()     {}
-func (DrainPut) isEvent()          {}
-func (DrainDeleted) isEvent()      {}
-func (MapPut) isEvent()            {}
-func (GrantsPut) isEvent()         {}
-func (GrantsDeleted) isEvent()     {}
-func (ReleasesPut) isEvent()       {}
-func (ReleasesDeleted) isEvent()   {}
-func (TokensPut) isEvent()         {}
-func (Tick) isEvent()              {}
-func (CommitPut) isEvent()         {}
-func (CommitDeleted) isEvent()     {}
-func (BucketPosPut) isEvent()      {}
-func (BucketPosDeleted) isEvent()  {}
-func (HeldPut) isEvent()           {}
-func (HeldDeleted) isEvent()       {}
-func (QuarantinePut) isEvent()     {}
-func (QuarantineDeleted) isEvent() {}
-func (Reset) isEvent()             {}
-func (WriteFailed) isEvent()       {}
+func (KeyspacePut) isEvent()        {}
+func (KeyspaceDeleted) isEvent()    {}
+func (MemberPut) isEvent()          {}
+func (MemberDeleted) isEvent()      {}
+func (DrainPut) isEvent()           {}
+func (DrainDeleted) isEvent()       {}
+func (MapPut) isEvent()             {}
+func (GrantsPut) isEvent()          {}
+func (GrantsDeleted) isEvent()      {}
+func (ReleasesPut) isEvent()        {}
+func (ReleasesDeleted) isEvent()    {}
+func (TokensPut) isEvent()          {}
+func (Tick) isEvent()               {}
+func (CommitPut) isEvent()          {}
+func (CommitDeleted) isEvent()      {}
+func (BucketPosPut) isEvent()       {}
+func (BucketPosDeleted) isEvent()   {}
+func (HeldPut) isEvent()            {}
+func (HeldDeleted) isEvent()        {}
+func (QuarantinePut) isEvent()      {}
+func (QuarantineDeleted) isEvent()  {}
+func (Reset) isEvent()              {}
+func (WriteFailed) isEvent()        {}
+func (ReservationPut) isEvent()     {}
+func (ReservationDeleted) isEvent() {}

@@ -61,6 +61,9 @@ type world struct {
 	// lateFolds are the "ks/id" whose commit records a leader loaded
 	// after their session's grants were gone.
 	lateFolds map[string]bool
+	// Imports: each keyspace's reservation (absent: none).
+	res    map[string]shard.Reservation
+	resRev map[string]coordinator.Rev
 
 	// The record the invariants are checked against.
 	lastToken map[string]map[int]uint64 // highest token ever granted per bucket
@@ -108,6 +111,8 @@ func newWorld() *world {
 		heldRev:    map[string]map[string]coordinator.Rev{},
 		lastGrants: map[string]map[string]shard.Grants{},
 		lateFolds:  map[string]bool{},
+		res:        map[string]shard.Reservation{},
+		resRev:     map[string]coordinator.Rev{},
 		floor:      map[string]map[int]posFloor{},
 
 		replacedAt: map[shard.LeaseID]time.Time{},
@@ -358,6 +363,20 @@ func (w *world) apply() []coordinator.Action {
 			evs = append(evs, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: w.rev})
 			w.checkExclusive(a.Keyspace)
 			next = append(next, w.step(evs...)...)
+		case coordinator.WriteReservation:
+			if a.Expect.Rev != w.resRev[a.Keyspace] {
+				next = append(next, w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("conflict")})...)
+				continue
+			}
+			w.rev++
+			if len(a.Reservation.Members) == 0 {
+				delete(w.res, a.Keyspace)
+				delete(w.resRev, a.Keyspace)
+				next = append(next, w.step(coordinator.ReservationDeleted{Keyspace: a.Keyspace})...)
+				continue
+			}
+			w.res[a.Keyspace], w.resRev[a.Keyspace] = a.Reservation, w.rev
+			next = append(next, w.step(coordinator.ReservationPut{Keyspace: a.Keyspace, Reservation: a.Reservation, Rev: w.rev})...)
 		case coordinator.RevokeSession:
 			qttl := w.checkRevoke(a)
 			if len(a.Quarantine) > 0 && qttl > 0 {
@@ -574,6 +593,8 @@ func formatActions(acts []coordinator.Action) string {
 			for _, id := range ids {
 				fmt.Fprintf(&sb, "  %s: %s\n", id, formatBuckets(a.Grants[id].Buckets))
 			}
+		case coordinator.WriteReservation:
+			fmt.Fprintf(&sb, "write-reservation %s members=%v joined=%v expired=%v\n", a.Keyspace, a.Reservation.Members, a.Joined, a.Expired)
 		case coordinator.RevokeSession:
 			fmt.Fprintf(&sb, "revoke %s %s session=%v quarantine=%v superseded=%v reason=%q\n", a.Keyspace, a.ID, a.Session, a.Quarantine, a.Superseded, a.Reason)
 		case coordinator.Report:

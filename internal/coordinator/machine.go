@@ -55,6 +55,13 @@ type keyspace struct {
 	held      map[string]shard.Held
 	heldRev   map[string]Rev
 
+	// An import's reservation: the imported instances not joined yet, which
+	// the balancer counts as members until res.Until (reserve.go).
+	res         shard.Reservation
+	resRev      Rev
+	hasRes      bool
+	resInflight bool
+
 	waitSince map[int]time.Time // bucket → since when its holder is asked to release
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
@@ -232,6 +239,12 @@ func (m *Machine) apply(ev Event) {
 		m.ks(e.Keyspace).quar[e.ID] = slices.Clone(e.Quarantine.Buckets)
 	case QuarantineDeleted:
 		delete(m.ks(e.Keyspace).quar, e.ID)
+	case ReservationPut:
+		k := m.ks(e.Keyspace)
+		k.res, k.resRev, k.hasRes, k.resInflight = e.Reservation, e.Rev, true, false
+	case ReservationDeleted:
+		k := m.ks(e.Keyspace)
+		k.res, k.resRev, k.hasRes, k.resInflight = shard.Reservation{}, 0, false, false
 	case Reset:
 		*m = *New()
 	case WriteFailed:
@@ -242,6 +255,8 @@ func (m *Machine) apply(ev Event) {
 			m.ks(a.Keyspace).grantsInflight = 0
 		case RevokeSession:
 			delete(m.ks(a.Keyspace).revokeInflight, a.Session)
+		case WriteReservation:
+			m.ks(a.Keyspace).resInflight = false
 		}
 	case Tick:
 	}
@@ -291,6 +306,10 @@ func eventKeyspace(ev Event) string {
 		return e.Keyspace
 	case BucketPosDeleted:
 		return e.Keyspace
+	case ReservationPut:
+		return e.Keyspace
+	case ReservationDeleted:
+		return e.Keyspace
 	case WriteFailed:
 		switch a := e.Action.(type) {
 		case WriteMap:
@@ -298,6 +317,8 @@ func eventKeyspace(ev Event) string {
 		case WriteGrants:
 			return a.Keyspace
 		case RevokeSession:
+			return a.Keyspace
+		case WriteReservation:
 			return a.Keyspace
 		}
 	}
@@ -314,7 +335,11 @@ func eventKeyspace(ev Event) string {
 // unless the map already gives it buckets: a Join that arrives late, from
 // a process that is gone, then moves nothing, while a restarted process
 // that replaced its session keeps its place.
-func (k *keyspace) effectiveMembers() []placement.Member {
+//
+// An imported instance that has not joined yet counts as a member of
+// weight 1 until the reservation's deadline (reserve.go), so its buckets
+// stay where the import put them, granted to nobody.
+func (k *keyspace) effectiveMembers(now time.Time) []placement.Member {
 	out := make([]placement.Member, 0, len(k.members))
 	var counts map[string]int
 	for id, mem := range k.members {
@@ -335,6 +360,9 @@ func (k *keyspace) effectiveMembers() []placement.Member {
 		}
 		out = append(out, placement.Member{ID: id, Weight: w, Zone: mem.Zone})
 	}
+	for _, id := range k.reserved(now) {
+		out = append(out, placement.Member{ID: id, Weight: 1})
+	}
 	return out
 }
 
@@ -347,7 +375,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	if !k.hasMap || cur.Buckets() != k.cfg.Buckets {
 		cur = placement.NewAssignment(k.cfg.Buckets)
 	}
-	p, err := placement.Balance(cur, k.effectiveMembers())
+	p, err := placement.Balance(cur, k.effectiveMembers(now))
 	if err != nil {
 		return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
 	}
@@ -363,6 +391,11 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	}
 
 	var acts []Action
+	// An import's reservation: drop the instances that joined, or all of
+	// it once its deadline has passed (the map above no longer counts the
+	// absent ones).
+	acts = append(acts, k.reservationRound(name, now)...)
+
 	// 2. Sessions to end: superseded sessions, drains past their timeout,
 	// members that asked to leave and hold nothing.
 	acts = append(acts, m.revocations(name, k, now)...)

@@ -61,6 +61,10 @@ func runCommand(t *testing.T, w *world, d *datadriven.TestData) string {
 		ttl, _ := time.ParseDuration(arg(t, d, "ttl", "10s"))
 		drain, _ := time.ParseDuration(arg(t, d, "drain", "30s"))
 		return formatActions(w.createKeyspace(shard.Keyspace{Name: ks, Buckets: buckets, Hash: "xxh64", Mode: shard.ModeExclusive, LeaseTTL: ttl, DrainTimeout: drain}))
+	case "import":
+		buckets, _ := strconv.Atoi(arg(t, d, "buckets", "12"))
+		wait, _ := time.ParseDuration(arg(t, d, "wait", "10m"))
+		return importCommand(w, ks, buckets, shard.Mode(arg(t, d, "mode", "exclusive")), arg(t, d, "instances", ""), strings.TrimPrefix(arg(t, d, "positions", "-"), "-"), wait)
 	case "leader", "failover":
 		// A replica becomes leader and loads the store.
 		w.failover()
@@ -132,6 +136,14 @@ func (w *world) state(ks string) string {
 	}
 	for id, q := range w.quar[ks] {
 		fmt.Fprintf(&sb, "quarantine %s: %v\n", id, q)
+	}
+	if w.keyspaces[ks].Mode == shard.ModeStream {
+		for _, id := range ids {
+			fmt.Fprintf(&sb, "from %s: %s\n", id, formatFrom(w.grants[ks][id].Buckets))
+		}
+	}
+	if r, ok := w.res[ks]; ok {
+		fmt.Fprintf(&sb, "reserved: %v until %s\n", r.Members, r.Until.Format(time.TimeOnly))
 	}
 	fmt.Fprintf(&sb, "converged: %v\n", w.converged(ks))
 	return sb.String()

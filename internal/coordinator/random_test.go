@@ -49,6 +49,9 @@ func (w *world) failover() {
 			evs = append(evs, d)
 		}
 		evs = append(evs, w.loadStream(ks)...)
+		if r, ok := w.res[ks]; ok {
+			evs = append(evs, coordinator.ReservationPut{Keyspace: ks, Reservation: r, Rev: w.resRev[ks]})
+		}
 	}
 	w.step(evs...)
 }

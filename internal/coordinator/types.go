@@ -24,6 +24,9 @@ const (
 	KeyBucketPos KeyKind = "bucketpos"
 	// KeyHeld is the copy of a member's grants in a stream keyspace.
 	KeyHeld KeyKind = "held"
+	// KeyReserved is the keyspace's reservation (an import's instances
+	// that have not joined yet).
+	KeyReserved KeyKind = "reserved"
 )
 
 // Expect says that a key must still be at revision Rev (0: must not exist)

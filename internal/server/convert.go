@@ -112,6 +112,9 @@ func snapshotEvents(s *store.Snapshot) []coordinator.Event {
 		for id, h := range ks.Held {
 			evs = append(evs, coordinator.HeldPut{Keyspace: name, ID: id, Held: h.Value, Rev: h.ModRevision})
 		}
+		if ks.Reserved.Exists() {
+			evs = append(evs, coordinator.ReservationPut{Keyspace: name, Reservation: ks.Reserved.Value, Rev: ks.Reserved.ModRevision})
+		}
 	}
 	return evs
 }
@@ -173,6 +176,11 @@ func changeEvent(c store.Change) coordinator.Event {
 			return coordinator.HeldDeleted{Keyspace: c.Keyspace, ID: c.ID}
 		}
 		return coordinator.HeldPut{Keyspace: c.Keyspace, ID: c.ID, Held: c.Value.(shard.Held), Rev: c.ModRevision}
+	case store.KindReserved:
+		if c.Deleted {
+			return coordinator.ReservationDeleted{Keyspace: c.Keyspace}
+		}
+		return coordinator.ReservationPut{Keyspace: c.Keyspace, Reservation: c.Value.(shard.Reservation), Rev: c.ModRevision}
 	case store.KindBucketPos:
 		chunk, err := strconv.Atoi(c.ID) // store.ParseKey checked it
 		if err != nil {

@@ -298,6 +298,8 @@ func actionKeyspace(a coordinator.Action) string {
 		return a.Keyspace
 	case coordinator.RevokeSession:
 		return a.Keyspace
+	case coordinator.WriteReservation:
+		return a.Keyspace
 	}
 	return ""
 }
@@ -377,6 +379,13 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 			o[store.HeldKey(a.Keyspace, id)] = ownWrite{rev, ev}
 			evs = append(evs, ev)
 		}
+	case coordinator.WriteReservation:
+		var ev coordinator.Event = coordinator.ReservationPut{Keyspace: a.Keyspace, Reservation: a.Reservation, Rev: rev}
+		if len(a.Reservation.Members) == 0 {
+			ev = coordinator.ReservationDeleted{Keyspace: a.Keyspace}
+		}
+		o[store.ReservedKey(a.Keyspace)] = ownWrite{rev, ev}
+		evs = append(evs, ev)
 	}
 	return evs
 }
@@ -469,6 +478,15 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 			return 0, err
 		}
 		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
+		return rev, nil
+	case coordinator.WriteReservation:
+		rev, err := st.Commit(ctx, fence, []store.Write{store.PutReservation(a.Keyspace, a.Reservation)}, []store.Expect{{Key: store.ReservedKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		if err != nil {
+			return 0, err
+		}
+		if len(a.Joined) > 0 {
+			s.log.Info("imported instances joined", "keyspace", a.Keyspace, "joined", a.Joined, "still_awaited", a.Reservation.Members)
+		}
 		return rev, nil
 	case coordinator.RevokeSession:
 		return 0, s.revoke(ctx, st, fence, a)

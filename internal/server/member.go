@@ -322,7 +322,7 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 			if t, ok := released[bt.Bucket]; ok && t == bt.Token {
 				continue
 			}
-			resp.Grants = append(resp.Grants, &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token})
+			resp.Grants = append(resp.Grants, &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token, From: bt.Position})
 			if ks.Map.Value.Assignment.Owner(bt.Bucket) != sess.member {
 				resp.Release = append(resp.Release, uint32(bt.Bucket))
 			}

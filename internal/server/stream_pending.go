@@ -14,7 +14,3 @@ import (
 func (m *memberService) Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("commit: stream keyspaces are not served yet"))
 }
-
-func (a *adminService) ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("import keyspace: not served yet"))
-}

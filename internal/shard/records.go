@@ -136,3 +136,17 @@ type Quarantine struct {
 	Session LeaseID
 	Buckets []int
 }
+
+// Reservation is what remains of a keyspace's import (a static mapping
+// taken over as its first map): the imported instances that have not
+// joined yet, each still owning its imported buckets in the map, and the
+// time until which the leader waits for them. Until then it plans as if
+// they were members, granting them nothing, so that nothing moves when
+// they join; an instance leaves the reservation once it is an active
+// member, and at Until the leader places the buckets of those still
+// absent over the members present and deletes the reservation. Members is
+// in the import's order, without duplicates.
+type Reservation struct {
+	Members []string
+	Until   time.Time
+}

@@ -854,6 +854,7 @@ func DecodeTokens(key string, data []byte) (uint64, error) {
 // returns the typed value: a shard.Keyspace, Member, Drain, Map, Grants,
 // Releases, Quarantine, Commit (positions), BucketPositions (bucketpos) or
 // Held (held),
+// Reservation (reserved),
 // a uint64 (tokens), or a HotPool, hotkey.Report or hotkey.OverflowSet. Leader keys decode to their value as a string (the
 // leader's id). Errors wrap ErrCorrupt.
 func Decode(key string, data []byte) (Kind, any, error) {
@@ -891,6 +892,8 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		v, err = DecodeBucketPositions(key, data)
 	case KindHeld:
 		v, err = DecodeHeld(key, data)
+	case KindReserved:
+		v, err = DecodeReservation(key, data)
 	case KindLeader:
 		v = string(data)
 	}

@@ -39,6 +39,8 @@
 //	                        {"runs":[[first,count,p]]}
 //	held/<ks>/<id>        Held {"session","held":               leader Commit, with   none; the leader
 //	                        [[token,first,gap,...]]}            grants/<ks>/<id>      deletes it with the fold
+//	reserved/<ks>         Reservation {"members":[id],"until"}  ImportKeyspace,       none
+//	                                                            leader Commit
 //	hotpools/<pool>       HotPool, JSON                         admin (API), config   none
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
 //	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none

@@ -49,6 +49,10 @@ const (
 	// grants in a stream keyspace, without a lease: it outlives the
 	// session until the leader folds the session's commit record.
 	KindHeld
+	// KindReserved: reserved/<ks>: shard.Reservation, the imported
+	// instances of keyspace ks that the leader still waits for, without a
+	// lease. ImportKeyspace creates it; the leader shrinks and deletes it.
+	KindReserved
 )
 
 var kindSegs = [...]string{
@@ -67,6 +71,7 @@ var kindSegs = [...]string{
 	KindPositions:  "positions",
 	KindBucketPos:  "bucketpos",
 	KindHeld:       "held",
+	KindReserved:   "reserved",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -199,6 +204,10 @@ func HeldKey(ks, id string) string { return Prefix + "held/" + ks + "/" + id }
 func BucketPosKey(ks string, chunk int) string {
 	return Prefix + "bucketpos/" + ks + "/" + strconv.Itoa(chunk)
 }
+
+// ReservedKey returns the key of keyspace ks's reservation: the imported
+// instances the leader still waits for.
+func ReservedKey(ks string) string { return Prefix + "reserved/" + ks }
 
 // HotPoolKey returns the key of hot-key pool's settings.
 func HotPoolKey(pool string) string { return Prefix + "hotpools/" + pool }

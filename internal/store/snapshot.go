@@ -47,6 +47,9 @@ type KeyspaceState struct {
 	// without leases: each outlives its session (Held.Session) until the
 	// leader folds the session's commit record.
 	Held map[string]Entry[shard.Held]
+	// Reserved is what remains of an import: the imported instances the
+	// leader still waits for (reserved/), absent once none remain.
+	Reserved Entry[shard.Reservation]
 }
 
 // Positions returns the keyspace's bucket positions, joined from its
@@ -77,7 +80,7 @@ func newKeyspaceState(ks string) *KeyspaceState {
 func (st *KeyspaceState) empty() bool {
 	return !st.Config.Exists() && !st.Map.Exists() && !st.Tokens.Exists() &&
 		len(st.Members) == 0 && len(st.Drains) == 0 && len(st.Grants) == 0 && len(st.Releases) == 0 && len(st.Quarantines) == 0 &&
-		len(st.Commits) == 0 && len(st.BucketPos) == 0 && len(st.Held) == 0
+		len(st.Commits) == 0 && len(st.BucketPos) == 0 && len(st.Held) == 0 && !st.Reserved.Exists()
 }
 
 // PoolState is every key of one hot-key pool, as of one revision.
@@ -158,6 +161,8 @@ func (s *Snapshot) apply(c Change) {
 		st.Map = entry[shard.Map](c)
 	case KindTokens:
 		st.Tokens = entry[uint64](c)
+	case KindReserved:
+		st.Reserved = entry[shard.Reservation](c)
 	case KindMember:
 		setEntry(st.Members, c, lease)
 	case KindDrain:
@@ -357,6 +362,7 @@ func (s *Store) LoadKeyspace(ctx context.Context, ks string) (*Snapshot, int64, 
 		clientv3.OpGet(KeyspaceKey(ks)),
 		clientv3.OpGet(MapKey(ks)),
 		clientv3.OpGet(TokensKey(ks)),
+		clientv3.OpGet(ReservedKey(ks)),
 	}
 	for _, k := range keyspaceKinds {
 		ops = append(ops, clientv3.OpGet(kindPrefix(k, ks), clientv3.WithPrefix()))

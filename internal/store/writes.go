@@ -402,7 +402,8 @@ func (s *Store) ListKeyspaces(ctx context.Context) ([]shard.Keyspace, int64, err
 }
 
 // DeleteKeyspace deletes keyspace ks and every key under it (map, tokens,
-// members, drains, grants, releases, quarantines, stream positions) in one
+// members, drains, grants, releases, quarantines, stream positions, an
+// import's reservation) in one
 // transaction. Members' sessions
 // are not revoked; their keys simply vanish. Errors: ErrNotFound,
 // ErrInvalidName, ErrUnavailable.
@@ -418,6 +419,7 @@ func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
 		clientv3.OpDelete(KeyspaceKey(ks)),
 		clientv3.OpDelete(MapKey(ks)),
 		clientv3.OpDelete(TokensKey(ks)),
+		clientv3.OpDelete(ReservedKey(ks)),
 	}
 	for _, k := range keyspaceKinds {
 		dels = append(dels, clientv3.OpDelete(kindPrefix(k, ks), clientv3.WithPrefix()))
