@@ -52,6 +52,10 @@ import (
 // ctx expired). An error from Release is logged and reported; the bucket
 // is released anyway.
 //
+// In a stream keyspace, a Handler that also implements FinalPositioner
+// gives each bucket's final position after Release returned, and the
+// Worker's Release call carries it.
+//
 // Calls come from the Worker's goroutines; a call that blocks delays only
 // its own bucket, but Close waits for every call to return, so a Handler
 // must not call Close itself.
