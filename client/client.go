@@ -386,6 +386,13 @@ func (c *Client) prefer(i int, moved context.Context) {
 // Admin returns the admin API of the Client.
 func (c *Client) Admin() *Admin { return &Admin{c: c} }
 
+// Clock returns the Client's clock (see the Clock option), which the
+// Workers, Routers and HotKeys made from it use unless given their own.
+func (c *Client) Clock() clock.Clock { return c.opts.clock }
+
+// Logger returns the Client's logger (see the Logger option).
+func (c *Client) Logger() *slog.Logger { return c.opts.log }
+
 // Close cancels the Client's calls in flight, including the streams of
 // its Routers and Workers, and closes idle connections. Later calls
 // return ErrClosed. Close the Client's Workers (which leave gracefully)

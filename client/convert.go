@@ -110,6 +110,13 @@ type KeyspaceStatus struct {
 type Grant struct {
 	Bucket int
 	Token  uint64
+	// From is, in a stream keyspace, the bucket's committed position when
+	// it was granted: the position of the next event to read for it (0 is
+	// the start of the stream). It may be older than the worker's own
+	// position (read this bucket's events again from there, so nothing is
+	// skipped) or newer (skip its events below it). Always 0 in an
+	// exclusive keyspace.
+	From uint64
 
 	life *grantLife // nil for a Grant not made by a Worker
 }

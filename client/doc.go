@@ -106,6 +106,24 @@
 // on the bucket. Checkpoints (stream positions, Kafka offsets) need the
 // same guard, or a stale owner's commit can overwrite its successor's.
 //
+// # Stream keyspaces
+//
+// In a stream keyspace each bucket also has a committed position in one
+// shared, ordered stream. A grant carries it (Grant.From: read the
+// bucket's events from there). Worker.Commit records the worker's
+// positions in one small write however many buckets it holds: a default
+// Position for every bucket held at a token <= MaxToken, plus Exceptions
+// for buckets that are behind or ahead; Worker.Granted gives the grants
+// to compute it from (those whose Acquire has not returned included, at
+// their From). A Handler that also implements FinalPositioner hands each
+// released bucket's final position over with its Release, so a graceful
+// move reprocesses nothing; until the server has handed the bucket over,
+// Commit lists it at that position by itself. Commit's refusals are
+// ErrNotHeld (an exception for a bucket not held at its token) and
+// ErrBackwards; a session that ended is ErrSessionLost. Package
+// client/stream builds a whole stream worker on this (stream.NewWorker):
+// the user writes a Reader and a record handler.
+//
 // # Routers
 //
 // A Router keeps a keyspace's map current in the background (WatchMap,
@@ -167,7 +185,8 @@
 // ErrUnauthenticated, ErrPermissionDenied, ErrConflict,
 // ErrResourceExhausted) that keep the
 // server's message; test them with errors.Is. A FailedPrecondition answer
-// with a WrongOwner detail becomes a *WrongOwnerError.
+// with a WrongOwner detail becomes a *WrongOwnerError; one answering
+// Worker.Commit is ErrBackwards or ErrNotHeld.
 //
 // Arguments and options the package refuses before any call (at Dial, at
 // NewWorker, NewRouter and NewHotKeys, or given to an Admin method) are

@@ -54,6 +54,15 @@ var (
 	// The same request fails again at the same replica; split it, or, for
 	// long polls, retry after a pause.
 	ErrResourceExhausted = errors.New("keyshard: resource exhausted")
+	// ErrNotHeld: a Worker.Commit named a bucket the session does not
+	// hold at the token given (FailedPrecondition answering Commit): the
+	// bucket was taken back or handed over meanwhile. Nothing of the
+	// commit was applied; compute it again from the current grants.
+	ErrNotHeld = errors.New("keyshard: bucket not held at that token")
+	// ErrBackwards: a Worker.Commit would move a committed position, or
+	// its max token, backwards (FailedPrecondition "backwards" answering
+	// Commit). Nothing of it was applied.
+	ErrBackwards = errors.New("keyshard: position would go backwards")
 	// ErrClosed: the Client, Router or Worker was closed.
 	ErrClosed = errors.New("keyshard: closed")
 	// ErrWrongOwner: the key belongs to another member. The error is a

@@ -52,6 +52,10 @@ import (
 // ctx expired). An error from Release is logged and reported; the bucket
 // is released anyway.
 //
+// In a stream keyspace, a Handler that also implements FinalPositioner
+// gives each bucket's final position after Release returned, and the
+// Worker's Release call carries it.
+//
 // Calls come from the Worker's goroutines; a call that blocks delays only
 // its own bucket, but Close waits for every call to return, so a Handler
 // must not call Close itself.
@@ -214,6 +218,7 @@ type Worker struct {
 
 	mu      sync.Mutex
 	hasher  placement.Hasher      // the keyspace's, from Join; zero before
+	cur     *session              // the session being served; nil between sessions
 	lastTTL time.Duration         // the lease TTL of the newest session; 0 before the first
 	grants  map[int]*grantState   // bucket → its current grant, until Release returned
 	last    map[int]chan struct{} // bucket → done channel of its latest grant goroutine
@@ -254,8 +259,13 @@ type session struct {
 	hasher   placement.Hasher
 	fenced   bool // (mu) no grant of the session may start
 	released map[int]uint64
-	pending  []Grant // (mu) released, to tell the server
-	held     []Grant // (mu) what it held when it was fenced, to hand back
+	// finals: (mu) the final positions of buckets handed off with one
+	// (FinalPositioner), at their tokens, while the server may still hold
+	// them (until a probe finds it does not, or the bucket is granted
+	// again). Commit lists them as exceptions.
+	finals  map[int]BucketPosition
+	pending []Grant // (mu) released, to tell the server
+	held    []Grant // (mu) what it held when it was fenced, to hand back
 	// selfFenced: the worker fenced the session itself (its deadline
 	// passed; the server had not ended it), so it acts on none of its
 	// buckets any more (set once runSession ended).
@@ -485,6 +495,7 @@ func (w *Worker) run(ctx context.Context, routerErr <-chan error) error {
 		w.mu.Lock()
 		w.hasher = s.hasher
 		w.lastTTL = s.ttl
+		w.cur = s
 		w.mu.Unlock()
 		if first {
 			w.emit(Event{Kind: EventJoined, Session: s.id})
@@ -492,6 +503,9 @@ func (w *Worker) run(ctx context.Context, routerErr <-chan error) error {
 			w.emit(Event{Kind: EventRejoined, Session: s.id})
 		}
 		cause := w.runSession(ctx, s)
+		w.mu.Lock()
+		w.cur = nil
+		w.mu.Unlock()
 		switch {
 		case cause == nil:
 			w.emit(Event{Kind: EventLeft, Session: s.id})
@@ -646,6 +660,7 @@ func (w *Worker) newSession(resp *keyshardv1.JoinResponse, sent time.Time) (*ses
 		id: resp.GetSession(), ttl: ttl, margin: margin, joinSent: sent,
 		hasher:   h,
 		released: make(map[int]uint64),
+		finals:   make(map[int]BucketPosition),
 		kick:     make(chan struct{}, 1),
 		clock:    w.clock,
 		deadline: sent.Add(ttl - margin),
@@ -957,12 +972,12 @@ func (w *Worker) reconcile(sctx, runCtx context.Context, s *session, m *keyshard
 		}
 		s.rev = rev
 	}
-	granted := make(map[int]uint64, len(m.GetGrants()))
+	granted := make(map[int]Grant, len(m.GetGrants()))
 	for _, g := range m.GetGrants() {
-		granted[int(g.GetBucket())] = g.GetToken()
+		granted[int(g.GetBucket())] = Grant{Bucket: int(g.GetBucket()), Token: g.GetToken(), From: g.GetFrom()}
 	}
 	for b, tok := range s.released {
-		if t, ok := granted[b]; !ok || t != tok {
+		if g, ok := granted[b]; !ok || g.Token != tok {
 			delete(s.released, b) // the server has taken our release in
 		}
 	}
@@ -970,19 +985,22 @@ func (w *Worker) reconcile(sctx, runCtx context.Context, s *session, m *keyshard
 		if gs.s != s {
 			continue
 		}
-		if tok, ok := granted[b]; !ok || tok != gs.g.Token {
+		if g, ok := granted[b]; !ok || g.Token != gs.g.Token {
 			w.log.Warn("keyshard: the server took back a bucket without a release; stopping it", "bucket", b, "token", gs.g.Token)
 			w.endGrantLocked(gs, endFence)
 		}
 	}
-	for b, tok := range granted {
-		if t, ok := s.released[b]; ok && t == tok {
+	for b, g := range granted {
+		if t, ok := s.released[b]; ok && t == g.Token {
 			continue
 		}
-		if gs := w.grants[b]; gs != nil && gs.s == s && gs.g.Token == tok {
+		if gs := w.grants[b]; gs != nil && gs.s == s && gs.g.Token == g.Token {
 			continue
 		}
-		w.startGrantLocked(runCtx, s, Grant{Bucket: b, Token: tok})
+		if f, ok := s.finals[b]; ok && f.Token != g.Token {
+			delete(s.finals, b) // granted again: the old token is not held any more
+		}
+		w.startGrantLocked(runCtx, s, g)
 	}
 	for _, b := range m.GetRelease() {
 		if gs := w.grants[int(b)]; gs != nil && gs.s == s {
@@ -1030,6 +1048,8 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 		<-prev
 	}
 	b := gs.g.Bucket
+	var final uint64
+	var finalOK bool
 	w.mu.Lock()
 	skip := gs.ending // ended before it started: no Acquire, so no Release
 	w.mu.Unlock()
@@ -1049,10 +1069,15 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 		if err != nil {
 			w.log.Error("keyshard: Release failed; releasing the bucket anyway", "bucket", b, "token", gs.g.Token, "err", err)
 		}
+		if fp, ok := w.h.(FinalPositioner); ok {
+			final, finalOK = fp.FinalPosition(b)
+		}
 		w.emit(Event{Kind: EventReleased, Session: gs.s.id, Grant: gs.g, Err: err})
 	}
 	gs.cancel()
 
+	// In one step: the grant leaves Granted and its final position
+	// enters s.finals, so a commit computed from Granted never misses it.
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.grants[b] == gs {
@@ -1062,6 +1087,9 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 		delete(w.last, b)
 	}
 	if gs.how == endHandoff && !gs.s.fenced {
+		if finalOK {
+			gs.s.finals[b] = BucketPosition{Bucket: b, Token: gs.g.Token, Position: final}
+		}
 		gs.s.released[b] = gs.g.Token
 		gs.s.pending = append(gs.s.pending, gs.g)
 		select {
@@ -1099,12 +1127,28 @@ func (w *Worker) releaseLoop(ctx context.Context, s *session) {
 // sendRelease sends one Release call for batch, retrying failures that
 // may pass. The server refuses a whole call if one of its buckets is no
 // longer held at that token (it was taken back meanwhile); the buckets are
-// then sent one by one, so the others still go through. It reports false
-// if ctx ended.
+// then sent one by one, so the others still go through. Buckets with a
+// final position (session.finals) carry it. A bucket whose final position
+// the server refuses (FAILED_PRECONDITION: below its committed position)
+// is released again without one, keeping its committed position. It
+// reports false if ctx ended.
 func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) bool {
+	return w.sendReleaseWith(ctx, s, batch, true)
+}
+
+func (w *Worker) sendReleaseWith(ctx context.Context, s *session, batch []Grant, positions bool) bool {
 	var b backoff
 	for {
 		req := &keyshardv1.ReleaseRequest{Session: s.id, Buckets: grantsToProto(batch)}
+		if positions {
+			w.mu.Lock()
+			for _, g := range batch {
+				if f, ok := s.finals[g.Bucket]; ok && f.Token == g.Token {
+					req.Positions = append(req.Positions, &keyshardv1.BucketPosition{Bucket: uint32(f.Bucket), Token: f.Token, Position: f.Position})
+				}
+			}
+			w.mu.Unlock()
+		}
 		resp, err := call(ctx, w.c, memberAPI.Release, req)
 		switch {
 		case err == nil:
@@ -1119,11 +1163,19 @@ func (w *Worker) sendRelease(ctx context.Context, s *session, batch []Grant) boo
 			return true // the session is gone; the keep-alive loop sees it too
 		case (errors.Is(err, ErrInvalid) || errors.Is(err, ErrImmutable)) && len(batch) > 1:
 			for _, g := range batch {
-				if !w.sendRelease(ctx, s, []Grant{g}) {
+				if !w.sendReleaseWith(ctx, s, []Grant{g}, positions) {
 					return false
 				}
 			}
 			return true
+		case errors.Is(err, ErrImmutable) && len(req.Positions) > 0:
+			w.log.Warn("keyshard: the server refused a release's final position; releasing at the committed position", "session", s.id, "bucket", batch[0].Bucket, "token", batch[0].Token, "err", err)
+			w.mu.Lock()
+			if f, ok := s.finals[batch[0].Bucket]; ok && f.Token == batch[0].Token {
+				delete(s.finals, batch[0].Bucket)
+			}
+			w.mu.Unlock()
+			return w.sendReleaseWith(ctx, s, batch, false)
 		case errors.Is(err, ErrInvalid) || errors.Is(err, ErrImmutable):
 			w.log.Warn("keyshard: the server refused a release; the bucket is no longer held at that token", "session", s.id, "bucket", batch[0].Bucket, "token", batch[0].Token, "err", err)
 			return true

@@ -48,6 +48,16 @@
 // CreateKeyspace, ListMembers and Status answer from it, DrainMember and
 // Leave ask for a member's buckets.
 //
+// # Stream keyspaces
+//
+// In a stream keyspace (PutKeyspace with KEYSPACE_MODE_STREAM) grants
+// carry the bucket's position as from (SetBucketPosition, or GrantFrom
+// for one grant). Commit is served with keyshard serve's checks (not held
+// and backwards are failed_precondition, backwards saying so); LastCommit,
+// Positions and BucketPosition read the result. A Release's final
+// positions are checked and folded into the keyspace's positions at once:
+// the fake hands a released bucket over at the Release itself.
+//
 // # Faults
 //
 // SetKeepAlives makes keep-alives fail, hang, or answer not_found (the
@@ -64,7 +74,7 @@
 //
 // # Observations
 //
-// Joins, KeepAlives, Releases, Leaves, GrantPolls, MapPolls, MapWatches,
+// Joins, KeepAlives, Releases, Commits, Leaves, GrantPolls, MapPolls, MapWatches,
 // Reports, SetPolls and SetWatches record the requests received, in
 // order, for the test to take with Next (or Wait); nothing is dropped.
 // CallCount counts any procedure's calls. Delays says when a delayed

@@ -84,6 +84,7 @@ type observations struct {
 	joins      *Requests[*keyshardv1.JoinRequest]
 	keepAlives *Requests[*keyshardv1.KeepAliveRequest]
 	releases   *Requests[*keyshardv1.ReleaseRequest]
+	commits    *Requests[*keyshardv1.CommitRequest]
 	leaves     *Requests[*keyshardv1.LeaveRequest]
 	grantPolls *Requests[*keyshardv1.GetGrantsRequest]
 	mapPolls   *Requests[*keyshardv1.GetMapRequest]
@@ -100,6 +101,7 @@ func (o *observations) init() map[string]func(any) {
 	o.joins = newRequests[*keyshardv1.JoinRequest]()
 	o.keepAlives = newRequests[*keyshardv1.KeepAliveRequest]()
 	o.releases = newRequests[*keyshardv1.ReleaseRequest]()
+	o.commits = newRequests[*keyshardv1.CommitRequest]()
 	o.leaves = newRequests[*keyshardv1.LeaveRequest]()
 	o.grantPolls = newRequests[*keyshardv1.GetGrantsRequest]()
 	o.mapPolls = newRequests[*keyshardv1.GetMapRequest]()
@@ -112,6 +114,7 @@ func (o *observations) init() map[string]func(any) {
 		keyshardv1connect.MemberServiceJoinProcedure:             recorder(o.joins),
 		keyshardv1connect.MemberServiceKeepAliveProcedure:        recorder(o.keepAlives),
 		keyshardv1connect.MemberServiceReleaseProcedure:          recorder(o.releases),
+		keyshardv1connect.MemberServiceCommitProcedure:           recorder(o.commits),
 		keyshardv1connect.MemberServiceLeaveProcedure:            recorder(o.leaves),
 		keyshardv1connect.MemberServiceGetGrantsProcedure:        recorder(o.grantPolls),
 		keyshardv1connect.MapServiceGetMapProcedure:              recorder(o.mapPolls),
@@ -133,6 +136,10 @@ func (s *Server) KeepAlives() *Requests[*keyshardv1.KeepAliveRequest] { return s
 // Releases are the Release requests received, recorded before a Gate
 // from HoldReleases holds them.
 func (s *Server) Releases() *Requests[*keyshardv1.ReleaseRequest] { return s.obs.releases }
+
+// Commits are the Commit requests received, applied or refused (LastCommit
+// says what the fake applied).
+func (s *Server) Commits() *Requests[*keyshardv1.CommitRequest] { return s.obs.commits }
 
 // Leaves are the Leave requests received.
 func (s *Server) Leaves() *Requests[*keyshardv1.LeaveRequest] { return s.obs.leaves }

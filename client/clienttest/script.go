@@ -315,8 +315,16 @@ func (s *Server) Grant(session string, bucket int) uint64 {
 }
 
 func (s *Server) grantLocked(x *sessionState, b uint32) uint64 {
+	return s.grantFromLocked(x, b, s.keyspaces[x.keyspace].pos[b])
+}
+
+func (s *Server) grantFromLocked(x *sessionState, b uint32, from uint64) uint64 {
+	if _, ok := x.grants[b]; ok {
+		s.foldLocked(x, b, 0) // taken back and granted again
+	}
 	s.lastToken++
 	x.grants[b] = s.lastToken
+	x.from[b] = from
 	delete(x.release, b)
 	x.rev++
 	return s.lastToken
@@ -357,7 +365,9 @@ func (s *Server) Revoke(session string, bucket int) {
 	}
 	s.withSession("Revoke", session, func(x *sessionState) error {
 		if _, ok := x.grants[uint32(bucket)]; ok {
+			s.foldLocked(x, uint32(bucket), 0)
 			delete(x.grants, uint32(bucket))
+			delete(x.from, uint32(bucket))
 			delete(x.release, uint32(bucket))
 			x.rev++
 			s.notifyLocked()
@@ -386,7 +396,11 @@ func (s *Server) endSessionLocked(x *sessionState) {
 		return
 	}
 	x.gone = true
+	for b := range x.grants {
+		s.foldLocked(x, b, 0)
+	}
 	x.grants = map[uint32]uint64{}
+	x.from = map[uint32]uint64{}
 	x.release = map[uint32]bool{}
 	x.rev++
 	s.notifyLocked()

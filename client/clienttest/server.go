@@ -68,6 +68,9 @@ type keyspace struct {
 	// target is the member id that the last Assign gave each bucket to
 	// ("" = nobody); nil if Assign was never called.
 	target []string
+	// pos is the committed position of the buckets no session holds
+	// (stream keyspaces): where their next grant starts. Absent: 0.
+	pos map[uint32]uint64
 }
 
 type sessionState struct {
@@ -75,7 +78,9 @@ type sessionState struct {
 	keyspace string
 	member   *keyshardv1.Member
 	grants   map[uint32]uint64
+	from     map[uint32]uint64 // bucket → its grant's from
 	release  map[uint32]bool
+	commit   *keyshardv1.CommitRequest // the last Commit applied; nil before
 	rev      uint64
 	renewed  time.Time // Join, then every keep-alive answered
 	active   bool      // a keep-alive was answered: Assign's grants may go to it

@@ -245,7 +245,7 @@ func (m memberService) Join(ctx context.Context, r *connect.Request[keyshardv1.J
 	}
 	s.nextID++
 	x := &sessionState{id: fmt.Sprintf("s%d", s.nextID), keyspace: k.cfg.Name, member: proto.Clone(req.GetMember()).(*keyshardv1.Member),
-		grants: map[uint32]uint64{}, release: map[uint32]bool{}, rev: 1, renewed: s.clock.Now()}
+		grants: map[uint32]uint64{}, from: map[uint32]uint64{}, release: map[uint32]bool{}, rev: 1, renewed: s.clock.Now()}
 	s.sessions[x.id] = x
 	s.notifyLocked()
 	return connect.NewResponse(&keyshardv1.JoinResponse{Session: x.id, LeaseTtl: k.cfg.LeaseTtl, Keyspace: k.cfg}), nil
@@ -304,7 +304,7 @@ func (m memberService) KeepAlive(ctx context.Context, r *connect.Request[keyshar
 func (s *Server) grantsMsgLocked(x *sessionState) *keyshardv1.GetGrantsResponse {
 	resp := &keyshardv1.GetGrantsResponse{Revision: x.rev, Epoch: s.keyspaces[x.keyspace].m.GetEpoch()}
 	for b, tok := range x.grants {
-		resp.Grants = append(resp.Grants, &keyshardv1.BucketGrant{Bucket: b, Token: tok})
+		resp.Grants = append(resp.Grants, &keyshardv1.BucketGrant{Bucket: b, Token: tok, From: x.from[b]})
 		if x.release[b] {
 			resp.Release = append(resp.Release, b)
 		}
@@ -355,13 +355,23 @@ func (m memberService) Release(ctx context.Context, r *connect.Request[keyshardv
 	}
 	// Like keyshard serve: one bucket not held at its token refuses the
 	// whole call.
+	listed := map[uint32]uint64{}
 	for i, g := range r.Msg.GetBuckets() {
 		if tok, ok := x.grants[g.GetBucket()]; !ok || tok != g.GetToken() {
 			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("buckets[%d]: bucket %d is not held at token %d", i, g.GetBucket(), g.GetToken()))
 		}
+		listed[g.GetBucket()] = g.GetToken()
+	}
+	final, err := s.releasePositionsLocked(x, listed, r.Msg.GetPositions())
+	if err != nil {
+		return nil, err
 	}
 	for _, g := range r.Msg.GetBuckets() {
+		// The fake hands a released bucket over at once: its position
+		// folds into the keyspace's now.
+		s.foldLocked(x, g.GetBucket(), final[g.GetBucket()])
 		delete(x.grants, g.GetBucket())
+		delete(x.from, g.GetBucket())
 		delete(x.release, g.GetBucket())
 	}
 	x.rev++

@@ -71,6 +71,20 @@ func (c *Consumer) Lose(buckets ...int) error {
 	return c.flow.Lose(buckets...)
 }
 
+// LoseFinal loses one bucket, as Lose does, and returns its final
+// position: the position after the last record of it whose handle
+// returned nil (Flow.BucketProgress just before it was lost), which a
+// release hands over. held is false if the bucket was not held.
+func (c *Consumer) LoseFinal(bucket int) (final uint64, held bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	final, held = c.flow.BucketProgress(bucket)
+	if err := c.flow.Lose(bucket); err != nil {
+		return 0, false, err
+	}
+	return final, held, nil
+}
+
 // Progress is Flow.Progress: what a commit sends, counting only records
 // whose handle returned nil.
 func (c *Consumer) Progress() (def uint64, except []BucketPosition) {

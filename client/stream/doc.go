@@ -7,8 +7,10 @@
 // position for the buckets that are caught up plus exceptions for those
 // that are not.
 //
-// Nothing here does IO of its own or knows the server: the stream is read
-// through a Reader the caller provides, time through a clock.Clock.
+// Flow, Consumer and Waker do no IO of their own and do not know the
+// server: the stream is read through a Reader the caller provides, time
+// through a clock.Clock. Worker joins a keyspace through a
+// client.Client.
 //
 // # Catch-up, then merge
 //
@@ -29,6 +31,27 @@
 // Flow is the pure state; Consumer runs it with a Reader and a handler,
 // on one goroutine, and is safe to Gain, Lose and Progress from others.
 //
+// # A stream worker
+//
+// Worker puts it together: a client.Worker in a stream keyspace whose
+// Handler gains each granted bucket into a Consumer at its grant's From,
+// loses each bucket asked back and releases it with its final position,
+// commits Progress every CommitInterval and once more at Close, and runs
+// the wake hook after gains. The user writes a Reader and a function
+// that handles one record:
+//
+//	w, err := stream.NewWorker(c, "federation", client.Member{ID: "sender-1"},
+//		reader, func(ctx context.Context, r stream.Record) error {
+//			return send(ctx, r) // once it returns nil, r counts as processed
+//		}, stream.WorkerOptions{})
+//	go w.Run(ctx)
+//	...
+//	w.Close(ctx) // commit, hand every bucket over at its final position, leave
+//
+// A commit never covers a bucket at a position past a record of it that
+// was not handled: a granted bucket not gained yet, one catching up or
+// one just lost is listed with its own position (see Worker).
+//
 // # Waking pending work
 //
 // After gaining buckets a sender must wake the work that was pending for
@@ -40,10 +63,11 @@
 //
 // # Lifecycle
 //
-// Constructors (NewFlow, NewConsumer, NewWaker) check their arguments,
+// Constructors (NewFlow, NewConsumer, NewWaker, NewWorker) check their arguments,
 // do no IO and start no goroutine; a bad one is a *client.ArgError, which
 // wraps client.ErrInvalid. Run does the work on the caller's goroutine
 // and returns when done, when ctx ends (ctx.Err()) or on Close
 // (client.ErrClosed). Close stops Run, waits until it has returned, and
-// is idempotent.
+// is idempotent. Worker follows client.Worker instead: its Close(ctx)
+// drains gracefully and Run then returns nil.
 package stream

@@ -313,6 +313,22 @@ func (f *Flow) Progress() (def uint64, except []BucketPosition) {
 	return f.pos, except
 }
 
+// BucketProgress returns held bucket b's position as Progress counts it
+// (Position for a bucket that follows the main lane, its own otherwise):
+// the position of its next record to process. ok is false if b is not
+// held.
+func (f *Flow) BucketProgress(b int) (pos uint64, ok bool) {
+	switch {
+	case !f.Held(b):
+		return 0, false
+	case f.catchFrom[b] != none:
+		return max(f.catchFrom[b], f.cursor), true
+	case f.mainFrom[b] > f.pos:
+		return f.mainFrom[b], true
+	}
+	return f.pos, true
+}
+
 // Held reports whether bucket b is held (gained and not lost).
 func (f *Flow) Held(b int) bool {
 	return b >= 0 && b < len(f.mainFrom) && (f.mainFrom[b] != none || f.catchFrom[b] != none)
