@@ -333,11 +333,9 @@ func (k *KeyspaceConfig) Normalize() error {
 	switch k.Mode {
 	case "":
 		k.Mode = "exclusive"
-	case "exclusive":
-	case "stream":
-		return fmt.Errorf("mode: %q is not available yet; use \"exclusive\"", k.Mode)
+	case "exclusive", "stream":
 	default:
-		return fmt.Errorf("mode: %q is unknown; use \"exclusive\"", k.Mode)
+		return fmt.Errorf("mode: %q is unknown; use \"exclusive\" or \"stream\"", k.Mode)
 	}
 	if k.LeaseTTL == 0 {
 		k.LeaseTTL = DefaultLeaseTTL

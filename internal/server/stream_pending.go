@@ -11,10 +11,6 @@ import (
 
 // The stream-mode calls not served yet answer UNIMPLEMENTED.
 
-func (m *memberService) Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("commit: stream keyspaces are not served yet"))
-}
-
 func (a *adminService) GetPositions(context.Context, *connect.Request[v1.GetPositionsRequest]) (*connect.Response[v1.GetPositionsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("get positions: stream keyspaces are not served yet"))
 }
