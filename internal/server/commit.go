@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -150,7 +151,13 @@ type commitCall struct {
 // write of that session's commits is in flight.
 type commits struct {
 	mu     sync.Mutex
-	queues map[session][]*commitCall // sessions with a writer running
+	queues map[session]*commitQueue // sessions with a writer running
+}
+
+// commitQueue is one session's calls waiting for the next write.
+type commitQueue struct {
+	calls   []*commitCall
+	arrived chan struct{} // signalled (without blocking) by every add
 }
 
 // add queues call for sess, and starts the session's writer if none runs.
@@ -158,52 +165,93 @@ func (cs *commits) add(s *Server, sess session, call *commitCall) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if q, running := cs.queues[sess]; running {
-		cs.queues[sess] = append(q, call)
+		q.calls = append(q.calls, call)
+		select {
+		case q.arrived <- struct{}{}:
+		default:
+		}
 		return
 	}
 	if cs.queues == nil {
-		cs.queues = map[session][]*commitCall{}
+		cs.queues = map[session]*commitQueue{}
 	}
-	cs.queues[sess] = []*commitCall{call}
-	go s.writeCommits(sess) // exits once the session's queue is empty
+	q := &commitQueue{calls: []*commitCall{call}, arrived: make(chan struct{}, 1)}
+	cs.queues[sess] = q
+	go s.writeCommits(sess, q) // exits once the session's queue is empty
 }
 
-// take returns sess's queued calls, or, if there are none, ends the
-// session's writer and returns nil.
-func (cs *commits) take(sess session) []*commitCall {
+// take returns q's calls, or, if there are none, ends the session's
+// writer and returns nil.
+func (cs *commits) take(sess session, q *commitQueue) []*commitCall {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	q := cs.queues[sess]
-	if len(q) == 0 {
+	if len(q.calls) == 0 {
 		delete(cs.queues, sess)
 		return nil
 	}
-	cs.queues[sess] = q[:0:0]
-	return q
+	calls := q.calls
+	q.calls = nil
+	return calls
 }
+
+// queued returns how many calls q holds.
+func (cs *commits) queued(q *commitQueue) int {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return len(q.calls)
+}
+
+// commitLinger bounds how long a session's writer waits, after a write
+// that answered several calls, for those callers' next commits before it
+// writes what is queued: a worker that keeps n calls in flight gets them
+// answered in one write instead of in two halves (the callers answered by
+// a write come back while the next one, with the others, is in flight).
+// It is well below a write's cost (an etcd fsync, a few milliseconds),
+// and a worker that commits one call at a time never waits on it.
+const commitLinger = time.Millisecond
 
 // writeCommits is a session's writer: it writes the queued commits, batch
 // by batch, until none are left.
-func (s *Server) writeCommits(sess session) {
+func (s *Server) writeCommits(sess session, q *commitQueue) {
 	var st *store.CommitState // after the last write of this run
+	answered := 0
 	for {
-		batch := s.commits.take(sess)
+		if answered > 1 {
+			s.commits.linger(q, answered)
+		}
+		batch := s.commits.take(sess, q)
 		if batch == nil {
 			return
 		}
+		answered = len(batch)
 		st = s.writeBatch(sess, batch, st)
 	}
 }
 
+// linger waits until q holds want calls, for at most commitLinger of
+// real time (a pause of the scheduler, not of the server's clock).
+func (cs *commits) linger(q *commitQueue, want int) {
+	t := time.NewTimer(commitLinger)
+	defer t.Stop()
+	for cs.queued(q) < want {
+		select {
+		case <-q.arrived:
+		case <-t.C:
+			return
+		}
+	}
+}
+
 // writeBatch answers every call of batch, in as few writes as it can: the
-// newest commit is written, and the calls it covers are answered with it;
-// calls left over (not covered, or refused by the state of the write) go
-// the same way, newest first. It returns the state after the last
+// newest commit (see newest) is written, and the calls it covers are
+// answered with it; calls left over (not covered, or refused by the state
+// of the write) go the same way. It returns the state after the last
 // successful write, a guess for the next batch (nil if none).
 func (s *Server) writeBatch(sess session, batch []*commitCall, st *store.CommitState) *store.CommitState {
 	for len(batch) > 0 {
-		w := batch[len(batch)-1]
-		batch = batch[:len(batch)-1]
+		i := newest(batch)
+		w := batch[i]
+		batch = slices.Delete(batch, i, i+1)
 		guess := s.commitGuess(sess, st)
 		var (
 			rev    int64
@@ -264,6 +312,19 @@ func (s *Server) writeBatch(sess session, batch []*commitCall, st *store.CommitS
 		}
 	}
 	return st
+}
+
+// newest returns the index in batch of the commit to write first: the
+// last queued, or one that covers it (concurrent calls of a worker arrive
+// in any order; the highest covers the others).
+func newest(batch []*commitCall) int {
+	best := len(batch) - 1
+	for i := len(batch) - 2; i >= 0; i-- {
+		if covers(batch[i].c, batch[best].c) {
+			best = i
+		}
+	}
+	return best
 }
 
 // covers reports whether commit w makes p durable: the same session, no

@@ -420,6 +420,14 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 // replica's view has it, so the member's next GetGrants through this
 // replica, or through any with min_revision set to it, no longer lists the
 // buckets.
+//
+// In a stream keyspace, positions give released buckets their final
+// positions (INVALID_ARGUMENT naming positions[i] for an entry that is not
+// one of the released buckets at its token, or is listed twice; positions
+// in an exclusive keyspace are INVALID_ARGUMENT too). A position below the
+// bucket's committed one is refused FAILED_PRECONDITION ("backwards"),
+// releasing nothing: the store checks it against the commit record in the
+// transaction that writes, so no concurrent Commit slips between.
 func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	sess, err := m.s.sessions.parse(req.Msg.GetSession())
 	if err != nil {
