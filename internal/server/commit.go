@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -129,7 +130,11 @@ func commitError(sess session, c shard.Commit, index map[int]int, err error) err
 	case errors.Is(err, store.ErrInvalid):
 		// What the API does not check itself: a max_token above the last
 		// token issued in the keyspace.
-		return invalid("max_token: %d: %v; pass the highest token among the grants the worker read", c.MaxToken, err)
+		why := err.Error()
+		if _, after, ok := strings.Cut(why, `field "max_token": `); ok {
+			why = after
+		}
+		return invalid("max_token: %s; pass the highest token among the grants the worker read", why)
 	}
 	return apiError(err)
 }
