@@ -281,7 +281,7 @@ func TestBadOptions(t *testing.T) {
 		{keyshardtest.Options{Keyspaces: ks(client.KeyspaceConfig{Name: "x", LeaseTTL: 500 * time.Millisecond})}, "Options.Keyspaces[1].LeaseTTL: 500ms"},
 		{keyshardtest.Options{Keyspaces: ks(client.KeyspaceConfig{Name: "bad name"})}, "Options.Keyspaces[1].Name:"},
 		{keyshardtest.Options{Keyspaces: ks(client.KeyspaceConfig{Name: "ok"})}, `Options.Keyspaces[1].Name: "ok" is there twice`},
-		{keyshardtest.Options{Keyspaces: ks(client.KeyspaceConfig{Name: "x", Mode: "bogus"})}, "Options.Keyspaces[1].Mode:"},
+		{keyshardtest.Options{Keyspaces: ks(client.KeyspaceConfig{Name: "x", Mode: "nope"})}, `Options.Keyspaces[1].Mode: "nope" is unknown; use "exclusive" or "stream"`},
 		{keyshardtest.Options{HotKeyPools: []client.HotKeyPool{{Name: "ingest"}}}, "Options.HotKeyPools[0].Threshold: 0; want a number > 0"},
 		{keyshardtest.Options{HotKeyPools: []client.HotKeyPool{{Name: "ingest", Threshold: 10, MaxKeys: -1}}}, "Options.HotKeyPools[0].MaxKeys: -1"},
 		{keyshardtest.Options{AdminToken: "short"}, "Options.AdminToken: 5 characters; use at least 16"},

@@ -109,6 +109,7 @@ func addAdminCommands(root *cobra.Command) {
 	}
 	create.Flags().IntVar(&kc.Buckets, "buckets", 4096, "bucket count, 1..65536 (at least 32 per member you expect)")
 	create.Flags().StringVar(&hash, "hash", "xxh64", `"xxh64" or "synapse-sha256"`)
+	create.Flags().StringVar(&kc.Mode, "mode", client.ModeExclusive, `"exclusive" or "stream" (a committed stream position per bucket); cannot change`)
 	create.Flags().DurationVar(&kc.LeaseTTL, "lease-ttl", 10*time.Second, "member session lifetime without keep-alive (whole seconds, >= 2s)")
 	create.Flags().DurationVar(&kc.DrainTimeout, "drain-timeout", 30*time.Second, "time a member may take to release a moved bucket before its session is revoked")
 	list := &cobra.Command{

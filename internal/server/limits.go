@@ -21,8 +21,8 @@ type Limits struct {
 	// three that carry long lists (below), before and after
 	// decompression.
 	MaxRequestBytes int `yaml:"max_request_bytes"`
-	// MaxReportBytes caps the request message of ReportHotKeys, Lookup
-	// and Release.
+	// MaxReportBytes caps the request message of ReportHotKeys, Lookup,
+	// Release and Commit.
 	MaxReportBytes int `yaml:"max_report_bytes"`
 	// MaxLookupKeys caps the keys of one Lookup.
 	MaxLookupKeys int `yaml:"max_lookup_keys"`
@@ -58,12 +58,12 @@ var LimitSettings = []Limit{
 var (
 	limitRequestBytes = Limit{
 		Flag: "max-request-bytes", Key: "limits.max_request_bytes", Default: 4 << 20, Max: 1 << 30,
-		Help:  "largest request message, in bytes (ReportHotKeys, Lookup and Release: --max-report-bytes)",
+		Help:  "largest request message, in bytes (ReportHotKeys, Lookup, Release and Commit: --max-report-bytes)",
 		Field: func(l *Limits) *int { return &l.MaxRequestBytes },
 	}
 	limitReportBytes = Limit{
 		Flag: "max-report-bytes", Key: "limits.max_report_bytes", Default: 8 << 20, Max: 1 << 30,
-		Help:  "largest ReportHotKeys, Lookup or Release request message, in bytes",
+		Help:  "largest ReportHotKeys, Lookup, Release or Commit request message, in bytes",
 		Field: func(l *Limits) *int { return &l.MaxReportBytes },
 	}
 	limitLookupKeys = Limit{
@@ -111,6 +111,7 @@ var listProcedures = map[string]bool{
 	keyshardv1connect.HotKeyServiceReportHotKeysProcedure: true,
 	keyshardv1connect.MapServiceLookupProcedure:           true,
 	keyshardv1connect.MemberServiceReleaseProcedure:       true,
+	keyshardv1connect.MemberServiceCommitProcedure:        true,
 }
 
 // readMax returns the largest request message of procedure and the limit

@@ -314,6 +314,7 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 		if !held || g.Value.Session != sess.lease {
 			return
 		}
+		stream := ks.Config.Value.Mode == shard.ModeStream
 		released := make(map[int]uint64, len(r.Value.Buckets))
 		for _, bt := range r.Value.Buckets {
 			released[bt.Bucket] = bt.Token
@@ -322,7 +323,11 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 			if t, ok := released[bt.Bucket]; ok && t == bt.Token {
 				continue
 			}
-			resp.Grants = append(resp.Grants, &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token, From: bt.Position})
+			grant := &v1.BucketGrant{Bucket: uint32(bt.Bucket), Token: bt.Token}
+			if stream {
+				grant.From = bt.Position
+			}
+			resp.Grants = append(resp.Grants, grant)
 			if ks.Map.Value.Assignment.Owner(bt.Bucket) != sess.member {
 				resp.Release = append(resp.Release, uint32(bt.Bucket))
 			}
@@ -415,6 +420,14 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 // replica's view has it, so the member's next GetGrants through this
 // replica, or through any with min_revision set to it, no longer lists the
 // buckets.
+//
+// In a stream keyspace, positions give released buckets their final
+// positions (INVALID_ARGUMENT naming positions[i] for an entry that is not
+// one of the released buckets at its token, or is listed twice; positions
+// in an exclusive keyspace are INVALID_ARGUMENT too). A position below the
+// bucket's committed one is refused FAILED_PRECONDITION ("backwards"),
+// releasing nothing: the store checks it against the commit record in the
+// transaction that writes, so no concurrent Commit slips between.
 func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	sess, err := m.s.sessions.parse(req.Msg.GetSession())
 	if err != nil {
@@ -440,12 +453,16 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 		index[b] = i
 		buckets[i] = shard.BucketToken{Bucket: int(b), Token: bg.GetToken()}
 	}
+	posIndex, err := releasePositions(k, req.Msg.GetPositions(), buckets, index)
+	if err != nil {
+		return nil, err
+	}
 	// The view's copy saves a read when it is current; the store checks it.
 	var guess *store.ReleaseState
 	m.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
-			g, r := ks.Grants[sess.member], ks.Releases[sess.member]
-			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision}
+			g, r, c := ks.Grants[sess.member], ks.Releases[sess.member], ks.Commits[sess.member]
+			guess = &store.ReleaseState{Grants: g.Value, GrantsRev: g.ModRevision, Releases: r.Value, ReleasesRev: r.ModRevision, Commit: c.Value, CommitRev: c.ModRevision}
 		}
 	})
 	var rev int64
@@ -454,6 +471,7 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 		return err
 	})
 	var notHeld *store.NotHeldError
+	var back *store.BackwardsError
 	switch {
 	case err == nil:
 		// Read-your-writes through this replica, for callers that do not
@@ -467,12 +485,43 @@ func (m *memberService) Release(ctx context.Context, req *connect.Request[v1.Rel
 			hint = fmt.Sprintf("; if this session released it at token %d before, that release has been handed over since: treat it as released", notHeld.Token)
 		}
 		return nil, invalid("buckets[%d]: %v%s", index[uint32(notHeld.Bucket)], notHeld, hint)
+	case errors.As(err, &back):
+		return nil, failedPrecondition("positions[%d]: bucket %d would go backwards, from its committed position %d to %d; nothing was released", posIndex[back.Bucket], back.Bucket, back.Committed, back.Given)
 	case errors.Is(err, store.ErrFenced):
 		return nil, sessionReplaced(sess)
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseNotFound):
 		return nil, sessionEnded(sess)
 	}
 	return nil, apiError(err)
+}
+
+// releasePositions sets the final positions of a Release's buckets from
+// its positions field: each entry names one of the released buckets, at
+// the token it is released at, once, and only in a stream keyspace. It
+// returns each positioned bucket's index in positions, for errors.
+func releasePositions(k shard.Keyspace, positions []*v1.BucketPosition, buckets []shard.BucketToken, index map[uint32]int) (map[int]int, error) {
+	if len(positions) == 0 {
+		return nil, nil
+	}
+	if k.Mode != shard.ModeStream {
+		return nil, invalid("positions: keyspace %q is in %s mode; release positions belong to stream keyspaces (mode KEYSPACE_MODE_STREAM): leave positions out", k.Name, k.Mode)
+	}
+	posIndex := make(map[int]int, len(positions))
+	for i, p := range positions {
+		j, ok := index[p.GetBucket()]
+		if !ok {
+			return nil, invalid("positions[%d]: bucket %d is not among the buckets released; each entry names one of buckets, at the same token", i, p.GetBucket())
+		}
+		if p.GetToken() != buckets[j].Token {
+			return nil, invalid("positions[%d]: bucket %d at token %d, but buckets[%d] releases it at token %d; give the same token", i, p.GetBucket(), p.GetToken(), j, buckets[j].Token)
+		}
+		if first, dup := posIndex[buckets[j].Bucket]; dup {
+			return nil, invalid("positions[%d] and positions[%d] both name bucket %d; list each bucket once", first, i, p.GetBucket())
+		}
+		posIndex[buckets[j].Bucket] = i
+		buckets[j].Position = p.GetPosition()
+	}
+	return posIndex, nil
 }
 
 func (m *memberService) Leave(ctx context.Context, req *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {

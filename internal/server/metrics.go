@@ -21,6 +21,10 @@ type metrics struct {
 	hotKeyLastRound  prometheus.Gauge       // when this replica, as leader, last aggregated
 	hotReportsPruned *prometheus.CounterVec // stale reports the leader deleted, per pool
 
+	// Stream commits.
+	commits      *prometheus.CounterVec // Commit calls answered, per keyspace
+	commitWrites *prometheus.CounterVec // store writes made for them, per keyspace
+
 	// API limits.
 	longPolls        prometheus.Gauge   // long polls and watch streams held now
 	longPollsRefused prometheus.Counter // refused over limits.max_long_polls
@@ -67,6 +71,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		hotReportsPruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_hotkey_reports_pruned_total", Help: "Stale hot-key reports (older than twice report_max_age) deleted by this replica as leader.",
 		}, []string{"pool"}),
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_commits_total", Help: "Commit calls (stream positions) this replica answered, accepted or refused.",
+		}, []string{"keyspace"}),
+		commitWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_commit_writes_total", Help: "Store writes (one CommitPositions transaction each) this replica made for Commit calls: concurrent commits of one session share one, so this over keyshard_commits_total is the writes per call.",
+		}, []string{"keyspace"}),
 		longPolls: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keyshard_api_long_polls", Help: "Long polls (GetGrants, GetMap, GetOverflowSet with a wait) and watch streams this replica holds now.",
 		}),
@@ -76,6 +86,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
-		m.longPolls, m.longPollsRefused)
+		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused)
 	return m
 }

@@ -40,6 +40,7 @@ type Server struct {
 	onRound func(time.Time) // Options.OnHotKeyRound; never nil
 	seams   seams           // nil fields: the store's
 	reach   reachability    // whether etcd answers this replica's probe
+	commits commits         // Commit calls queued behind their session's write
 
 	// Set by Run.
 	store    *store.Store

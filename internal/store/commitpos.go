@@ -73,6 +73,34 @@ func checkCommit(next shard.Commit, lease shard.LeaseID, g shard.Grants, prev sh
 	return nil
 }
 
+// CommitState is what CommitPositions checks a commit against: the
+// keyspace's bucket count, the member's grants and commit record, each with
+// the ModRevision it was read at (0: absent), and the last token issued in
+// the keyspace. A caller with a cache passes its copy as a guess
+// (CommitPositionsWith), saving the read: the write compares the grants'
+// and the record's revisions, and a refusal is checked again on a fresh
+// read (the guess may be behind), so a guess never lets a wrong commit in
+// nor keeps a right one out.
+type CommitState struct {
+	Buckets   int
+	Grants    shard.Grants
+	GrantsRev int64
+	Commit    shard.Commit
+	CommitRev int64
+	LastToken uint64
+}
+
+// Check reports whether c, a commit of session lease, may replace the
+// commit record of st, with CommitPositions' errors (without the
+// operation's prefix): ErrConflict if the record is an earlier session's,
+// not folded yet, else checkCommit's.
+func (st CommitState) Check(c shard.Commit, lease shard.LeaseID) error {
+	if st.CommitRev != 0 && st.Commit.Session != lease {
+		return fmt.Errorf("%w: the positions of the member's earlier session %v are not folded yet; retry once the leader has", ErrConflict, st.Commit.Session)
+	}
+	return checkCommit(c, lease, st.Grants, st.Commit, st.Buckets, st.LastToken)
+}
+
 // CommitPositions replaces member id's committed positions in stream
 // keyspace ks with c, for session lease, in one etcd transaction that
 // writes one small value (positions/<ks>/<id>, without a lease) however
@@ -94,32 +122,43 @@ func checkCommit(next shard.Commit, lease shard.LeaseID, g shard.Grants, prev sh
 // contended after retries, or an earlier session's record not folded yet),
 // ErrCorrupt, ErrInvalidName, ErrUnavailable.
 func (s *Store) CommitPositions(ctx context.Context, ks, id string, lease shard.LeaseID, c shard.Commit) (int64, error) {
+	rev, _, err := s.CommitPositionsWith(ctx, ks, id, lease, c, nil)
+	return rev, err
+}
+
+// CommitPositionsWith is CommitPositions starting from guess, if not nil,
+// instead of a read: a current guess makes the commit one etcd round trip.
+// The guess must be of stream keyspace ks (its mode is not read again).
+// It also returns the state the commit was checked against, as read or
+// guessed and confirmed by the write (on success), or as read fresh (on a
+// refusal by checkCommit's rules); the zero state otherwise. The caller
+// may check other commits against it (CommitState.Check) and, on
+// success, use it with Commit and CommitRev set to c and the revision as
+// its next guess.
+func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease shard.LeaseID, c shard.Commit, guess *CommitState) (int64, CommitState, error) {
 	if s.closed() {
-		return 0, errClosed("commit positions")
+		return 0, CommitState{}, errClosed("commit positions")
 	}
 	if err := checkNames(ks, id); err != nil {
-		return 0, err
+		return 0, CommitState{}, err
 	}
 	op := fmt.Sprintf("commit positions of %s/%s", ks, id)
 	if lease <= 0 {
-		return 0, invalidf("%s: session %d is not a lease id", op, int64(lease))
+		return 0, CommitState{}, invalidf("%s: session %d is not a lease id", op, int64(lease))
 	}
 	if e := validateCommit(c); e != nil {
-		return 0, fmt.Errorf("store: %s: %w", op, e.invalid("commit"))
-	}
-	kk, mk, gk, pk, tk := KeyspaceKey(ks), MemberKey(ks, id), GrantsKey(ks, id), PositionsKey(ks, id), TokensKey(ks)
-	reads := []clientv3.Op{clientv3.OpGet(kk), clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(pk), clientv3.OpGet(tk)}
-	resp, err := s.client.Txn(ctx).Then(reads...).Commit()
-	if err != nil {
-		return 0, s.err(op, err)
+		return 0, CommitState{}, fmt.Errorf("store: %s: %w", op, e.invalid("commit"))
 	}
 	val, err := EncodeCommit(c)
 	if err != nil {
-		return 0, err
+		return 0, CommitState{}, err
 	}
-	for range maxReleaseRetries {
-		// resp holds the five reads, from the first read or from the
-		// Else branch of a failed write.
+	kk, mk, gk, pk, tk := KeyspaceKey(ks), MemberKey(ks, id), GrantsKey(ks, id), PositionsKey(ks, id), TokensKey(ks)
+	reads := []clientv3.Op{clientv3.OpGet(kk), clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(pk), clientv3.OpGet(tk)}
+	// fresh parses the five reads, from a read or from the Else branch of
+	// a failed write, checking the keyspace and the member.
+	fresh := func(resp *clientv3.TxnResponse) (CommitState, error) {
+		var st CommitState
 		kv := func(i int) []byte {
 			if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
 				return kvs[0].Value
@@ -133,56 +172,79 @@ func (s *Store) CommitPositions(ctx context.Context, ks, id string, lease shard.
 			return 0
 		}
 		if rev(0) == 0 {
-			return 0, fmt.Errorf("store: %s: keyspace %q: %w", op, ks, ErrNotFound)
+			return st, fmt.Errorf("store: %s: keyspace %q: %w", op, ks, ErrNotFound)
 		}
 		cfg, err := DecodeKeyspace(kk, kv(0))
 		if err != nil {
-			return 0, err
+			return st, err
 		}
 		if cfg.Mode != shard.ModeStream {
-			return 0, fmt.Errorf("store: %s: %w: keyspace %q is in %s mode; positions belong to stream keyspaces", op, ErrInvalid, ks, cfg.Mode)
+			return st, fmt.Errorf("store: %s: %w: keyspace %q is in %s mode; positions belong to stream keyspaces", op, ErrInvalid, ks, cfg.Mode)
 		}
+		st.Buckets = cfg.Buckets
 		mkv := resp.Responses[1].GetResponseRange().Kvs
 		if len(mkv) == 0 {
-			return 0, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
+			return st, fmt.Errorf("store: %s: member %q: %w", op, id, ErrNotFound)
 		}
 		if shard.LeaseID(mkv[0].Lease) != lease {
-			return 0, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, shard.LeaseID(mkv[0].Lease), lease)
+			return st, fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, id, shard.LeaseID(mkv[0].Lease), lease)
 		}
-		var g shard.Grants
-		if rev(2) != 0 {
-			if g, err = DecodeGrants(gk, kv(2)); err != nil {
-				return 0, err
+		if st.GrantsRev = rev(2); st.GrantsRev != 0 {
+			if st.Grants, err = DecodeGrants(gk, kv(2)); err != nil {
+				return st, err
 			}
 		}
-		var prev shard.Commit
-		if rev(3) != 0 {
-			if prev, err = DecodeCommit(pk, kv(3)); err != nil {
-				return 0, err
-			}
-			if prev.Session != lease {
-				return 0, fmt.Errorf("store: %s: %w: the positions of member %q's earlier session %v are not folded yet; retry once the leader has", op, ErrConflict, id, prev.Session)
+		if st.CommitRev = rev(3); st.CommitRev != 0 {
+			if st.Commit, err = DecodeCommit(pk, kv(3)); err != nil {
+				return st, err
 			}
 		}
-		var last uint64
 		if rev(4) != 0 {
-			if last, err = DecodeTokens(tk, kv(4)); err != nil {
-				return 0, err
+			if st.LastToken, err = DecodeTokens(tk, kv(4)); err != nil {
+				return st, err
 			}
 		}
-		if err := checkCommit(c, lease, g, prev, cfg.Buckets, last); err != nil {
-			return 0, fmt.Errorf("store: %s: %w", op, err)
-		}
-		put, err := s.putIfMember(ctx, op, lease, mk, gk, rev(2), pk, rev(3), clientv3.OpPut(pk, string(val)), reads)
+		return st, nil
+	}
+	read := func() (CommitState, error) {
+		resp, err := s.client.Txn(ctx).Then(reads...).Commit()
 		if err != nil {
-			return 0, err
+			return CommitState{}, s.err(op, err)
+		}
+		return fresh(resp)
+	}
+	var st CommitState
+	guessed := guess != nil
+	if guessed {
+		st = *guess
+	} else if st, err = read(); err != nil {
+		return 0, CommitState{}, err
+	}
+	for range maxReleaseRetries {
+		if err := st.Check(c, lease); err != nil {
+			if guessed {
+				// The guess may be behind etcd: check before refusing.
+				if st, err = read(); err != nil {
+					return 0, CommitState{}, err
+				}
+				guessed = false
+				continue
+			}
+			return 0, st, fmt.Errorf("store: %s: %w", op, err)
+		}
+		put, err := s.putIfMember(ctx, op, lease, mk, gk, st.GrantsRev, pk, st.CommitRev, clientv3.OpPut(pk, string(val)), reads)
+		if err != nil {
+			return 0, CommitState{}, err
 		}
 		if put.Succeeded {
-			return put.Header.Revision, nil
+			return put.Header.Revision, st, nil
 		}
 		// The member, its grants or its commit record changed meanwhile:
 		// the failed transaction read them; check again from there.
-		resp = put
+		if st, err = fresh(put); err != nil {
+			return 0, CommitState{}, err
+		}
+		guessed = false
 	}
-	return 0, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxReleaseRetries)
+	return 0, CommitState{}, fmt.Errorf("store: %s: %w: still contended after %d attempts", op, ErrConflict, maxReleaseRetries)
 }

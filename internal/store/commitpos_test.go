@@ -319,3 +319,104 @@ func TestReleaseKeepsPositions(t *testing.T) {
 		t.Errorf("releases %s, want %s", resp.Kvs[0].Value, want)
 	}
 }
+
+// TestReleaseRefusesBackwards: a release position below the bucket's
+// committed one is refused and releases nothing; a release at it or
+// above is kept, and a retry without a position keeps it.
+func TestReleaseRefusesBackwards(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createStreamKeyspace(t, s, "rb")
+	a := newSession(t, s, 10*time.Second)
+	la := a.LeaseID()
+	if _, _, err := s.Join(ctx, "rb", member("w1"), la, false); err != nil {
+		t.Fatal(err)
+	}
+	_, fence := campaign(t, s, "leader-rb")
+	g := shard.Grants{Session: la, Buckets: []shard.BucketToken{{Bucket: 1, Token: 2}, {Bucket: 2, Token: 2, Position: 300}}}
+	if _, err := s.Commit(ctx, fence, []Write{PutGrants("rb", "w1", g), PutTokens("rb", 2)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitPositions(ctx, "rb", "w1", la, shard.Commit{Session: la, MaxToken: 2, Default: 100}); err != nil {
+		t.Fatal(err)
+	}
+	releases := func() string {
+		t.Helper()
+		resp, err := s.client.Get(ctx, ReleasesKey("rb", "w1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	var be *BackwardsError
+	// Bucket 2's grant starts at 300, above the commit's default.
+	for _, rel := range [][]shard.BucketToken{{{Bucket: 1, Token: 2, Position: 99}}, {{Bucket: 1, Token: 2, Position: 100}, {Bucket: 2, Token: 2, Position: 299}}} {
+		_, err := s.Release(ctx, "rb", "w1", la, rel, &ReleaseState{Grants: g, GrantsRev: 1}) // a stale guess
+		if !errors.As(err, &be) || be.Field != "positions" || be.Bucket != rel[len(rel)-1].Bucket {
+			t.Fatalf("release %v: %v, want a *BackwardsError for bucket %d", rel, err, rel[len(rel)-1].Bucket)
+		}
+	}
+	if got := releases(); got != "" {
+		t.Fatalf("refused releases wrote %s", got)
+	}
+	if _, err := s.Release(ctx, "rb", "w1", la, []shard.BucketToken{{Bucket: 1, Token: 2, Position: 100}, {Bucket: 2, Token: 2, Position: 300}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, "rb", "w1", la, []shard.BucketToken{{Bucket: 1, Token: 2}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"buckets":[[1,2],[2,2]],"positions":[[1,100],[2,300]]}`; releases() != want {
+		t.Errorf("releases %s, want %s", releases(), want)
+	}
+}
+
+// TestCommitPositionsWithGuess: a current guess commits in one round
+// trip; a stale one is corrected by the write's compares, and a refusal
+// it would cause is checked on a fresh read first.
+func TestCommitPositionsWithGuess(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createStreamKeyspace(t, s, "cg")
+	a := newSession(t, s, 10*time.Second)
+	la := a.LeaseID()
+	if _, _, err := s.Join(ctx, "cg", member("w1"), la, false); err != nil {
+		t.Fatal(err)
+	}
+	_, fence := campaign(t, s, "leader-cg")
+	g := shard.Grants{Session: la, Buckets: []shard.BucketToken{{Bucket: 1, Token: 4}, {Bucket: 2, Token: 5}}}
+	if _, err := s.Commit(ctx, fence, []Write{PutGrants("cg", "w1", g), PutTokens("cg", 5)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A stale guess: no grants, no record, no token. The exception would
+	// be refused as not held by it.
+	c := shard.Commit{Session: la, MaxToken: 5, Default: 10, Exceptions: []shard.BucketPosition{{Bucket: 2, Token: 5, Position: 4}}}
+	rev, st, err := s.CommitPositionsWith(ctx, "cg", "w1", la, c, &CommitState{Buckets: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GrantsRev == 0 || len(st.Grants.Buckets) != 2 || st.LastToken != 5 || st.CommitRev != 0 {
+		t.Fatalf("state checked against: %+v", st)
+	}
+	// The state after it is a current guess.
+	st.Commit, st.CommitRev = c, rev
+	before, err := s.Rev(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Default = 20
+	rev2, _, err := s.CommitPositionsWith(ctx, "cg", "w1", la, c, &st)
+	if err != nil || rev2 != before+1 {
+		t.Fatalf("commit from a current guess: revision %d (etcd was at %d), %v; want one write", rev2, before, err)
+	}
+	// Checked against the state: a lower one is refused, fresh.
+	c.Default = 15
+	if _, st2, err := s.CommitPositionsWith(ctx, "cg", "w1", la, c, &st); !errors.Is(err, ErrBackwards) || st2.CommitRev != rev2 {
+		t.Fatalf("commit below the record: %v, state %+v", err, st2)
+	}
+	if err := st.Check(c, la); err != nil {
+		t.Errorf("the stale state accepts %+v: %v", c, err)
+	}
+}
