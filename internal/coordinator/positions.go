@@ -116,8 +116,12 @@ func (f *fold) raise(b int, p uint64) {
 }
 
 // release folds the position of bucket b, which holder h gives up: the
-// final position its release carries if that is not below the committed
-// one, else the committed one.
+// final position its release carries, if it carries one, else the
+// committed one. The final position is where the holder stopped handling
+// the bucket (the store refused it below the committed position), so a
+// commit the holder made after the release, whose default still covers the
+// bucket until it is handed over, does not move it past events the holder
+// never handled.
 func (f *fold) release(h string, b int) {
 	if f == nil {
 		return
@@ -132,7 +136,11 @@ func (f *fold) release(h string, b int) {
 		f.eff[h] = eff
 	}
 	f.read[h] = true
-	f.raise(b, max(eff[b], f.k.relPos[h][b]))
+	if final, ok := f.k.relPos[h][b]; ok {
+		f.raise(b, final)
+		return
+	}
+	f.raise(b, eff[b])
 }
 
 // from is where a grant of bucket b starts: its position after the fold.

@@ -40,7 +40,8 @@ func (w *world) effective(ks, id string) map[int]uint64 {
 
 // finalPositions sets, in a stream keyspace, the final position a release
 // hands over for each bucket: usually at or a little above the committed
-// one, sometimes behind it (the fold keeps the committed one then). A
+// one, sometimes none (the committed one counts then; the store refuses a
+// final position behind the committed one, so none is drawn). A
 // bucket released again keeps the final position it was released at: the
 // holder has stopped reading it.
 func (w *world) finalPositions(ks, id string, rel []shard.BucketToken) []shard.BucketToken {
@@ -65,7 +66,7 @@ func (w *world) finalPositions(ks, id string, rel []shard.BucketToken) []shard.B
 		}
 		switch b := rel[i].Bucket; b % 4 {
 		case 3:
-			rel[i].Position = eff[b] / 2
+			rel[i].Position = 0 // none given: the committed one counts
 		default:
 			rel[i].Position = eff[b] + uint64(b%4)
 		}
@@ -127,11 +128,25 @@ func (w *world) commit(ks, id string, bump uint64, all bool, picks []int, ahead 
 	w.commits[ks][id], w.commitRev[ks][id] = next, w.rev
 	for i, p := range shard.Positions(g, next, w.bpos[ks]) {
 		bt := g.Buckets[i]
+		if w.releasedWithFinal(ks, id, bt) {
+			continue // the holder stopped at its final position: the fold takes that
+		}
 		f := w.floor[ks][bt.Bucket]
 		w.floor[ks][bt.Bucket] = posFloor{pos: max(f.pos, p), session: g.Session, token: bt.Token}
 	}
 	w.step(coordinator.CommitPut{Keyspace: ks, ID: id, Commit: next, Rev: w.rev})
 	return true
+}
+
+// releasedWithFinal reports whether member id released bt at its token
+// with a final position.
+func (w *world) releasedWithFinal(ks, id string, bt shard.BucketToken) bool {
+	for _, r := range w.releases[ks][id] {
+		if r.Bucket == bt.Bucket && r.Token == bt.Token && r.Position > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // loadStream returns the events that load a stream keyspace's positions

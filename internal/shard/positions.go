@@ -185,9 +185,10 @@ type HeldPositions struct {
 // holder gave its buckets up now:
 //
 //   - a held bucket is at Positions(grants, the holder's commit, base),
-//     and at the final position of the holder's release of it if that is
-//     higher and the release is at the grant's token (a release the leader
-//     has not processed yet);
+//     or, if the holder released it at the grant's token with a final
+//     position (a release the leader has not processed yet), at that final
+//     position (never below base): the leader's fold takes it over any
+//     later commit;
 //   - a bucket nobody holds that the copy of an ended session names is at
 //     Positions(the copy, that session's commit, base), as the leader's
 //     next round folds it;
@@ -217,8 +218,8 @@ func KeyspacePositions(in HeldPositions) ([]uint64, []Holder) {
 				continue
 			}
 			p := eff[i]
-			if r, ok := rel[b]; ok && r.Token == bt.Token {
-				p = max(p, r.Position)
+			if r, ok := rel[b]; ok && r.Token == bt.Token && r.Position > 0 {
+				p = max(r.Position, in.Base.Position(b)) // where the holder stopped: the fold takes it
 			}
 			pos[b], holders[b] = p, Holder{Member: id, Token: bt.Token}
 		}
