@@ -43,7 +43,12 @@ func TestWorkerCommit(t *testing.T) {
 	f := streamFake(t)
 	c := f.dial(t)
 	h := &finalHandler{acquired: make(chan Grant, 16), final: map[int]uint64{0: 77}}
-	w, err := NewWorker(c, "events", Member{ID: "w1"}, h)
+	released := make(chan Event, 16)
+	w, err := NewWorker(c, "events", Member{ID: "w1"}, h, OnEvent(func(ev Event) {
+		if ev.Kind == EventReleased {
+			released <- ev
+		}
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +101,9 @@ func TestWorkerCommit(t *testing.T) {
 	rel := f.Releases().Next(t)
 	if ps := rel.GetPositions(); len(ps) != 1 || ps[0].GetBucket() != 0 || ps[0].GetToken() != tok0 || ps[0].GetPosition() != 77 {
 		t.Errorf("Release positions = %v, want bucket 0 at token %d: 77", ps, tok0)
+	}
+	if ev := recv(t, released, "EventReleased"); ev.Grant.Bucket != 0 || ev.Final == nil || *ev.Final != 77 {
+		t.Errorf("EventReleased for bucket %d with Final %v, want bucket 0 and 77", ev.Grant.Bucket, ev.Final)
 	}
 	f.WaitFor(t, "the release", func() bool { return len(f.Grants(sid)) == 0 })
 	if got := f.BucketPosition("events", 0); got != 77 {

@@ -130,7 +130,11 @@ type Event struct {
 	// Deadline is the session's fence deadline, for EventRenewed (see
 	// Grant.Deadline).
 	Deadline time.Time
-	Err      error
+	// Final is, for EventReleased in a stream keyspace, the final position
+	// the Release call hands over (the Handler's FinalPositioner gave it
+	// and the bucket was asked back, not fenced); nil otherwise.
+	Final *uint64
+	Err   error
 }
 
 type workerOptions struct {
@@ -1072,7 +1076,14 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 		if fp, ok := w.h.(FinalPositioner); ok {
 			final, finalOK = fp.FinalPosition(b)
 		}
-		w.emit(Event{Kind: EventReleased, Session: gs.s.id, Grant: gs.g, Err: err})
+		ev := Event{Kind: EventReleased, Session: gs.s.id, Grant: gs.g, Err: err}
+		w.mu.Lock()
+		if finalOK && gs.how == endHandoff && !gs.s.fenced {
+			f := final
+			ev.Final = &f
+		}
+		w.mu.Unlock()
+		w.emit(ev)
 	}
 	gs.cancel()
 
