@@ -18,6 +18,14 @@ type Record struct {
 	Position uint64
 	// Payload is the record's content; the package never reads it.
 	Payload []byte
+	// Bucket is the bucket of Key, set by the Flow on the records it
+	// delivers; a Reader leaves it 0.
+	Bucket int
+	// Token is the fencing token the Worker holds Bucket at, set by a
+	// stream Worker on the records it hands to its handle function (0
+	// elsewhere): pass it to storage with the record's writes, so a write
+	// made after the bucket moved on is refused.
+	Token uint64
 }
 
 // BucketPosition is a bucket with a stream position: for a grant, the
@@ -225,8 +233,10 @@ func (f *Flow) Main(from uint64, recs []Record, next uint64, deliver func(Record
 		if r.Position < f.pos || r.Position == none {
 			return fmt.Errorf("%w: main lane record at %d after position %d", ErrOrder, r.Position, f.pos)
 		}
-		if r.Position >= mainFrom[f.bucket(r.Key)] {
-			if err := deliver(*r); err != nil {
+		if b := f.bucket(r.Key); r.Position >= mainFrom[b] {
+			rec := *r // the Reader's record is left as it is
+			rec.Bucket = b
+			if err := deliver(rec); err != nil {
 				f.pos = r.Position
 				return err
 			}
@@ -265,8 +275,10 @@ func (f *Flow) Catchup(from uint64, recs []Record, next uint64, deliver func(Rec
 			f.merge()
 			return true, nil
 		}
-		if r.Position >= catchFrom[f.bucket(r.Key)] {
-			if err := deliver(*r); err != nil {
+		if b := f.bucket(r.Key); r.Position >= catchFrom[b] {
+			rec := *r // the Reader's record is left as it is
+			rec.Bucket = b
+			if err := deliver(rec); err != nil {
 				f.cursor = r.Position
 				return false, err
 			}

@@ -80,9 +80,10 @@ type WakeOptions struct {
 // handle is called from one goroutine, in stream order for each key,
 // with Run's context. A record is counted as processed once handle
 // returned nil for it; an error stops the worker (see Run). The worker
-// may lose a bucket between two records: use ClientWorker().Owns(key) for
-// the grant (its Token, Valid) of a record's bucket before a write that
-// must be fenced.
+// may lose a bucket between two records, never during one: each record
+// carries its Bucket and the Token the worker holds it at, to pass to
+// storage with the record's writes so that a write made after the bucket
+// moved on is refused.
 //
 // # Commits
 //
@@ -122,11 +123,18 @@ type Worker struct {
 
 	commitMu sync.Mutex // one commit at a time, from computing it to its answer
 
-	mu       sync.Mutex // guards what follows; held while a bucket is gained or lost and while a commit is computed
-	cons     *Consumer  // nil until the first Acquire
-	hasher   placement.Hasher
-	ready    chan struct{}                 // closed once cons is set
-	gained   map[int]uint64                // bucket → token it was gained at
+	mu     sync.Mutex // guards what follows; held while a bucket is gained or lost and while a commit is computed
+	cons   *Consumer  // nil until the first Acquire
+	hasher placement.Hasher
+	ready  chan struct{}  // closed once cons is set
+	gained map[int]uint64 // bucket → token it was gained at
+
+	// tokens is gained's copy for handle: set before a bucket is gained
+	// into the Consumer and cleared after it is lost, so every record
+	// handed to handle finds its bucket's token. tokMu is taken last,
+	// never while taking another lock: handle runs under the Consumer's.
+	tokMu    sync.Mutex
+	tokens   map[int]uint64
 	lost     map[int]client.BucketPosition // lost buckets' final positions, until the client.Worker has them
 	last     lastCommit
 	wakeq    []int         // gained buckets not woken yet
@@ -178,6 +186,7 @@ func NewWorker(c *client.Client, keyspace string, m client.Member, r Reader, han
 		interval: opts.CommitInterval,
 		ready:    make(chan struct{}),
 		gained:   map[int]uint64{},
+		tokens:   map[int]uint64{},
 		lost:     map[int]client.BucketPosition{},
 		wakeKick: make(chan struct{}, 1),
 		done:     make(chan struct{}),
@@ -423,7 +432,9 @@ func (h handler) Acquire(_ context.Context, g client.Grant) error {
 			return err
 		}
 	}
+	sw.setToken(g.Bucket, g.Token)
 	if err := sw.cons.Gain(BucketPosition{Bucket: g.Bucket, Position: g.From}); err != nil {
+		sw.setToken(g.Bucket, 0)
 		return err
 	}
 	sw.gained[g.Bucket] = g.Token
@@ -458,7 +469,12 @@ func (sw *Worker) startLocked(g client.Grant) error {
 	if err != nil {
 		return err
 	}
-	cons, err := NewConsumer(flow, sw.r, sw.handle)
+	cons, err := NewConsumer(flow, sw.r, func(ctx context.Context, rec Record) error {
+		sw.tokMu.Lock()
+		rec.Token = sw.tokens[rec.Bucket]
+		sw.tokMu.Unlock()
+		return sw.handle(ctx, rec)
+	})
 	if err != nil {
 		return err
 	}
@@ -482,10 +498,23 @@ func (h handler) Release(_ context.Context, bucket int) error {
 	if err != nil {
 		return err
 	}
+	sw.setToken(bucket, 0)
 	if held {
 		sw.lost[bucket] = client.BucketPosition{Bucket: bucket, Token: tok, Position: final}
 	}
 	return nil
+}
+
+// setToken sets (or, with 0, clears) the token handle's records of bucket
+// b carry.
+func (sw *Worker) setToken(b int, token uint64) {
+	sw.tokMu.Lock()
+	defer sw.tokMu.Unlock()
+	if token == 0 {
+		delete(sw.tokens, b)
+		return
+	}
+	sw.tokens[b] = token
 }
 
 // FinalPosition returns the final position Release kept.

@@ -39,17 +39,31 @@ func streamFake(t *testing.T) (*clienttest.Server, *client.Client) {
 
 // handled records the positions handled per bucket.
 type handled struct {
-	h   placement.Hasher
-	mu  sync.Mutex
-	got map[int][]uint64
+	h      placement.Hasher
+	mu     sync.Mutex
+	got    map[int][]uint64
+	tokens map[int]uint64 // the token of each bucket's last record
 }
 
 func (r *handled) handle(_ context.Context, rec Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := r.h.Bucket(rec.Key)
+	if rec.Bucket != b || rec.Token == 0 {
+		return fmt.Errorf("record at %d of bucket %d carries bucket %d, token %d", rec.Position, b, rec.Bucket, rec.Token)
+	}
 	r.got[b] = append(r.got[b], rec.Position)
+	if r.tokens == nil {
+		r.tokens = map[int]uint64{}
+	}
+	r.tokens[b] = rec.Token
 	return nil
+}
+
+func (r *handled) token(b int) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tokens[b]
 }
 
 func (r *handled) of(b int) []uint64 {
@@ -121,6 +135,9 @@ func TestWorkerStreams(t *testing.T) {
 	tok2 := f.GrantFrom(sid, 2, early)
 	r.poke <- struct{}{} // the reader waits at the head
 	untilHead(t, r, "bucket 2's catch-up", func() bool { return slices.Equal(rec.of(2), want(log, h, 2, early)) })
+	if got := rec.token(2); got != tok2 {
+		t.Errorf("bucket 2's records carry token %d, want its grant's %d", got, tok2)
+	}
 	if got := rec.of(3); len(got) != 0 {
 		t.Errorf("bucket 3, not held, handled at %v", got)
 	}
@@ -202,6 +219,7 @@ func unitWorker(t *testing.T, src *grantsSource, start uint64) *Worker {
 		hasherOf: func() placement.Hasher { return h },
 		ready:    make(chan struct{}),
 		gained:   map[int]uint64{},
+		tokens:   map[int]uint64{},
 		lost:     map[int]client.BucketPosition{},
 		wakeKick: make(chan struct{}, 1),
 	}
