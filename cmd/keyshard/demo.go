@@ -24,7 +24,15 @@ owners of their buckets. On a schedule a worker joins, another joins, one
 leaves gracefully, one crashes and one more joins; the demo narrates each
 change, then checks its own record: no two grants of one bucket overlapped,
 fencing tokens increased, every event was processed by its bucket's holder,
-and every change moved the optimal number of buckets.`,
+and every change moved the optimal number of buckets.
+
+With --mode stream, the workers are stream workers of a stream keyspace:
+they read one Kafka partition (kfake, in process; offset = position) that
+a producer appends keyed events to, commit a position per bucket, and hand
+positions over with their buckets. The demo checks that every event was
+handled by a holder of its bucket, each key in stream order within each
+holder's tenure, with no duplicate after a graceful move and duplicates
+after a crash only after that bucket's last commit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Out = cmd.ErrOrStderr()
@@ -55,8 +63,18 @@ and every change moved the optimal number of buckets.`,
 					return err
 				}
 				rep, ok = r, r.OK
+			case "stream":
+				sopts := demo.StreamOptions{Duration: opts.Duration, Workers: opts.Workers, Buckets: opts.Buckets, Rate: opts.Rate, Out: opts.Out, Logger: opts.Logger}
+				if !cmd.Flags().Changed("workers") {
+					sopts.Workers = 0 // the mode's own default
+				}
+				r, err := demo.RunStream(cmd.Context(), sopts)
+				if err != nil {
+					return err
+				}
+				rep, ok = r, r.OK
 			default:
-				return fmt.Errorf("--mode %q: want exclusive or hotkeys", mode)
+				return fmt.Errorf("--mode %q: want exclusive, stream or hotkeys", mode)
 			}
 			if asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
@@ -74,7 +92,7 @@ and every change moved the optimal number of buckets.`,
 	fl.IntVar(&opts.Workers, "workers", 3, "workers at the start")
 	fl.IntVar(&opts.Buckets, "buckets", 256, "buckets of the demo keyspace")
 	fl.IntVar(&opts.Rate, "rate", 2000, "keyed events per second")
-	fl.StringVar(&mode, "mode", "exclusive", `"exclusive" (workers owning buckets) or "hotkeys" (Kafka overflow router on kfake)`)
+	fl.StringVar(&mode, "mode", "exclusive", `"exclusive" (workers owning buckets), "stream" (stream workers reading one Kafka partition on kfake, positions per bucket) or "hotkeys" (Kafka overflow router on kfake)`)
 	fl.BoolVar(&asJSON, "json", false, "end with one JSON object of the checked figures on stdout")
 	fl.BoolVar(&verbose, "verbose", false, "also print the server's and workers' logs")
 	return cmd

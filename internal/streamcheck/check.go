@@ -58,6 +58,9 @@ type Tenure struct {
 	Final uint64
 
 	handled []handling
+	// unacquired: handled before its acquire was recorded (a worker may
+	// hand records to its handler before its acquire callback returns).
+	unacquired bool
 }
 
 type handling struct {
@@ -88,13 +91,21 @@ func (r *Recorder) errorf(format string, args ...any) {
 }
 
 // Acquire records that worker was granted bucket at token, starting at
-// from.
+// from. Recording the same grant again is a no-op, so a worker may record
+// it both when its first record is handled and when its acquire event
+// arrives, whichever comes first.
 func (r *Recorder) Acquire(worker string, bucket int, token, from uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := tenureKey{bucket, token}
 	if t, ok := r.tenures[k]; ok {
-		r.errorf("bucket %d token %d acquired twice (by %s and %s)", bucket, token, t.Worker, worker)
+		if t.unacquired && t.Worker == worker {
+			t.unacquired, t.From, t.Committed = false, from, max(t.Committed, from)
+			return
+		}
+		if t.Worker != worker || t.From != from {
+			r.errorf("bucket %d token %d acquired twice (by %s from %d, by %s from %d)", bucket, token, t.Worker, t.From, worker, from)
+		}
 		return
 	}
 	t := &Tenure{Worker: worker, Bucket: bucket, Token: token, From: from, Committed: from}
@@ -110,10 +121,20 @@ func (r *Recorder) Acquire(worker string, bucket int, token, from uint64) {
 func (r *Recorder) Handle(worker string, bucket int, token, pos uint64, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, ok := r.open[worker][tenureKey{bucket, token}]
+	k := tenureKey{bucket, token}
+	t, ok := r.open[worker][k]
 	if !ok {
-		r.errorf("%s handled position %d (key %q) of bucket %d at token %d without holding it", worker, pos, key, bucket, token)
-		return
+		if _, known := r.tenures[k]; known || token == 0 {
+			r.errorf("%s handled position %d (key %q) of bucket %d at token %d without holding it", worker, pos, key, bucket, token)
+			return
+		}
+		// The first record of a grant whose acquire is not recorded yet.
+		t = &Tenure{Worker: worker, Bucket: bucket, Token: token, unacquired: true}
+		r.tenures[k] = t
+		if r.open[worker] == nil {
+			r.open[worker] = map[tenureKey]*Tenure{}
+		}
+		r.open[worker][k] = t
 	}
 	t.handled = append(t.handled, handling{pos, key})
 }

@@ -133,7 +133,7 @@ func TestCheck(t *testing.T) {
 	}, {
 		name: "handling without a grant, or of another bucket's key",
 		run: func(rec *Recorder) {
-			rec.Handle("a", 1, 1, 1, "k1")
+			rec.Handle("a", 1, 9, 1, "k1") // never acquired
 			rec.Acquire("a", 1, 1, 0)
 			rec.Handle("a", 1, 1, 2, "k2") // k2 is bucket 0's
 			rec.Release("a", 1, 1, 3)
@@ -142,6 +142,21 @@ func TestCheck(t *testing.T) {
 		want: func(r Report) string {
 			if r.OK() || r.Strays != 3 {
 				return "want 3 strays"
+			}
+			return ""
+		},
+	}, {
+		name: "a record handled before its acquire is recorded",
+		run: func(rec *Recorder) {
+			rec.Handle("a", 1, 1, 1, "k1")
+			rec.Acquire("a", 1, 1, 0)
+			handle(rec, ev, "a", 1, 1, 2, 100)
+			rec.Acquire("a", 0, 2, 0)
+			handle(rec, ev, "a", 0, 2, 0, 100)
+		},
+		want: func(r Report) string {
+			if !r.OK() || r.Handled != 100 {
+				return "want a clean record"
 			}
 			return ""
 		},

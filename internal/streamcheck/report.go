@@ -90,6 +90,10 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 		case Crashed:
 			rep.Crashes++
 		}
+		if t.unacquired {
+			rep.Strays++
+			rep.violate("%s handled records of bucket %d at token %d and never acquired it", t.Worker, t.Bucket, t.Token)
+		}
 		last := map[string]uint64{}
 		seen := map[uint64]bool{}
 		for _, h := range t.handled {
