@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/client/stream"
+	"github.com/keyshard/keyshard/internal/demo"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
@@ -60,7 +61,17 @@ type StreamReport struct {
 	// an xxh64 keyspace; ...SHA256 in a synapse-sha256 one.
 	CatchupFilterEventsPerS       float64 `json:"catchup_filter_events_per_s"`
 	CatchupFilterSHA256EventsPerS float64 `json:"catchup_filter_sha256_events_per_s"`
-	Runs                          int     `json:"runs"`
+	// Moves under load (one run of `keyshard demo --mode stream`, whose
+	// checks must pass): GracefulMoveDuplicates counts events handled
+	// again after a graceful release of their bucket (target 0);
+	// CrashDuplicates those handled again after a crash, and
+	// CrashDuplicatesBound how many events the crashed holders had handled
+	// after their last commit (target: CrashDuplicates <= the bound).
+	MoveEvents             int `json:"move_events"`
+	GracefulMoveDuplicates int `json:"graceful_move_duplicates"`
+	CrashDuplicates        int `json:"crash_duplicates"`
+	CrashDuplicatesBound   int `json:"crash_duplicates_bound"`
+	Runs                   int `json:"runs"`
 }
 
 const (
@@ -68,6 +79,7 @@ const (
 	streamCommits  = 500 // per run, at the store
 	streamInFlight = 8   // Commit calls in flight, through the API
 	streamAPIRun   = 3 * time.Second
+	streamMovesRun = 10 * time.Second
 )
 
 // Stream measures stream mode's commit record, its store write and the
@@ -91,7 +103,7 @@ func Stream(ctx context.Context, runs int, progress io.Writer) (StreamReport, er
 		return rep, err
 	}
 	rep.CommitBytes16Exceptions = len(b)
-	fmt.Fprintf(progress, "stream 1/4  commit record: %d bytes for 4,096 buckets at one position, %d with 16 behind\n", rep.CommitBytesUniform4096, rep.CommitBytes16Exceptions)
+	fmt.Fprintf(progress, "stream 1/5  commit record: %d bytes for 4,096 buckets at one position, %d with 16 behind\n", rep.CommitBytesUniform4096, rep.CommitBytes16Exceptions)
 
 	if err := streamCommitRuns(ctx, runs, &rep, progress); err != nil {
 		return rep, err
@@ -114,8 +126,21 @@ func Stream(ctx context.Context, runs int, progress io.Writer) (StreamReport, er
 		} else {
 			rep.CatchupFilterSHA256EventsPerS = medianOf(rates)
 		}
-		fmt.Fprintf(progress, "stream 4/4  catch-up filter and merge, %s: %.1fM records/s\n", mode, medianOf(rates)/1e6)
+		fmt.Fprintf(progress, "stream 4/5  catch-up filter and merge, %s: %.1fM records/s\n", mode, medianOf(rates)/1e6)
 	}
+
+	// Moves under load: the stream demo's schedule, once.
+	fmt.Fprintf(progress, "stream 5/5  moves under load: `keyshard demo --mode stream` for %v (joins, a graceful leave, a kill)\n", streamMovesRun)
+	d, err := demo.RunStream(ctx, demo.StreamOptions{Duration: streamMovesRun, Rate: 2000, Buckets: 256})
+	if err != nil {
+		return rep, fmt.Errorf("moves under load: %w", err)
+	}
+	if !d.OK {
+		return rep, fmt.Errorf("moves under load: the stream demo's checks failed: %+v", d.Report)
+	}
+	rep.MoveEvents, rep.GracefulMoveDuplicates, rep.CrashDuplicates, rep.CrashDuplicatesBound = d.Events, d.DuplicatesGraceful, d.DuplicatesCrash, d.DuplicatesCrashBound
+	fmt.Fprintf(progress, "stream 5/5  %d events, %d graceful releases, %d crashed grants: %d duplicates after graceful moves, %d after the crash (bound %d)\n",
+		d.Events, d.Releases, d.Crashes, d.DuplicatesGraceful, d.DuplicatesCrash, d.DuplicatesCrashBound)
 	return rep, nil
 }
 
@@ -196,7 +221,7 @@ func streamCommitRuns(ctx context.Context, runs int, rep *StreamReport, progress
 		writes += last - first
 		calls += streamCommits
 		rates = append(rates, streamCommits/elapsed.Seconds())
-		fmt.Fprintf(progress, "stream 2/4  store, run %d/%d: %d commits of 4,096 buckets in %v (%.0f/s), %d etcd writes\n",
+		fmt.Fprintf(progress, "stream 2/5  store, run %d/%d: %d commits of 4,096 buckets in %v (%.0f/s), %d etcd writes\n",
 			run+1, runs, streamCommits, elapsed.Round(time.Millisecond), rates[len(rates)-1], last-first)
 	}
 	rep.CommitsPerSStoreSequential = medianOf(rates)

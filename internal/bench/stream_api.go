@@ -175,7 +175,7 @@ func streamAPIRuns(ctx context.Context, runs int, rep *StreamReport, progress io
 		writes += last - first
 		calls += runCalls
 		rates = append(rates, float64(acked)/elapsed.Seconds())
-		fmt.Fprintf(progress, "stream 3/4  API, run %d/%d: %d commits acknowledged (%d calls, %d in flight) in %v (%.0f/s), %d etcd writes\n",
+		fmt.Fprintf(progress, "stream 3/5  API, run %d/%d: %d commits acknowledged (%d calls, %d in flight) in %v (%.0f/s), %d etcd writes\n",
 			run+1, runs, acked, runCalls, streamInFlight, elapsed.Round(time.Millisecond), rates[len(rates)-1], last-first)
 	}
 	rep.CommitsPerS = medianOf(rates)
