@@ -5,9 +5,12 @@
 //     http://127.0.0.1:7400/keyshard.v1.MapService/GetMap -d '{"keyspace":"rooms"}'
 //
 // Four services, by who calls them:
-//   AdminService  (role admin)           keyspaces, drains, status, hot-key pools
+//   AdminService  (role admin)           keyspaces (also imported from a static
+//                                        mapping), drains, status, stream
+//                                        positions, hot-key pools
 //   MemberService (role member)          a worker's session: join, keep-alive,
-//                                        grants, release, leave
+//                                        grants, release, leave, and in stream
+//                                        keyspaces commit
 //   MapService    (role member or admin) routers: the map, lookups
 //   HotKeyService (role member or admin) producers: report heavy hitters,
 //                                        watch the cluster-wide overflow set
