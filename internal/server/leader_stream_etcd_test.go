@@ -27,50 +27,9 @@ func TestLeadStreamHandoffEtcd(t *testing.T) {
 	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
 		t.Fatal(err)
 	}
-	join := func(id string) shard.LeaseID {
-		t.Helper()
-		lease, _, err := st.Grant(ctx, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := st.Join(ctx, "ev", shard.Member{ID: id, Weight: 1, JoinedAt: time.Now()}, lease, false); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.Activate(ctx, "ev", id, lease); err != nil {
-			t.Fatal(err)
-		}
-		return lease
-	}
-	// waitFor returns the first snapshot at which cond holds, woken by
-	// the store's watch.
+	join := func(id string) shard.LeaseID { return streamJoin(ctx, t, st, id, 10*time.Second) }
 	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
-		t.Helper()
-		snap, err := st.LoadAll(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wctx, wcancel := context.WithCancel(ctx)
-		defer wcancel()
-		updates := st.Watch(wctx, snap.Rev+1)
-		for {
-			if k := snap.Keyspaces["ev"]; k != nil && cond(k) {
-				return k
-			}
-			select {
-			case u, ok := <-updates:
-				if !ok {
-					t.Fatalf("watch ended waiting for %s", what)
-				}
-				if u.Resync != nil {
-					snap = u.Resync.Snapshot
-				}
-				for _, c := range u.Changes {
-					snap.Apply(c)
-				}
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v", what, ctx.Err())
-			}
-		}
+		return waitKeyspace(ctx, t, st, "ev", what, cond)
 	}
 	holds := func(id string, n int) func(*store.KeyspaceState) bool {
 		return func(k *store.KeyspaceState) bool { return len(k.Grants[id].Value.Buckets) == n }
@@ -142,48 +101,9 @@ func TestLeadStreamFoldAcrossLeadersEtcd(t *testing.T) {
 	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
 		t.Fatal(err)
 	}
-	join := func(id string, ttl time.Duration) shard.LeaseID {
-		t.Helper()
-		lease, _, err := st.Grant(ctx, ttl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := st.Join(ctx, "ev", shard.Member{ID: id, Weight: 1, JoinedAt: time.Now()}, lease, false); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.Activate(ctx, "ev", id, lease); err != nil {
-			t.Fatal(err)
-		}
-		return lease
-	}
+	join := func(id string, ttl time.Duration) shard.LeaseID { return streamJoin(ctx, t, st, id, ttl) }
 	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
-		t.Helper()
-		snap, err := st.LoadAll(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wctx, wcancel := context.WithCancel(ctx)
-		defer wcancel()
-		updates := st.Watch(wctx, snap.Rev+1)
-		for {
-			if k := snap.Keyspaces["ev"]; k != nil && cond(k) {
-				return k
-			}
-			select {
-			case u, ok := <-updates:
-				if !ok {
-					t.Fatalf("watch ended waiting for %s", what)
-				}
-				if u.Resync != nil {
-					snap = u.Resync.Snapshot
-				}
-				for _, c := range u.Changes {
-					snap.Apply(c)
-				}
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v", what, ctx.Err())
-			}
-		}
+		return waitKeyspace(ctx, t, st, "ev", what, cond)
 	}
 	// lead runs a leader's loop on a new election session until the
 	// returned stop is called; stop resigns, so that the next one is
@@ -253,5 +173,54 @@ func TestLeadStreamFoldAcrossLeadersEtcd(t *testing.T) {
 	}
 	if h := k.Held["b"].Value; h.Session != k.Grants["b"].Value.Session || len(h.Buckets) != 4 {
 		t.Errorf("copy of b's grants %+v; want its 4 buckets", h)
+	}
+}
+
+// streamJoin joins member id to keyspace "ev" on a new lease of ttl and
+// activates it, as Join and the first KeepAlive do.
+func streamJoin(ctx context.Context, t *testing.T, st *store.Store, id string, ttl time.Duration) shard.LeaseID {
+	t.Helper()
+	lease, _, err := st.Grant(ctx, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Join(ctx, "ev", shard.Member{ID: id, Weight: 1, JoinedAt: time.Now()}, lease, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Activate(ctx, "ev", id, lease); err != nil {
+		t.Fatal(err)
+	}
+	return lease
+}
+
+// waitKeyspace returns keyspace ks's state at the first revision at which
+// cond holds, woken by the store's watch.
+func waitKeyspace(ctx context.Context, t *testing.T, st *store.Store, ks, what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
+	t.Helper()
+	snap, err := st.LoadAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	updates := st.Watch(wctx, snap.Rev+1)
+	for {
+		if k := snap.Keyspaces[ks]; k != nil && cond(k) {
+			return k
+		}
+		select {
+		case u, ok := <-updates:
+			if !ok {
+				t.Fatalf("watch ended waiting for %s", what)
+			}
+			if u.Resync != nil {
+				snap = u.Resync.Snapshot
+			}
+			for _, c := range u.Changes {
+				snap.Apply(c)
+			}
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		}
 	}
 }

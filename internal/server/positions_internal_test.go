@@ -83,34 +83,8 @@ func TestResetBetweenLeaderReadAndGrant(t *testing.T) {
 	go func() { done <- s.lead(lctx, hook, fence) }() // exits when stop is called
 	defer func() { stop(); <-done }()
 
-	lease, _, err := st.Grant(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := st.Join(ctx, "ev", shard.Member{ID: "a", Weight: 1, JoinedAt: time.Now()}, lease, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Activate(ctx, "ev", "a", lease); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := st.LoadAll(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	updates := st.Watch(ctx, snap.Rev+1)
-	for k := snap.Keyspaces["ev"]; k == nil || len(k.Grants["a"].Value.Buckets) < 4; k = snap.Keyspaces["ev"] {
-		select {
-		case u := <-updates:
-			if u.Resync != nil {
-				snap = u.Resync.Snapshot
-			}
-			for _, c := range u.Changes {
-				snap.Apply(c)
-			}
-		case <-ctx.Done():
-			t.Fatalf("waiting for a's grants: %v", ctx.Err())
-		}
-	}
+	streamJoin(ctx, t, st, "a", 10*time.Second)
+	k := waitKeyspace(ctx, t, st, "ev", "a's grants", func(k *store.KeyspaceState) bool { return len(k.Grants["a"].Value.Buckets) == 4 })
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
 	if hook.resetErr != nil {
@@ -119,7 +93,7 @@ func TestResetBetweenLeaderReadAndGrant(t *testing.T) {
 	if !errors.Is(hook.commitErr, store.ErrConflict) {
 		t.Errorf("the grant round planned before the reset: %v, want ErrConflict", hook.commitErr)
 	}
-	for _, bt := range snap.Keyspaces["ev"].Grants["a"].Value.Buckets {
+	for _, bt := range k.Grants["a"].Value.Buckets {
 		if bt.Position != 500 {
 			t.Errorf("bucket %d granted from %d; want the reset position 500", bt.Bucket, bt.Position)
 		}
