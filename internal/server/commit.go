@@ -266,9 +266,9 @@ func (s *Server) writeBatch(sess session, batch []*commitCall, st *store.CommitS
 			rev, before, err = s.store.CommitPositionsWith(ctx, sess.keyspace, sess.member, sess.lease, w.c, guess)
 			return err
 		})
-		s.metrics.commitWrites.WithLabelValues(sess.keyspace).Inc()
 		switch {
 		case err == nil:
+			s.metrics.commitWrites.WithLabelValues(sess.keyspace).Inc() // a refused commit writes nothing
 			w.done <- commitResult{rev: rev}
 			after := before
 			after.Commit, after.CommitRev = w.c, rev

@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_commits_total", Help: "Commit calls (stream positions) this replica answered, accepted or refused.",
 		}, []string{"keyspace"}),
 		commitWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keyshard_commit_writes_total", Help: "Store writes (one CommitPositions transaction each) this replica made for Commit calls: concurrent commits of one session share one, so this over keyshard_commits_total is the writes per call.",
+			Name: "keyshard_commit_writes_total", Help: "Store writes (one applied CommitPositions transaction each) this replica made for Commit calls: concurrent commits of one session share one, so this over keyshard_commits_total is the writes per call.",
 		}, []string{"keyspace"}),
 		longPolls: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keyshard_api_long_polls", Help: "Long polls (GetGrants, GetMap, GetOverflowSet with a wait) and watch streams this replica holds now.",

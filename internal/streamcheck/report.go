@@ -3,6 +3,7 @@ package streamcheck
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Report is what Check found. The counts are the figures `keyshard demo
@@ -125,7 +126,7 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 		}
 		if len(handledBy[e.Pos]) == 0 {
 			rep.Missed++
-			rep.violate("event at %d (key %q, bucket %d) was never handled", e.Pos, e.Key, e.Bucket)
+			rep.violate("event at %d (key %q, bucket %d) was never handled; the bucket's grants: %s", e.Pos, e.Key, e.Bucket, grantsOf(tenures, e.Bucket))
 		}
 	}
 	for pos, ts := range handledBy {
@@ -161,4 +162,18 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 	}
 	sort.Strings(rep.Violations)
 	return rep
+}
+
+// grantsOf describes bucket b's tenures, for a violation's message.
+func grantsOf(tenures []Tenure, b int) string {
+	var out []string
+	for _, t := range tenures {
+		if t.Bucket == b {
+			out = append(out, fmt.Sprintf("%s token %d from %d committed %d %s (final %d, %d handled)", t.Worker, t.Token, t.From, t.Committed, t.End, t.Final, len(t.handled)))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, "; ")
 }
