@@ -54,6 +54,12 @@ type Commit struct {
 // process). It is called from the Worker's goroutines, without the
 // Worker's lock; it must return at once and must not call the Worker.
 //
+// ok false means the handler processed none of the bucket's events (its
+// Acquire failed, say): the Worker then hands the bucket over at its
+// grant's From, as it does for a grant that ended before Acquire was
+// called. A stream keyspace's release thus always carries a final
+// position.
+//
 // Until the server has handed the bucket over, the Worker's later Commits
 // list it as an exception at that position, so a commit's Position never
 // covers a bucket the worker stopped processing.

@@ -106,6 +106,21 @@ func TestWorkerCommit(t *testing.T) {
 		t.Errorf("EventReleased for bucket %d with Final %v, want bucket 0 and 77", ev.Grant.Bucket, ev.Final)
 	}
 	f.WaitFor(t, "the release", func() bool { return len(f.Grants(sid)) == 0 })
+
+	// A bucket whose handler has no final position (it handled none of
+	// it) is handed over at its grant's from, never without a position:
+	// a later commit's default would move it.
+	tok2 := f.GrantFrom(sid, 2, 33)
+	recv(t, h.acquired, "Acquire")
+	f.AskRelease(sid, 2)
+	rel = f.Releases().Next(t)
+	if ps := rel.GetPositions(); len(ps) != 1 || ps[0].GetBucket() != 2 || ps[0].GetToken() != tok2 || ps[0].GetPosition() != 33 {
+		t.Errorf("Release positions = %v, want bucket 2 at token %d: 33, its from", ps, tok2)
+	}
+	if ev := recv(t, released, "EventReleased"); ev.Grant.Bucket != 2 || ev.Final == nil || *ev.Final != 33 {
+		t.Errorf("EventReleased for bucket %d with Final %v, want bucket 2 and 33", ev.Grant.Bucket, ev.Final)
+	}
+	f.WaitFor(t, "the release", func() bool { return len(f.Grants(sid)) == 0 })
 	if got := f.BucketPosition("events", 0); got != 77 {
 		t.Errorf("bucket 0's position after the release = %d, want 77", got)
 	}

@@ -1057,6 +1057,12 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 	w.mu.Lock()
 	skip := gs.ending // ended before it started: no Acquire, so no Release
 	w.mu.Unlock()
+	_, positioner := w.h.(FinalPositioner)
+	if skip && positioner {
+		// Nothing of the bucket was handled: hand it over where it
+		// started, so that no later commit of the session moves it.
+		final, finalOK = gs.g.From, true
+	}
 	if !skip {
 		err := w.h.Acquire(gctx, gs.g)
 		if err != nil {
@@ -1074,7 +1080,9 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 			w.log.Error("keyshard: Release failed; releasing the bucket anyway", "bucket", b, "token", gs.g.Token, "err", err)
 		}
 		if fp, ok := w.h.(FinalPositioner); ok {
-			final, finalOK = fp.FinalPosition(b)
+			if final, finalOK = fp.FinalPosition(b); !finalOK {
+				final, finalOK = gs.g.From, true // it handled nothing of the bucket
+			}
 		}
 		ev := Event{Kind: EventReleased, Session: gs.s.id, Grant: gs.g, Err: err}
 		w.mu.Lock()
