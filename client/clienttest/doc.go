@@ -46,7 +46,9 @@
 // LeaseExpiry read the fake's side. Hot keys: AddHotKeyPool,
 // SetOverflow, PutOverflowSet. The admin API works on the same state:
 // CreateKeyspace, ListMembers and Status answer from it, DrainMember and
-// Leave ask for a member's buckets.
+// Leave ask for a member's buckets (they stay asked back until released,
+// whatever the last Assign named them, and the member is granted nothing
+// more).
 //
 // # Stream keyspaces
 //

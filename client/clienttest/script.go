@@ -167,6 +167,7 @@ func (s *Server) publishLocked(k *keyspace, members []*keyshardv1.Member, owner 
 // From then on the fake keeps moving the keyspace's buckets to their
 // owners after every release, session end and new session of an owner
 // (a worker that re-joined gets its buckets back), until the next Assign;
+// an owner that left or was drained (Leave, DrainMember) owns nothing;
 // Grant, AskRelease and Revoke still script single changes.
 func (s *Server) Assign(keyspace string, owner func(bucket int) string) uint64 {
 	if s.tb != nil {
@@ -238,6 +239,11 @@ func (s *Server) settleLocked(k *keyspace) {
 		if id != "" {
 			want = s.liveSessionLocked(k.cfg.Name, id)
 		}
+		if want != nil && (want.leaving || want.draining) {
+			// A member that leaves or is drained owns nothing: its
+			// buckets stay asked back until it released them.
+			want = nil
+		}
 		switch h := holder[bb]; {
 		case h == want && h != nil:
 			if h.release[bb] {
@@ -251,7 +257,7 @@ func (s *Server) settleLocked(k *keyspace) {
 				h.rev++
 				changed = true
 			}
-		case want != nil && want.active && !want.leaving:
+		case want != nil && want.active:
 			s.grantLocked(want, bb)
 			changed = true
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +259,57 @@ func TestStartPanics(t *testing.T) {
 		}
 	}()
 	f.Grant("s9", 1)
+}
+
+// TestLeaveAsksUntilReleased: after Leave, every bucket the member holds
+// stays asked back until it is released, even when the member releases
+// them one call at a time and the last Assign still names it their owner
+// (a release makes the fake move buckets toward their owners, and a
+// leaving member is owner of nothing); the session ends with the last
+// release.
+func TestLeaveAsksUntilReleased(t *testing.T) {
+	f := clienttest.NewServer(t, clienttest.Options{})
+	f.AddKeyspace("rooms", 3, 9*time.Second)
+	ctx := t.Context()
+	m := keyshardv1connect.NewMemberServiceClient(http.DefaultClient, f.URL())
+	joined, err := m.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: "rooms", Member: &keyshardv1.Member{Id: "w1"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := joined.Msg.GetSession()
+	if _, err := m.KeepAlive(ctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: sid})); err != nil {
+		t.Fatal(err)
+	}
+	f.AssignAll("rooms", "w1")
+	held := f.Grants(sid)
+	if len(held) != 3 {
+		t.Fatalf("after AssignAll, w1 holds %v, want 3 buckets", held)
+	}
+	if _, err := m.Leave(ctx, connect.NewRequest(&keyshardv1.LeaveRequest{Session: sid})); err != nil {
+		t.Fatal(err)
+	}
+	asked := func() []uint32 {
+		t.Helper()
+		resp, err := m.GetGrants(ctx, connect.NewRequest(&keyshardv1.GetGrantsRequest{Session: sid}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.GetRelease()
+	}
+	for b := range 3 {
+		var want []uint32
+		for o := b; o < 3; o++ {
+			want = append(want, uint32(o))
+		}
+		if got := asked(); !slices.Equal(got, want) {
+			t.Errorf("before releasing bucket %d: asked back %v, want %v", b, got, want)
+		}
+		rel := &keyshardv1.ReleaseRequest{Session: sid, Buckets: []*keyshardv1.BucketGrant{{Bucket: uint32(b), Token: held[b]}}}
+		if _, err := m.Release(ctx, connect.NewRequest(rel)); err != nil {
+			t.Fatalf("Release of bucket %d: %v", b, err)
+		}
+	}
+	if f.Live(sid) {
+		t.Error("the session lives on after its last bucket was released")
+	}
 }

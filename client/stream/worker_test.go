@@ -83,6 +83,49 @@ func want(log *memLog, h placement.Hasher, b int, from uint64) []uint64 {
 	return ps
 }
 
+// acquired records the buckets a client.Worker acquired (its OnEvent).
+type acquired struct {
+	mu   sync.Mutex
+	got  map[int]bool
+	kick chan struct{} // cap 1: got changed
+}
+
+func newAcquired() *acquired { return &acquired{got: map[int]bool{}, kick: make(chan struct{}, 1)} }
+
+func (a *acquired) event(ev client.Event) {
+	if ev.Kind != client.EventAcquired {
+		return
+	}
+	a.mu.Lock()
+	a.got[ev.Grant.Bucket] = true
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// wait returns once every bucket of bs was acquired (Acquire returned).
+func (a *acquired) wait(t *testing.T, bs ...int) {
+	t.Helper()
+	for {
+		a.mu.Lock()
+		all := true
+		for _, b := range bs {
+			all = all && a.got[b]
+		}
+		a.mu.Unlock()
+		if all {
+			return
+		}
+		select {
+		case <-a.kick:
+		case <-time.After(time.Minute): // a guard against a hang, never a pace
+			t.Fatalf("buckets %v never acquired", bs)
+		}
+	}
+}
+
 // untilHead waits for the reader at the head of the stream until cond
 // holds, poking it on (a gain made while it waited is read then).
 func untilHead(t *testing.T, r *headReader, what string, cond func() bool) {
@@ -115,7 +158,8 @@ func TestWorkerStreams(t *testing.T) {
 	f.SetBucketPosition(ks, 1, mid+5)
 	r := &headReader{log: log, atHead: make(chan struct{}), poke: make(chan struct{})}
 	rec := &handled{h: h, got: map[int][]uint64{}}
-	sw, err := NewWorker(c, ks, client.Member{ID: "w1"}, r, rec.handle, WorkerOptions{})
+	acq := newAcquired()
+	sw, err := NewWorker(c, ks, client.Member{ID: "w1"}, r, rec.handle, WorkerOptions{Worker: []client.WorkerOption{client.OnEvent(acq.event)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +168,9 @@ func TestWorkerStreams(t *testing.T) {
 	f.WaitSession(t, ks, "w1")
 	f.Assign(ks, func(b int) string { return map[bool]string{true: "w1"}[b < 2] })
 	sid := f.Session(ks, "w1")
+	// Pokes make the reader read what was gained while it waited at the
+	// head, so they are counted only once the buckets are gained.
+	acq.wait(t, 0, 1)
 	untilHead(t, r, "buckets 0 and 1", func() bool {
 		return slices.Equal(rec.of(0), want(log, h, 0, mid)) && slices.Equal(rec.of(1), want(log, h, 1, mid+5))
 	})
@@ -133,6 +180,7 @@ func TestWorkerStreams(t *testing.T) {
 
 	// Bucket 2 comes with an older from: it catches up, then merges.
 	tok2 := f.GrantFrom(sid, 2, early)
+	acq.wait(t, 2)
 	r.poke <- struct{}{} // the reader waits at the head
 	untilHead(t, r, "bucket 2's catch-up", func() bool { return slices.Equal(rec.of(2), want(log, h, 2, early)) })
 	if got := rec.token(2); got != tok2 {
