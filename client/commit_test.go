@@ -43,10 +43,13 @@ func TestWorkerCommit(t *testing.T) {
 	f := streamFake(t)
 	c := f.dial(t)
 	h := &finalHandler{acquired: make(chan Grant, 16), final: map[int]uint64{0: 77}}
-	released := make(chan Event, 16)
+	released, recorded := make(chan Event, 16), make(chan Event, 16)
 	w, err := NewWorker(c, "events", Member{ID: "w1"}, h, OnEvent(func(ev Event) {
-		if ev.Kind == EventReleased {
+		switch ev.Kind {
+		case EventReleased:
 			released <- ev
+		case EventReleaseRecorded:
+			recorded <- ev
 		}
 	}))
 	if err != nil {
@@ -104,6 +107,9 @@ func TestWorkerCommit(t *testing.T) {
 	}
 	if ev := recv(t, released, "EventReleased"); ev.Grant.Bucket != 0 || ev.Final == nil || *ev.Final != 77 {
 		t.Errorf("EventReleased for bucket %d with Final %v, want bucket 0 and 77", ev.Grant.Bucket, ev.Final)
+	}
+	if ev := recv(t, recorded, "EventReleaseRecorded"); ev.Grant.Bucket != 0 || ev.Grant.Token != tok0 || ev.Final == nil || *ev.Final != 77 {
+		t.Errorf("EventReleaseRecorded for bucket %d at %d with Final %v, want bucket 0 at %d and 77", ev.Grant.Bucket, ev.Grant.Token, ev.Final, tok0)
 	}
 	f.WaitFor(t, "the release", func() bool { return len(f.Grants(sid)) == 0 })
 

@@ -95,6 +95,12 @@ const (
 	// Event.Deadline is the session's fence deadline after it. For lease
 	// health: how far ahead the deadline stays.
 	EventRenewed
+	// EventReleaseRecorded: the server recorded the Release of
+	// Event.Grant, with Event.Final if the call carried a final position
+	// (a stream keyspace). A bucket whose Release never reached the server
+	// (the session was lost first) has EventReleased but not this: its
+	// next holder starts at the session's last commit, as after a crash.
+	EventReleaseRecorded
 )
 
 func (k EventKind) String() string {
@@ -115,6 +121,8 @@ func (k EventKind) String() string {
 		return "left"
 	case EventRenewed:
 		return "renewed"
+	case EventReleaseRecorded:
+		return "release recorded"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -1175,6 +1183,17 @@ func (w *Worker) sendReleaseWith(ctx context.Context, s *session, batch []Grant,
 			w.mu.Lock()
 			s.minRev = max(s.minRev, resp.GetRevision())
 			w.mu.Unlock()
+			finals := make(map[int]uint64, len(req.Positions))
+			for _, p := range req.Positions {
+				finals[int(p.GetBucket())] = p.GetPosition()
+			}
+			for _, g := range batch {
+				ev := Event{Kind: EventReleaseRecorded, Session: s.id, Grant: g}
+				if f, ok := finals[g.Bucket]; ok {
+					ev.Final = &f
+				}
+				w.emit(ev)
+			}
 			return true
 		case ctx.Err() != nil:
 			return false

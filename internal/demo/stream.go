@@ -311,13 +311,14 @@ func (d *streamDemo) startWorker(ctx context.Context) (string, error) {
 		switch ev.Kind {
 		case client.EventAcquired:
 			d.rec.Acquire(name, ev.Grant.Bucket, ev.Grant.Token, ev.Grant.From)
-		case client.EventReleased:
-			d.mu.Lock()
-			crashed := w.crashed
-			d.mu.Unlock()
-			if !crashed && ev.Final != nil {
-				d.rec.Release(name, ev.Grant.Bucket, ev.Grant.Token, *ev.Final)
+		case client.EventReleaseRecorded:
+			// A release the server recorded is graceful; one that never
+			// reached it (the session was lost first) ends as a crash.
+			var final uint64
+			if ev.Final != nil {
+				final = *ev.Final
 			}
+			d.rec.Release(name, ev.Grant.Bucket, ev.Grant.Token, final)
 		case client.EventSessionLost:
 			d.rec.Crash(name)
 		}

@@ -44,6 +44,8 @@ type Report struct {
 	Crashes  int `json:"crashes"`
 
 	Violations []string `json:"violations,omitempty"`
+
+	perKind map[string]int
 }
 
 // OK reports whether the record kept every guarantee.
@@ -52,11 +54,18 @@ func (r Report) OK() bool {
 		r.DuplicatesOverBound == 0 && r.PositionRegressions == 0 && r.DuplicatesCrash <= r.DuplicatesCrashBound
 }
 
-const maxViolations = 20
+// maxViolations bounds the violations described per kind (missed,
+// order, duplicate, position, stray), so one kind's flood does not hide
+// another's first breach.
+const maxViolations = 8
 
-func (r *Report) violate(format string, args ...any) {
-	if len(r.Violations) < maxViolations {
-		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+func (r *Report) violate(kind, format string, args ...any) {
+	if r.perKind == nil {
+		r.perKind = map[string]int{}
+	}
+	if r.perKind[kind] < maxViolations {
+		r.perKind[kind]++
+		r.Violations = append(r.Violations, kind+": "+fmt.Sprintf(format, args...))
 	}
 }
 
@@ -68,7 +77,7 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 	rec.mu.Lock()
 	for _, e := range rec.errs {
 		rep.Strays++
-		rep.violate("%s", e)
+		rep.violate("stray", "%s", e)
 	}
 	rec.mu.Unlock()
 	byPos := make(map[uint64]Event, len(events))
@@ -93,7 +102,7 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 		}
 		if t.unacquired {
 			rep.Strays++
-			rep.violate("%s handled records of bucket %d at token %d and never acquired it", t.Worker, t.Bucket, t.Token)
+			rep.violate("stray", "%s handled records of bucket %d at token %d and never acquired it", t.Worker, t.Bucket, t.Token)
 		}
 		last := map[string]uint64{}
 		seen := map[uint64]bool{}
@@ -102,12 +111,12 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 			e, ok := byPos[h.pos]
 			if !ok || e.Key != h.key || e.Bucket != t.Bucket {
 				rep.Strays++
-				rep.violate("%s handled position %d key %q as bucket %d's, which the stream does not have there", t.Worker, h.pos, h.key, t.Bucket)
+				rep.violate("stray", "%s handled position %d key %q as bucket %d's, which the stream does not have there", t.Worker, h.pos, h.key, t.Bucket)
 				continue
 			}
 			if p, ok := last[h.key]; (ok && h.pos <= p) || h.pos < t.From {
 				rep.OrderViolations++
-				rep.violate("%s (bucket %d, token %d, from %d) handled key %q at %d after %d", t.Worker, t.Bucket, t.Token, t.From, h.key, h.pos, p)
+				rep.violate("order", "%s (bucket %d, token %d, from %d) handled key %q at %d after %d", t.Worker, t.Bucket, t.Token, t.From, h.key, h.pos, p)
 			}
 			last[h.key] = max(last[h.key], h.pos)
 			if !seen[h.pos] {
@@ -126,7 +135,7 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 		}
 		if len(handledBy[e.Pos]) == 0 {
 			rep.Missed++
-			rep.violate("event at %d (key %q, bucket %d) was never handled; the bucket's grants: %s", e.Pos, e.Key, e.Bucket, grantsOf(tenures, e.Bucket))
+			rep.violate("missed", "event at %d (key %q, bucket %d) was never handled; the bucket's grants: %s", e.Pos, e.Key, e.Bucket, grantsOf(tenures, e.Bucket))
 		}
 	}
 	for pos, ts := range handledBy {
@@ -137,11 +146,11 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 				rep.DuplicatesCrash++
 				if pos < prev.Committed {
 					rep.DuplicatesOverBound++
-					rep.violate("event at %d of bucket %d handled again by %s (token %d) though crashed %s had committed %d", pos, prev.Bucket, tenures[ts[j]].Worker, tenures[ts[j]].Token, prev.Worker, prev.Committed)
+					rep.violate("duplicate", "event at %d of bucket %d handled again by %s (token %d) though crashed %s had committed %d", pos, prev.Bucket, tenures[ts[j]].Worker, tenures[ts[j]].Token, prev.Worker, prev.Committed)
 				}
 			default:
 				rep.DuplicatesGraceful++
-				rep.violate("event at %d of bucket %d handled again by %s (token %d) after %s's graceful release (final %d)", pos, prev.Bucket, tenures[ts[j]].Worker, tenures[ts[j]].Token, prev.Worker, prev.Final)
+				rep.violate("duplicate", "event at %d of bucket %d handled again by %s (token %d) after %s's graceful release (final %d)", pos, prev.Bucket, tenures[ts[j]].Worker, tenures[ts[j]].Token, prev.Worker, prev.Final)
 			}
 		}
 	}
@@ -154,10 +163,10 @@ func Check(events []Event, rec *Recorder, end uint64) Report {
 		}
 		if next.From < prev.Committed {
 			rep.PositionRegressions++
-			rep.violate("bucket %d: %s's grant (token %d) starts at %d, below %s's acknowledged commit %d", next.Bucket, next.Worker, next.Token, next.From, prev.Worker, prev.Committed)
+			rep.violate("position", "bucket %d: %s's grant (token %d) starts at %d, below %s's acknowledged commit %d", next.Bucket, next.Worker, next.Token, next.From, prev.Worker, prev.Committed)
 		} else if prev.End == Released && next.From != max(prev.Final, prev.Committed) {
 			rep.PositionRegressions++
-			rep.violate("bucket %d: %s's grant (token %d) starts at %d, not at the final position %d %s released it with", next.Bucket, next.Worker, next.Token, next.From, prev.Final, prev.Worker)
+			rep.violate("position", "bucket %d: %s's grant (token %d) starts at %d, not at the final position %d %s released it with", next.Bucket, next.Worker, next.Token, next.From, prev.Final, prev.Worker)
 		}
 	}
 	sort.Strings(rep.Violations)
