@@ -164,6 +164,7 @@ func (w *Worker) Commit(ctx context.Context, c Commit) error {
 		}
 		_, err := call(ctx, w.c, memberAPI.Commit, req)
 		if err == nil {
+			w.emit(Event{Kind: EventCommitted, Session: s.id, Commit: &Commit{Session: s.id, MaxToken: c.MaxToken, Position: c.Position, Exceptions: all}})
 			return nil
 		}
 		err = commitError(err)

@@ -43,13 +43,15 @@ func TestWorkerCommit(t *testing.T) {
 	f := streamFake(t)
 	c := f.dial(t)
 	h := &finalHandler{acquired: make(chan Grant, 16), final: map[int]uint64{0: 77}}
-	released, recorded := make(chan Event, 16), make(chan Event, 16)
+	released, recorded, committed := make(chan Event, 16), make(chan Event, 16), make(chan Event, 64)
 	w, err := NewWorker(c, "events", Member{ID: "w1"}, h, OnEvent(func(ev Event) {
 		switch ev.Kind {
 		case EventReleased:
 			released <- ev
 		case EventReleaseRecorded:
 			recorded <- ev
+		case EventCommitted:
+			committed <- ev
 		}
 	}))
 	if err != nil {
@@ -74,6 +76,9 @@ func TestWorkerCommit(t *testing.T) {
 	}
 	if got := f.Positions(sid)[0]; got != 50 {
 		t.Errorf("bucket 0 at %d after the commit, want 50", got)
+	}
+	if ev := recv(t, committed, "EventCommitted"); ev.Commit == nil || ev.Commit.Position != 50 || ev.Commit.MaxToken != tok0 || ev.Commit.Session != sid {
+		t.Errorf("EventCommitted with %+v, want position 50, max token %d, session %s", ev.Commit, tok0, sid)
 	}
 	for _, tc := range []struct {
 		name string

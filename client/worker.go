@@ -101,6 +101,10 @@ const (
 	// (the session was lost first) has EventReleased but not this: its
 	// next holder starts at the session's last commit, as after a crash.
 	EventReleaseRecorded
+	// EventCommitted: the server applied a Commit (stream keyspaces);
+	// Event.Commit is what was sent, with the final positions of released
+	// buckets the Worker added.
+	EventCommitted
 )
 
 func (k EventKind) String() string {
@@ -123,6 +127,8 @@ func (k EventKind) String() string {
 		return "renewed"
 	case EventReleaseRecorded:
 		return "release recorded"
+	case EventCommitted:
+		return "committed"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -142,7 +148,9 @@ type Event struct {
 	// the Release call hands over (the Handler's FinalPositioner gave it
 	// and the bucket was asked back, not fenced); nil otherwise.
 	Final *uint64
-	Err   error
+	// Commit is, for EventCommitted, the commit the server applied.
+	Commit *Commit
+	Err    error
 }
 
 type workerOptions struct {

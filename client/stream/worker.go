@@ -39,9 +39,12 @@ type WorkerOptions struct {
 	// the worker gains (see WakeOptions).
 	Wake *WakeOptions
 	// OnCommit, if not nil, is called after every commit the worker makes,
-	// with what it sent and the answer (nil once applied; see
-	// client.Worker.Commit for the errors). Calls are serialized, come
-	// from the worker's goroutines and must not block.
+	// with the positions it computed and the answer (nil once applied; see
+	// client.Worker.Commit for the errors). The client.Worker adds the
+	// final positions of buckets it released and the server may still
+	// hold: a client.OnEvent option's EventCommitted has the commit as
+	// applied. Calls are serialized, come from the worker's goroutines and
+	// must not block.
 	OnCommit func(c client.Commit, err error)
 	// Worker holds the options of the client.Worker the stream worker
 	// runs (client.Replace, client.FenceMargin, client.OnEvent, ...).

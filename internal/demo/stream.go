@@ -319,23 +319,21 @@ func (d *streamDemo) startWorker(ctx context.Context) (string, error) {
 				final = *ev.Final
 			}
 			d.rec.Release(name, ev.Grant.Bucket, ev.Grant.Token, final)
+		case client.EventCommitted:
+			// The commit as applied, with the final positions of released
+			// buckets the server may still hold.
+			c := ev.Commit
+			except := make([]streamcheck.BucketPosition, len(c.Exceptions))
+			for i, e := range c.Exceptions {
+				except[i] = streamcheck.BucketPosition{Bucket: e.Bucket, Token: e.Token, Position: e.Position}
+			}
+			d.rec.Commit(name, c.MaxToken, c.Position, except)
 		case client.EventSessionLost:
 			d.rec.Crash(name)
 		}
 	}
-	onCommit := func(c client.Commit, err error) {
-		if err != nil {
-			return
-		}
-		except := make([]streamcheck.BucketPosition, len(c.Exceptions))
-		for i, e := range c.Exceptions {
-			except[i] = streamcheck.BucketPosition{Bucket: e.Bucket, Token: e.Token, Position: e.Position}
-		}
-		d.rec.Commit(name, c.MaxToken, c.Position, except)
-	}
 	w.sw, err = stream.NewWorker(d.cl, streamKeyspace, client.Member{ID: name, Address: "in-process/" + name}, r, handle, stream.WorkerOptions{
 		CommitInterval: commitInterval,
-		OnCommit:       onCommit,
 		Worker:         []client.WorkerOption{client.OnEvent(onEvent), client.Logger(d.opts.Logger)},
 	})
 	if err != nil {
