@@ -15,7 +15,9 @@ func TestCommitStateStored(t *testing.T) {
 		{Bucket: 4, Token: 6, Position: 10}, {Bucket: 5, Token: 9, Position: 70}, {Bucket: 6, Token: 6, Position: 10},
 	}}
 	prev := shard.Commit{Session: lease, MaxToken: 6, Default: 50, Exceptions: []shard.BucketPosition{{Bucket: 4, Token: 6, Position: 60}}}
-	bp := func(b int, tok, p uint64) shard.BucketPosition { return shard.BucketPosition{Bucket: b, Token: tok, Position: p} }
+	bp := func(b int, tok, p uint64) shard.BucketPosition {
+		return shard.BucketPosition{Bucket: b, Token: tok, Position: p}
+	}
 	rel := shard.Releases{Buckets: []shard.BucketToken{
 		{Bucket: 1, Token: 3},               // released without a final position: pinned at 50
 		{Bucket: 2, Token: 2},               // an earlier grant's release: not pinned
