@@ -121,7 +121,8 @@ func (f *fold) raise(b int, p uint64) {
 // the bucket (the store refused it below the committed position), so a
 // commit the holder made after the release, whose default still covers the
 // bucket until it is handed over, does not move it past events the holder
-// never handled.
+// never handled. Without a final position the store keeps such a commit
+// from moving the bucket (store.CommitState.Stored pins it in the record).
 func (f *fold) release(h string, b int) {
 	if f == nil {
 		return

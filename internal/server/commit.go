@@ -26,9 +26,11 @@ import (
 // the state the write was checked against is answered with that write's
 // revision. A commit is answered with success only once it, or one that
 // covers it, is durably written. Each write starts from a guess of the
-// member's grants and commit record (the previous write's, or this
-// replica's view), which the write's compares verify: one etcd round
-// trip when the guess is current.
+// member's grants, release record and commit record (the previous
+// write's, or this replica's view), which the write's compares verify:
+// one etcd round trip when the guess is current. A bucket the session
+// released without a final position and that is not handed over yet
+// keeps its position (store.CommitState.Stored).
 //
 // Errors: INVALID_ARGUMENT naming the field (an exception outside the
 // keyspace, listed twice or at token 0; max_token above the last token
@@ -271,7 +273,7 @@ func (s *Server) writeBatch(sess session, batch []*commitCall, st *store.CommitS
 			s.metrics.commitWrites.WithLabelValues(sess.keyspace).Inc() // a refused commit writes nothing
 			w.done <- commitResult{rev: rev}
 			after := before
-			after.Commit, after.CommitRev = w.c, rev
+			after.Commit, after.CommitRev = before.Stored(w.c), rev // as written: with its pins
 			st = &after
 			// The calls w covers and that were valid when it was written
 			// are durable with it; one refused by that state is answered
@@ -350,8 +352,8 @@ func covers(w, p shard.Commit) bool {
 }
 
 // commitGuess is what a commit of sess is checked against before it is
-// written: this replica's view of the member's grants, commit record and
-// the keyspace's last token, or st (the state after this writer's last
+// written: this replica's view of the member's grants, release record,
+// commit record and the keyspace's last token, or st (the state after this writer's last
 // write) where that is newer. Nil if the view does not have the keyspace:
 // the store then reads.
 func (s *Server) commitGuess(sess session, st *store.CommitState) *store.CommitState {
@@ -361,9 +363,9 @@ func (s *Server) commitGuess(sess session, st *store.CommitState) *store.CommitS
 		if ks == nil || !ks.Config.Exists() {
 			return
 		}
-		g, c := ks.Grants[sess.member], ks.Commits[sess.member]
+		g, r, c := ks.Grants[sess.member], ks.Releases[sess.member], ks.Commits[sess.member]
 		guess = &store.CommitState{Buckets: ks.Config.Value.Buckets, Grants: g.Value, GrantsRev: g.ModRevision,
-			Commit: c.Value, CommitRev: c.ModRevision, LastToken: ks.Tokens.Value}
+			Releases: r.Value, ReleasesRev: r.ModRevision, Commit: c.Value, CommitRev: c.ModRevision, LastToken: ks.Tokens.Value}
 	})
 	if st == nil {
 		return guess
@@ -373,6 +375,9 @@ func (s *Server) commitGuess(sess session, st *store.CommitState) *store.CommitS
 	}
 	if st.GrantsRev > guess.GrantsRev {
 		guess.Grants, guess.GrantsRev = st.Grants, st.GrantsRev
+	}
+	if st.ReleasesRev > guess.ReleasesRev {
+		guess.Releases, guess.ReleasesRev = st.Releases, st.ReleasesRev
 	}
 	if st.CommitRev > guess.CommitRev {
 		guess.Commit, guess.CommitRev = st.Commit, st.CommitRev

@@ -257,9 +257,68 @@ func TestStreamStaleWorkerCommit(t *testing.T) {
 	}
 }
 
+// TestStreamCommitAfterRelease: a worker releases the buckets that move
+// without final positions, then commits a higher default over every
+// bucket, before or after the hand-over: the next holder starts the moved
+// buckets at the worker's commit before the release, not at the default
+// it handled none of them to; the worker's other buckets are at it.
+func TestStreamCommitAfterRelease(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := ctxT(t)
+	createStream(t, ctx, ts, "ev", 8)
+	a := rawJoin(t, ctx, ts, "ev", "a", false)
+	keepAlive(t, ctx, ts, a)
+	held := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 8 })
+	top := maxToken(held.Grants)
+	if _, err := commit(ctx, ts, &v1.CommitRequest{Session: a, MaxToken: top, Position: 100}); err != nil {
+		t.Fatal(err)
+	}
+	b := joinMember(t, ts, "ev", "b")
+	asked := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool {
+		keepAlive(t, ctx, ts, a)
+		return len(r.Release) > 0
+	})
+	var rel []*v1.BucketGrant
+	for _, g := range asked.Grants {
+		if slices.Contains(asked.Release, g.Bucket) {
+			rel = append(rel, g)
+		}
+	}
+	rr, err := ts.member.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{Session: a, Buckets: rel}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := commit(ctx, ts, &v1.CommitRequest{Session: a, MaxToken: top, Position: 900}); err != nil {
+		t.Fatal(err)
+	}
+	got := pollGrants(t, ctx, ts, b.sess, rr.Msg.Revision, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == len(rel) })
+	for _, g := range got.Grants {
+		if g.From != 100 {
+			t.Errorf("b's grant %v; want from 100, a's commit before it released the bucket", g)
+		}
+	}
+	pos, err := ts.admin.GetPositions(ctx, connect.NewRequest(&v1.GetPositionsRequest{Keyspace: "ev"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := map[uint32]bool{}
+	for _, g := range rel {
+		moved[g.Bucket] = true
+	}
+	for _, r := range pos.Msg.Runs {
+		for bk := r.First; bk < r.First+r.Count; bk++ {
+			if want := map[bool]uint64{true: 100, false: 900}[moved[bk]]; r.Position != want {
+				t.Errorf("bucket %d (moved: %v) at %d; want %d", bk, moved[bk], r.Position, want)
+			}
+		}
+	}
+}
+
 // TestStreamCommitRacesHandoff: commits naming a moving bucket race its
-// release and hand-over: the new holder starts it at or above every
-// commit of it that was acknowledged.
+// release (without final positions) and hand-over: the new holder starts
+// it exactly at the highest commit of it acknowledged before the release,
+// whatever commits landed after it (they pin the released bucket: the
+// worker handles nothing of it after the release).
 func TestStreamCommitRacesHandoff(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
@@ -282,7 +341,10 @@ func TestStreamCommitRacesHandoff(t *testing.T) {
 
 	// Committers: each commit names every moving bucket at its token, so
 	// an acknowledged one was applied while a still held them.
-	var next, acked atomic.Uint64
+	var next atomic.Uint64
+	var mu sync.Mutex
+	type ack struct{ rev, pos uint64 }
+	var acks []ack
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for range 4 {
@@ -300,15 +362,12 @@ func TestStreamCommitRacesHandoff(t *testing.T) {
 				for _, g := range rel {
 					req.Exceptions = append(req.Exceptions, &v1.BucketPosition{Bucket: g.Bucket, Token: g.Token, Position: p + 5})
 				}
-				_, err := commit(ctx, ts, req)
+				rev, err := commit(ctx, ts, req)
 				switch {
 				case err == nil:
-					for {
-						was := acked.Load()
-						if p+5 <= was || acked.CompareAndSwap(was, p+5) {
-							break
-						}
-					}
+					mu.Lock()
+					acks = append(acks, ack{rev: rev, pos: p + 5})
+					mu.Unlock()
 				case connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), "not held"):
 					return // handed over
 				case connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), "backwards"):
@@ -332,12 +391,18 @@ func TestStreamCommitRacesHandoff(t *testing.T) {
 	got := pollGrants(t, ctx, ts, b.sess, rr.Msg.Revision, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == len(rel) })
 	wg.Wait() // every committer has seen the hand-over
 	close(stop)
-	if acked.Load() == 0 {
-		t.Fatal("no commit was acknowledged")
+	var before uint64 // the highest position acknowledged before the release
+	for _, a := range acks {
+		if a.rev < uint64(rr.Msg.Revision) {
+			before = max(before, a.pos)
+		}
+	}
+	if before == 0 {
+		t.Fatal("no commit was acknowledged before the release")
 	}
 	for _, g := range got.Grants {
-		if g.From < acked.Load() {
-			t.Errorf("b's grant %v starts below %d, acknowledged for it before the hand-over", g, acked.Load())
+		if g.From != before {
+			t.Errorf("b's grant %v; want from %d, acknowledged for it before the release (acknowledged: %v)", g, before, acks)
 		}
 	}
 }

@@ -224,3 +224,88 @@ func waitKeyspace(ctx context.Context, t *testing.T, st *store.Store, ks, what s
 		}
 	}
 }
+
+// TestLeadStreamCommitAfterReleaseEtcd: on embedded etcd, a releases the
+// buckets that move to b without final positions, and, before the leader
+// hands them over, commits a higher default over every bucket, twice
+// (the second from the state the first left, as the session's commit
+// writer does). The commits do not move the released buckets: b starts
+// them at a's commit made before the release, and a's other buckets are
+// at the new default.
+func TestLeadStreamCommitAfterReleaseEtcd(t *testing.T) {
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
+	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
+		return waitKeyspace(ctx, t, st, "ev", what, cond)
+	}
+	lead := func(name string) (stop func()) {
+		t.Helper()
+		sess, err := st.NewSession(ctx, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fence, err := st.NewElection(sess).Campaign(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- s.lead(lctx, st, fence) }() // exits when stop is called
+		return func() { cancel(); <-done; sess.Close() }
+	}
+	// commit writes c through the session's commit writer, from guess.
+	sa := session{keyspace: "ev", member: "a"}
+	commit := func(c shard.Commit, guess *store.CommitState) *store.CommitState {
+		t.Helper()
+		call := &commitCall{c: c, done: make(chan commitResult, 1)}
+		after := s.writeBatch(sa, []*commitCall{call}, guess)
+		if r := <-call.done; r.err != nil {
+			t.Fatalf("commit %+v: %v", c, r.err)
+		}
+		return after
+	}
+
+	sa.lease = streamJoin(ctx, t, st, "a", 10*time.Second)
+	stop := lead("first")
+	k := waitFor("a to hold every bucket", func(k *store.KeyspaceState) bool { return len(k.Grants["a"].Value.Buckets) == 4 })
+	g := k.Grants["a"].Value
+	top := g.Buckets[3].Token
+	commit(shard.Commit{Session: sa.lease, MaxToken: top, Default: 70}, nil)
+	streamJoin(ctx, t, st, "b", 10*time.Second)
+	k = waitFor("the map to move two buckets to b", func(k *store.KeyspaceState) bool { return k.Map.Value.Assignment.Counts()["b"] == 2 })
+	stop() // the hand-over waits for the next leader
+	var release []shard.BucketToken
+	moved := map[int]bool{}
+	for _, bt := range g.Buckets {
+		if k.Map.Value.Assignment.Owner(bt.Bucket) == "b" {
+			release = append(release, shard.BucketToken{Bucket: bt.Bucket, Token: bt.Token})
+			moved[bt.Bucket] = true
+		}
+	}
+	if _, err := st.Release(ctx, "ev", "a", sa.lease, release, nil); err != nil {
+		t.Fatal(err)
+	}
+	after := commit(shard.Commit{Session: sa.lease, MaxToken: top, Default: 300}, nil)
+	commit(shard.Commit{Session: sa.lease, MaxToken: top, Default: 500}, after)
+
+	stop = lead("second")
+	defer stop()
+	k = waitFor("b to hold its two buckets", func(k *store.KeyspaceState) bool { return len(k.Grants["b"].Value.Buckets) == 2 })
+	for _, bt := range k.Grants["b"].Value.Buckets {
+		if !moved[bt.Bucket] || bt.Position != 70 {
+			t.Errorf("b's grant of bucket %d starts at %d; want the released buckets %v at 70, a's commit before the release", bt.Bucket, bt.Position, moved)
+		}
+	}
+	ga := k.Grants["a"].Value
+	for i, p := range shard.Positions(ga, k.Commits["a"].Value, k.Positions()) {
+		if b := ga.Buckets[i].Bucket; moved[b] || p != 500 {
+			t.Errorf("a holds bucket %d at %d; want only the unmoved buckets, at 500", b, p)
+		}
+	}
+}

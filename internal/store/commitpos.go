@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -74,20 +75,83 @@ func checkCommit(next shard.Commit, lease shard.LeaseID, g shard.Grants, prev sh
 }
 
 // CommitState is what CommitPositions checks a commit against: the
-// keyspace's bucket count, the member's grants and commit record, each with
-// the ModRevision it was read at (0: absent), and the last token issued in
-// the keyspace. A caller with a cache passes its copy as a guess
-// (CommitPositionsWith), saving the read: the write compares the grants'
-// and the record's revisions, and a refusal is checked again on a fresh
-// read (the guess may be behind), so a guess never lets a wrong commit in
-// nor keeps a right one out.
+// keyspace's bucket count, the member's grants, release record and commit
+// record, each with the ModRevision it was read at (0: absent), and the
+// last token issued in the keyspace. A caller with a cache passes its copy
+// as a guess (CommitPositionsWith), saving the read: the write compares
+// the grants', the release record's and the commit record's revisions,
+// and a refusal is checked again on a fresh read (the guess may be
+// behind), so a guess never lets a wrong commit in nor keeps a right one
+// out.
 type CommitState struct {
-	Buckets   int
-	Grants    shard.Grants
-	GrantsRev int64
-	Commit    shard.Commit
-	CommitRev int64
-	LastToken uint64
+	Buckets     int
+	Grants      shard.Grants
+	GrantsRev   int64
+	Releases    shard.Releases
+	ReleasesRev int64
+	Commit      shard.Commit
+	CommitRev   int64
+	LastToken   uint64
+}
+
+// Stored returns the commit record CommitPositions writes for c, a commit
+// that st accepts (Check): c, with every bucket that the member released
+// without a final position, and that its grants still hold at the token
+// it released it at, pinned where the commit record of st puts it. Such a
+// bucket waits for the leader to hand it over, and the leader then folds
+// its position from the member's commit record (the release names no
+// other); the member handles nothing of it after the release, so a commit
+// made after it must not move it. For each such bucket that c would move
+// (its default covers it, or its exception is ahead of the record), the
+// stored commit has an exception at the bucket's effective position under
+// st's commit record (shard.Positions; its grant's position if the
+// session has committed nothing). Any other commit is stored as given.
+//
+// The pins are as many as the buckets released and not handed over yet:
+// the next commit after the hand-over is stored as given again.
+func (st CommitState) Stored(c shard.Commit) shard.Commit {
+	if st.Grants.Session != c.Session || len(st.Releases.Buckets) == 0 {
+		return c
+	}
+	prev := st.Commit
+	if prev.Session != c.Session {
+		prev = shard.Commit{} // an earlier session's record counts for nothing (and Check refuses c)
+	}
+	var pins []shard.BucketPosition
+	for _, r := range st.Releases.Buckets {
+		if r.Position > 0 {
+			continue // the leader folds the final position the release gives
+		}
+		i, ok := slices.BinarySearchFunc(st.Grants.Buckets, r.Bucket, func(bt shard.BucketToken, b int) int { return bt.Bucket - b })
+		if !ok || st.Grants.Buckets[i].Token != r.Token {
+			continue // handed over already, or a release of another grant
+		}
+		g := shard.Grants{Session: st.Grants.Session, Buckets: st.Grants.Buckets[i : i+1]}
+		was, now := shard.Positions(g, prev, shard.BucketPositions{})[0], shard.Positions(g, c, shard.BucketPositions{})[0]
+		if now > was {
+			pins = append(pins, shard.BucketPosition{Bucket: r.Bucket, Token: r.Token, Position: was})
+		}
+	}
+	if len(pins) == 0 {
+		return c
+	}
+	out := c
+	out.Exceptions = make([]shard.BucketPosition, 0, len(c.Exceptions)+len(pins))
+	i, j := 0, 0
+	for i < len(c.Exceptions) || j < len(pins) {
+		switch {
+		case j == len(pins) || (i < len(c.Exceptions) && c.Exceptions[i].Bucket < pins[j].Bucket):
+			out.Exceptions = append(out.Exceptions, c.Exceptions[i])
+			i++
+		case i < len(c.Exceptions) && c.Exceptions[i].Bucket == pins[j].Bucket:
+			out.Exceptions = append(out.Exceptions, pins[j]) // the pin replaces c's exception
+			i, j = i+1, j+1
+		default:
+			out.Exceptions = append(out.Exceptions, pins[j])
+			j++
+		}
+	}
+	return out
 }
 
 // Check reports whether c, a commit of session lease, may replace the
@@ -109,6 +173,19 @@ func (st CommitState) Check(c shard.Commit, lease shard.LeaseID) error {
 // revisions c was checked against (checkCommit's rules); otherwise it
 // takes the current values from the failed transaction and checks again.
 // A refused commit applies nothing. It returns the revision of the write.
+//
+// A bucket the member has released without a final position, and that
+// its grants still hold at the token it released it at (the leader has
+// not handed it over yet), keeps the position the commit record gave it
+// at the release: the leader folds the record's position for it when it
+// hands it over, and the member handles nothing of it after the release.
+// So the record written is CommitState.Stored of c, which pins each such
+// bucket that c would move with an exception at its earlier position. The
+// member's release record is read in the same transaction, and the write
+// compares its revision too: a release landing between the read and the
+// write makes the commit check and pin again. Only those buckets are
+// pinned, and only until they are handed over; a release that gives a
+// final position needs no pin (the leader folds that position).
 //
 // A commit record of an earlier session of the same id is the leader's to
 // fold into the keyspace's bucket positions before the new session can be
@@ -133,8 +210,8 @@ func (s *Store) CommitPositions(ctx context.Context, ks, id string, lease shard.
 // guessed and confirmed by the write (on success), or as read fresh (on a
 // refusal by checkCommit's rules); the zero state otherwise. The caller
 // may check other commits against it (CommitState.Check) and, on
-// success, use it with Commit and CommitRev set to c and the revision as
-// its next guess.
+// success, use it with Commit set to the record written (its Stored of
+// c, not c) and CommitRev to the revision as its next guess.
 func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease shard.LeaseID, c shard.Commit, guess *CommitState) (int64, CommitState, error) {
 	if s.closed() {
 		return 0, CommitState{}, errClosed("commit positions")
@@ -149,13 +226,9 @@ func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease sh
 	if e := validateCommit(c); e != nil {
 		return 0, CommitState{}, fmt.Errorf("store: %s: %w", op, e.invalid("commit"))
 	}
-	val, err := EncodeCommit(c)
-	if err != nil {
-		return 0, CommitState{}, err
-	}
-	kk, mk, gk, pk, tk := KeyspaceKey(ks), MemberKey(ks, id), GrantsKey(ks, id), PositionsKey(ks, id), TokensKey(ks)
-	reads := []clientv3.Op{clientv3.OpGet(kk), clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(pk), clientv3.OpGet(tk)}
-	// fresh parses the five reads, from a read or from the Else branch of
+	kk, mk, gk, pk, tk, rk := KeyspaceKey(ks), MemberKey(ks, id), GrantsKey(ks, id), PositionsKey(ks, id), TokensKey(ks), ReleasesKey(ks, id)
+	reads := []clientv3.Op{clientv3.OpGet(kk), clientv3.OpGet(mk), clientv3.OpGet(gk), clientv3.OpGet(pk), clientv3.OpGet(tk), clientv3.OpGet(rk)}
+	// fresh parses the six reads, from a read or from the Else branch of
 	// a failed write, checking the keyspace and the member.
 	fresh := func(resp *clientv3.TxnResponse) (CommitState, error) {
 		var st CommitState
@@ -204,6 +277,11 @@ func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease sh
 				return st, err
 			}
 		}
+		if st.ReleasesRev = rev(5); st.ReleasesRev != 0 {
+			if st.Releases, err = DecodeReleases(rk, kv(5)); err != nil {
+				return st, err
+			}
+		}
 		return st, nil
 	}
 	read := func() (CommitState, error) {
@@ -213,7 +291,10 @@ func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease sh
 		}
 		return fresh(resp)
 	}
-	var st CommitState
+	var (
+		st  CommitState
+		err error
+	)
 	guessed := guess != nil
 	if guessed {
 		st = *guess
@@ -232,15 +313,21 @@ func (s *Store) CommitPositionsWith(ctx context.Context, ks, id string, lease sh
 			}
 			return 0, st, fmt.Errorf("store: %s: %w", op, err)
 		}
-		put, err := s.putIfMember(ctx, op, lease, mk, gk, st.GrantsRev, pk, st.CommitRev, clientv3.OpPut(pk, string(val)), reads)
+		val, err := EncodeCommit(st.Stored(c))
+		if err != nil {
+			return 0, CommitState{}, err
+		}
+		put, err := s.putIfMember(ctx, op, lease, mk, gk, st.GrantsRev, pk, st.CommitRev, clientv3.OpPut(pk, string(val)), reads,
+			clientv3.Compare(clientv3.ModRevision(rk), "=", st.ReleasesRev))
 		if err != nil {
 			return 0, CommitState{}, err
 		}
 		if put.Succeeded {
 			return put.Header.Revision, st, nil
 		}
-		// The member, its grants or its commit record changed meanwhile:
-		// the failed transaction read them; check again from there.
+		// The member, its grants, its releases or its commit record
+		// changed meanwhile: the failed transaction read them; check
+		// again from there.
 		if st, err = fresh(put); err != nil {
 			return 0, CommitState{}, err
 		}
