@@ -169,6 +169,12 @@ func (r *Recorder) Release(worker string, bucket int, token, final uint64) {
 	k := tenureKey{bucket, token}
 	t, ok := r.open[worker][k]
 	if !ok {
+		if t, known := r.tenures[k]; known && t.Worker == worker && t.End == Crashed {
+			// The server recorded the release, though its answer came
+			// after the session was lost: the release is what counts.
+			t.End, t.Final = Released, final
+			return
+		}
 		r.errorf("%s released bucket %d at token %d without holding it", worker, bucket, token)
 		return
 	}
