@@ -311,6 +311,8 @@ func (d *streamDemo) startWorker(ctx context.Context) (string, error) {
 		switch ev.Kind {
 		case client.EventAcquired:
 			d.rec.Acquire(name, ev.Grant.Bucket, ev.Grant.Token, ev.Grant.From)
+		case client.EventReleased:
+			d.rec.Stop(name, ev.Grant.Bucket, ev.Grant.Token)
 		case client.EventReleaseRecorded:
 			// A release the server recorded is graceful; one that never
 			// reached it (the session was lost first) ends as a crash.

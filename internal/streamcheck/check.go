@@ -61,6 +61,9 @@ type Tenure struct {
 	// unacquired: handled before its acquire was recorded (a worker may
 	// hand records to its handler before its acquire callback returns).
 	unacquired bool
+	// stopped: the holder stopped handling the bucket (Stop); a commit's
+	// default no longer covers it, only an exception of its own.
+	stopped bool
 }
 
 type handling struct {
@@ -152,12 +155,24 @@ func (r *Recorder) Commit(worker string, maxToken, def uint64, except []BucketPo
 	for k, t := range r.open[worker] {
 		p, ok := own[k]
 		if !ok {
-			if k.token > maxToken {
+			if k.token > maxToken || t.stopped {
 				continue
 			}
 			p = def
 		}
 		t.Committed = max(t.Committed, p)
+	}
+}
+
+// Stop records that worker stopped handling bucket at token (its handler
+// let the bucket go): from then on only a commit's exception for the
+// bucket counts, as the server pins a released bucket against a later
+// commit's default. Release or Crash ends the tenure.
+func (r *Recorder) Stop(worker string, bucket int, token uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.open[worker][tenureKey{bucket, token}]; ok {
+		t.stopped = true
 	}
 }
 
@@ -173,6 +188,12 @@ func (r *Recorder) Release(worker string, bucket int, token, final uint64) {
 			// The server recorded the release, though its answer came
 			// after the session was lost: the release is what counts.
 			t.End, t.Final = Released, final
+			return
+		}
+		if _, known := r.tenures[k]; !known {
+			// A grant that ended before the worker started it (its
+			// Acquire never ran): handed over where it began.
+			r.tenures[k] = &Tenure{Worker: worker, Bucket: bucket, Token: token, From: final, Committed: final, End: Released, Final: final}
 			return
 		}
 		r.errorf("%s released bucket %d at token %d without holding it", worker, bucket, token)

@@ -138,10 +138,11 @@ func TestCheck(t *testing.T) {
 			rec.Handle("a", 1, 1, 2, "k2") // k2 is bucket 0's
 			rec.Release("a", 1, 1, 3)
 			rec.Release("a", 1, 1, 3)
+			rec.Release("a", 0, 7, 0) // never acquired: a grant that ended before it started
 		},
 		want: func(r Report) string {
-			if r.OK() || r.Strays != 3 {
-				return "want 3 strays"
+			if r.OK() || r.Strays != 3 || r.Tenures != 3 || r.Releases != 2 {
+				return "want 3 strays, and a tenure for the grant released unstarted"
 			}
 			return ""
 		},
@@ -156,6 +157,25 @@ func TestCheck(t *testing.T) {
 		},
 		want: func(r Report) string {
 			if !r.OK() || r.Handled != 100 {
+				return "want a clean record"
+			}
+			return ""
+		},
+	}, {
+		name: "a commit after the holder stopped does not cover the bucket",
+		run: func(rec *Recorder) {
+			rec.Acquire("a", 1, 1, 0)
+			handle(rec, ev, "a", 1, 1, 0, 50)
+			rec.Stop("a", 1, 1)
+			rec.Commit("a", 1, 90, nil) // the default no longer covers bucket 1
+			rec.Release("a", 1, 1, 50)
+			rec.Acquire("b", 1, 2, 50)
+			handle(rec, ev, "b", 1, 2, 50, 100)
+			rec.Acquire("c", 0, 3, 0)
+			handle(rec, ev, "c", 0, 3, 0, 100)
+		},
+		want: func(r Report) string {
+			if !r.OK() {
 				return "want a clean record"
 			}
 			return ""
