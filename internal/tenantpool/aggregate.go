@@ -94,9 +94,12 @@ type AggregatorConfig struct {
 // one per pool from one goroutine; it is not safe for concurrent use. It is
 // not persisted: a new leader starts an empty one, and Rates divides by the
 // time it has measured (at least one bucket) until a window has passed.
+// Counts are placed by the time they arrive (now), not by Report.Time,
+// which only tells stale reports apart, so reporters' clocks need only be
+// within a window of the leader's.
 //
-// Memory is bounded: per tenant, one count per bucket plus a running sum
-// (Buckets+2 words and the tenant ID), at most MaxTenants tenants; per
+// Memory is bounded: per tenant, one count per bucket and for the current
+// one, a running sum and a time (Buckets+3 words and the tenant ID), at most MaxTenants tenants; per
 // reporter its last Seq and when it was last heard, at most MaxReporters.
 // A tenant with no report for a window, and a reporter not heard for two
 // windows, are forgotten. A reporter that stops reporting therefore stops
@@ -105,11 +108,11 @@ type Aggregator struct {
 	cfg    AggregatorConfig
 	width  int64 // bucket width in ns
 	cur    int64 // current bucket number (unix ns / width); 0 before the first call
-	start  int64 // unix ns of the first call
+	first  int64 // bucket number of the first call
 	ids    map[string]int32
 	names  []string  // tenant ID by index; "" if the slot is free
-	counts [][]int64 // counts[b][t]: bucket b mod Buckets, tenant t
-	sum    []int64   // sum over the buckets, per tenant
+	counts [][]int64 // counts[b][t]: bucket b mod Buckets+1, tenant t
+	sum    []int64   // per tenant, the sum over the complete buckets of the window
 	last   []int64   // bucket number of the last report of each tenant
 	free   []int32
 	reps   map[string]*reporter
@@ -156,7 +159,7 @@ func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
 		cfg:    cfg,
 		width:  int64(cfg.Window) / int64(cfg.Buckets),
 		ids:    make(map[string]int32),
-		counts: make([][]int64, cfg.Buckets),
+		counts: make([][]int64, cfg.Buckets+1),
 		reps:   make(map[string]*reporter),
 	}
 	return a, nil
@@ -214,8 +217,7 @@ func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
 			return 0, ErrFull
 		}
 	}
-	b := int(a.cur % int64(a.cfg.Buckets))
-	col := a.counts[b]
+	col := a.col(a.cur)
 	for i, c := range r.Counts {
 		t := idx[i]
 		if t < 0 {
@@ -223,11 +225,10 @@ func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
 				t = t2
 			} else {
 				t = a.newTenant(c.Tenant)
-				col = a.counts[b]
+				col = a.col(a.cur)
 			}
 		}
 		col[t] += c.N
-		a.sum[t] += c.N
 		a.last[t] = a.cur
 	}
 	if rep == nil {
@@ -290,22 +291,24 @@ func (a *Aggregator) nanos(now time.Time) int64 {
 	return n
 }
 
-// advance moves the window to now: expires the buckets that left it,
-// forgets idle tenants and reporters.
+// advance moves the window to now: completes the current bucket, expires
+// the buckets that left the window, forgets idle tenants and reporters.
 func (a *Aggregator) advance(now time.Time) {
 	n := now.UnixNano()
 	b := n / a.width
 	if a.cur == 0 {
-		a.cur, a.start = b, n
+		a.cur, a.first = b, b
 		return
 	}
 	if b <= a.cur {
 		return
 	}
 	nb := int64(a.cfg.Buckets)
-	steps := min(b-a.cur, nb)
-	for k := int64(1); k <= steps; k++ {
-		col := a.counts[(a.cur+k)%nb]
+	for t, c := range a.col(a.cur) {
+		a.sum[t] += c
+	}
+	for x := a.cur - nb; x <= min(a.cur, b-nb-1); x++ {
+		col := a.col(x)
 		for t, c := range col {
 			a.sum[t] -= c
 		}
@@ -313,7 +316,7 @@ func (a *Aggregator) advance(now time.Time) {
 	}
 	a.cur = b
 	for t, id := range a.names {
-		if id != "" && a.last[t] <= b-nb {
+		if id != "" && a.last[t] < b-nb {
 			delete(a.ids, id)
 			a.names[t] = ""
 			a.free = append(a.free, int32(t))
@@ -326,22 +329,33 @@ func (a *Aggregator) advance(now time.Time) {
 	}
 }
 
-// span is the time the window covers at n: from the start of its oldest
-// bucket to n, but no earlier than the first call, and at least one bucket.
-func (a *Aggregator) span(n int64) float64 {
-	from := max((a.cur-int64(a.cfg.Buckets)+1)*a.width, a.start)
-	return float64(max(n-from, a.width)) / 1e9
+// col returns the counts of bucket x.
+func (a *Aggregator) col(x int64) []int64 {
+	m := int64(len(a.counts))
+	return a.counts[((x%m)+m)%m]
 }
 
-// Rates returns the rate (counts per second over the window) of every
-// tenant reported within the window, including tenants reported at 0.
+// rate returns tenant t's rate: the sum of the complete buckets of the
+// window (or of those since the first call) over their span; only the
+// current bucket if none is complete yet.
+func (a *Aggregator) rate(t int32) float64 {
+	k := min(int64(a.cfg.Buckets), a.cur-a.first)
+	if k == 0 {
+		return float64(a.col(a.cur)[t]) / float64(a.width) * 1e9
+	}
+	return float64(a.sum[t]) / (float64(k*a.width) / 1e9)
+}
+
+// Rates returns the rate (counts per second) of every tenant reported
+// within the window, including tenants reported at 0. The rate is the
+// counts of the window's complete buckets over their span, so it lags by
+// up to one bucket (Window/Buckets).
 func (a *Aggregator) Rates(now time.Time) map[string]float64 {
 	a.advance(now)
-	s := a.span(a.nanos(now))
 	out := make(map[string]float64, len(a.ids))
 	for t, id := range a.names {
 		if id != "" {
-			out[id] = float64(a.sum[t]) / s
+			out[id] = a.rate(int32(t))
 		}
 	}
 	return out
@@ -355,7 +369,7 @@ func (a *Aggregator) Rate(tenant string, now time.Time) (float64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return float64(a.sum[t]) / a.span(a.nanos(now)), true
+	return a.rate(t), true
 }
 
 // Len returns the number of tenants and reporters tracked.

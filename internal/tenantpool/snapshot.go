@@ -166,4 +166,3 @@ func (s *Snapshot) Tenants(member string) []string { return s.byMem[member] }
 
 // Known reports whether the snapshot holds tenant.
 func (s *Snapshot) Known(tenant string) bool { _, ok := s.tenants[tenant]; return ok }
-
