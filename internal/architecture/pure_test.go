@@ -10,5 +10,5 @@ import (
 // package, read no clock and start no goroutine. (internal/coordinator
 // checks itself.)
 func TestPureCores(t *testing.T) {
-	keyshardtest.CheckPureCore(t, "../../placement", "../../hotkey")
+	keyshardtest.CheckPureCore(t, "../../placement", "../../hotkey", "../tenantpool")
 }

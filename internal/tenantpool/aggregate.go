@@ -1,0 +1,376 @@
+package tenantpool
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Report is one batch of request counts from one reporter (a client or a
+// server of the pool).
+type Report struct {
+	// Reporter names the reporter; required.
+	Reporter string
+	// Seq numbers the reporter's reports from 1 up. A report whose Seq is
+	// not above the last one counted from the same reporter is a retry or
+	// a replay and is not counted. A reporter sends its reports one at a
+	// time: one that overtakes an earlier one makes the earlier one a
+	// replay.
+	Seq uint64
+	// Time is when the reporter sent the report, by its clock; required.
+	// A report older than the window is not counted (so a replay that
+	// arrives after its reporter was forgotten is not counted either).
+	Time time.Time
+	// Counts are the requests per tenant since the reporter's previous
+	// report. A tenant may appear more than once; its counts add up.
+	Counts []Count
+}
+
+// Count is the number of requests of one tenant.
+type Count struct {
+	Tenant string
+	N      int64
+}
+
+// Outcome says what Add did with a report it did not refuse.
+type Outcome int
+
+const (
+	// Counted: the report's counts were added.
+	Counted Outcome = iota
+	// Replayed: the report's Seq is not above the last counted from its
+	// reporter; nothing was added.
+	Replayed
+	// Stale: the report is older than the window; nothing was added.
+	Stale
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Counted:
+		return "counted"
+	case Replayed:
+		return "replayed"
+	case Stale:
+		return "stale"
+	}
+	return "outcome(?)"
+}
+
+// Limits of an Aggregator, and their defaults.
+const (
+	// DefaultMaxCounts is the default limit on Counts in one report: a
+	// reporter of more tenants splits its counts over several reports.
+	DefaultMaxCounts    = 10_000
+	DefaultWindow       = time.Minute
+	DefaultBuckets      = 12
+	DefaultMaxTenants   = 1_000_000
+	DefaultMaxReporters = 10_000
+)
+
+// ErrFull is returned by Add for a report that would make the aggregator
+// track more tenants or reporters than its limits allow; nothing of the
+// report was added.
+var ErrFull = errors.New("tenantpool: aggregator full")
+
+// AggregatorConfig sizes an Aggregator. Zero fields take the defaults.
+type AggregatorConfig struct {
+	// Window is the span the rate is measured over. Default DefaultWindow.
+	Window time.Duration
+	// Buckets divides the window: counts expire one bucket (Window/Buckets)
+	// at a time. Default DefaultBuckets.
+	Buckets int
+	// MaxCounts bounds len(Report.Counts). Default DefaultMaxCounts.
+	MaxCounts int
+	// MaxTenants bounds the tenants tracked at once. Default DefaultMaxTenants.
+	MaxTenants int
+	// MaxReporters bounds the reporters tracked at once. Default DefaultMaxReporters.
+	MaxReporters int
+}
+
+// Aggregator turns reports into a rate per tenant over a sliding window.
+// It is pure (time is an argument) but not a value: the leader's loop owns
+// one per pool from one goroutine; it is not safe for concurrent use. It is
+// not persisted: a new leader starts an empty one, and Rates divides by the
+// time it has measured (at least one bucket) until a window has passed.
+// Counts are placed by the time they arrive (now), not by Report.Time,
+// which only tells stale reports apart, so reporters' clocks need only be
+// within a window of the leader's.
+//
+// Memory is bounded: per tenant, one count per bucket and for the current
+// one, a running sum and a time (Buckets+3 words and the tenant ID), at most MaxTenants tenants; per
+// reporter its last Seq and when it was last heard, at most MaxReporters.
+// A tenant with no report for a window, and a reporter not heard for two
+// windows, are forgotten. A reporter that stops reporting therefore stops
+// counting once its last counts leave the window.
+type Aggregator struct {
+	cfg    AggregatorConfig
+	width  int64 // bucket width in ns
+	cur    int64 // current bucket number (unix ns / width); 0 before the first call
+	first  int64 // bucket number of the first call
+	ids    map[string]int32
+	names  []string  // tenant ID by index; "" if the slot is free
+	counts [][]int64 // counts[b][t]: bucket b mod Buckets+1, tenant t
+	sum    []int64   // per tenant, the sum over the complete buckets of the window
+	last   []int64   // bucket number of the last report of each tenant
+	free   []int32
+	reps   map[string]*reporter
+	idx    []int32 // scratch: resolved tenant index per count; -1 new
+}
+
+type reporter struct {
+	seq  uint64
+	seen int64 // unix ns
+}
+
+// NewAggregator returns an empty aggregator, or a *FieldError for a bad
+// config.
+func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
+	def := func(v *int, d int, name string) error {
+		if *v < 0 {
+			return invalidf(name, "is %d; want >= 0 (0 = default %d)", *v, d)
+		}
+		if *v == 0 {
+			*v = d
+		}
+		return nil
+	}
+	if cfg.Window < 0 {
+		return nil, invalidf("Window", "is %v; want > 0 (0 = default %v)", cfg.Window, DefaultWindow)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	for _, err := range []error{
+		def(&cfg.Buckets, DefaultBuckets, "Buckets"),
+		def(&cfg.MaxCounts, DefaultMaxCounts, "MaxCounts"),
+		def(&cfg.MaxTenants, DefaultMaxTenants, "MaxTenants"),
+		def(&cfg.MaxReporters, DefaultMaxReporters, "MaxReporters"),
+	} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Window/time.Duration(cfg.Buckets) < time.Millisecond {
+		return nil, invalidf("Buckets", "is %d; a bucket of Window/Buckets = %v is under 1ms", cfg.Buckets, cfg.Window/time.Duration(cfg.Buckets))
+	}
+	a := &Aggregator{
+		cfg:    cfg,
+		width:  int64(cfg.Window) / int64(cfg.Buckets),
+		ids:    make(map[string]int32),
+		counts: make([][]int64, cfg.Buckets+1),
+		reps:   make(map[string]*reporter),
+	}
+	return a, nil
+}
+
+// Add adds a report's counts at time now (the leader's clock). It returns
+// the outcome, or an error for a refused report, of which nothing was
+// added: a *FieldError naming the field for an empty Reporter, a zero Seq
+// or Time, more than MaxCounts counts, an empty tenant ID or a negative
+// count; ErrFull when the limits on tenants or reporters would be passed.
+func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
+	switch {
+	case r.Reporter == "":
+		return 0, invalidf("Reporter", "is empty")
+	case r.Seq == 0:
+		return 0, invalidf("Seq", "is 0; reporters number their reports from 1")
+	case r.Time.IsZero():
+		return 0, invalidf("Time", "is zero")
+	case len(r.Counts) > a.cfg.MaxCounts:
+		return 0, invalidf("Counts", "has %d entries; the limit is %d (split the report)", len(r.Counts), a.cfg.MaxCounts)
+	}
+	a.advance(now)
+	n := a.nanos(now)
+	rep := a.reps[r.Reporter]
+	if rep != nil && r.Seq <= rep.seq {
+		return Replayed, validCounts(r.Counts)
+	}
+	if r.Time.UnixNano() < n-int64(a.cfg.Window) {
+		return Stale, validCounts(r.Counts)
+	}
+	if rep == nil && len(a.reps) >= a.cfg.MaxReporters {
+		return 0, ErrFull
+	}
+	// Validate and resolve every count first, so that a refused report
+	// adds nothing.
+	idx := a.idx[:0]
+	fresh := 0
+	for i, c := range r.Counts {
+		if c.Tenant == "" {
+			return 0, invalidf("Counts["+strconv.Itoa(i)+"].Tenant", "is empty")
+		}
+		if c.N < 0 {
+			return 0, invalidf("Counts["+strconv.Itoa(i)+"].N", "is %d; want >= 0", c.N)
+		}
+		t, ok := a.ids[c.Tenant]
+		if !ok {
+			t = -1
+			fresh++ // an upper bound: a new tenant may appear twice
+		}
+		idx = append(idx, t)
+	}
+	a.idx = idx
+	if fresh > 0 && len(a.ids)+fresh > a.cfg.MaxTenants {
+		if len(a.ids)+a.countNew(r.Counts, idx) > a.cfg.MaxTenants {
+			return 0, ErrFull
+		}
+	}
+	col := a.col(a.cur)
+	for i, c := range r.Counts {
+		t := idx[i]
+		if t < 0 {
+			if t2, ok := a.ids[c.Tenant]; ok { // second sighting in this report
+				t = t2
+			} else {
+				t = a.newTenant(c.Tenant)
+				col = a.col(a.cur)
+			}
+		}
+		col[t] += c.N
+		a.last[t] = a.cur
+	}
+	if rep == nil {
+		rep = &reporter{}
+		a.reps[r.Reporter] = rep
+	}
+	rep.seq, rep.seen = r.Seq, n
+	return Counted, nil
+}
+
+// validCounts checks counts without adding them, so that a replay of a bad
+// report is refused like the report was.
+func validCounts(cs []Count) error {
+	for i, c := range cs {
+		if c.Tenant == "" {
+			return invalidf("Counts["+strconv.Itoa(i)+"].Tenant", "is empty")
+		}
+		if c.N < 0 {
+			return invalidf("Counts["+strconv.Itoa(i)+"].N", "is %d; want >= 0", c.N)
+		}
+	}
+	return nil
+}
+
+func (a *Aggregator) countNew(cs []Count, idx []int32) int {
+	seen := make(map[string]bool)
+	for i, c := range cs {
+		if idx[i] < 0 {
+			seen[c.Tenant] = true
+		}
+	}
+	return len(seen)
+}
+
+func (a *Aggregator) newTenant(id string) int32 {
+	id = strings.Clone(id) // do not pin the caller's buffer
+	var t int32
+	if n := len(a.free); n > 0 {
+		t = a.free[n-1]
+		a.free = a.free[:n-1]
+		a.names[t] = id
+	} else {
+		t = int32(len(a.names))
+		a.names = append(a.names, id)
+		a.sum = append(a.sum, 0)
+		a.last = append(a.last, 0)
+		for b := range a.counts {
+			a.counts[b] = append(a.counts[b], 0)
+		}
+	}
+	a.ids[id] = t
+	return t
+}
+
+func (a *Aggregator) nanos(now time.Time) int64 {
+	n := now.UnixNano()
+	if a.cur != 0 && n < a.cur*a.width {
+		n = a.cur * a.width // time never goes back
+	}
+	return n
+}
+
+// advance moves the window to now: completes the current bucket, expires
+// the buckets that left the window, forgets idle tenants and reporters.
+func (a *Aggregator) advance(now time.Time) {
+	n := now.UnixNano()
+	b := n / a.width
+	if a.cur == 0 {
+		a.cur, a.first = b, b
+		return
+	}
+	if b <= a.cur {
+		return
+	}
+	nb := int64(a.cfg.Buckets)
+	for t, c := range a.col(a.cur) {
+		a.sum[t] += c
+	}
+	for x := a.cur - nb; x <= min(a.cur, b-nb-1); x++ {
+		col := a.col(x)
+		for t, c := range col {
+			a.sum[t] -= c
+		}
+		clear(col)
+	}
+	a.cur = b
+	for t, id := range a.names {
+		if id != "" && a.last[t] < b-nb {
+			delete(a.ids, id)
+			a.names[t] = ""
+			a.free = append(a.free, int32(t))
+		}
+	}
+	for id, r := range a.reps {
+		if r.seen < n-2*int64(a.cfg.Window) {
+			delete(a.reps, id)
+		}
+	}
+}
+
+// col returns the counts of bucket x.
+func (a *Aggregator) col(x int64) []int64 {
+	m := int64(len(a.counts))
+	return a.counts[((x%m)+m)%m]
+}
+
+// rate returns tenant t's rate: the sum of the complete buckets of the
+// window (or of those since the first call) over their span; only the
+// current bucket if none is complete yet.
+func (a *Aggregator) rate(t int32) float64 {
+	k := min(int64(a.cfg.Buckets), a.cur-a.first)
+	if k == 0 {
+		return float64(a.col(a.cur)[t]) / float64(a.width) * 1e9
+	}
+	return float64(a.sum[t]) / (float64(k*a.width) / 1e9)
+}
+
+// Rates returns the rate (counts per second) of every tenant reported
+// within the window, including tenants reported at 0. The rate is the
+// counts of the window's complete buckets over their span, so it lags by
+// up to one bucket (Window/Buckets).
+func (a *Aggregator) Rates(now time.Time) map[string]float64 {
+	a.advance(now)
+	out := make(map[string]float64, len(a.ids))
+	for t, id := range a.names {
+		if id != "" {
+			out[id] = a.rate(int32(t))
+		}
+	}
+	return out
+}
+
+// Rate returns one tenant's rate, and whether it was reported within the
+// window.
+func (a *Aggregator) Rate(tenant string, now time.Time) (float64, bool) {
+	a.advance(now)
+	t, ok := a.ids[tenant]
+	if !ok {
+		return 0, false
+	}
+	return a.rate(t), true
+}
+
+// Len returns the number of tenants and reporters tracked.
+func (a *Aggregator) Len() (tenants, reporters int) { return len(a.ids), len(a.reps) }

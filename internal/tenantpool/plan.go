@@ -1,0 +1,407 @@
+package tenantpool
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+// State is a pool's published state: what clients and servers read, and
+// what the leader needs to continue after a failover (sizes with their
+// cooldowns, subsets, when members joined and left). It is a plain value
+// of exported fields that the store can encode as it is. Plan and
+// MarkReady never modify the State they are given; the maps and slices of
+// a State they return may share storage with it, so treat a State as
+// read-only.
+type State struct {
+	// Version increases with every change a client or server can read:
+	// a size, a subset, a join or leave time, a readiness, the members or
+	// the policy. A change of cooldown bookkeeping only (SizeState's
+	// Wanted and BelowSince, IdleSince) keeps the version; Changes.Tenants
+	// still lists it, so the store persists it.
+	Version uint64
+	// Members are the pool's members as of the last round, sorted by ID.
+	Members []placement.Member
+	// Policy is the policy of the last round.
+	Policy Policy
+	// Tenants holds every tenant that was sized.
+	Tenants map[string]TenantState
+}
+
+// TenantState is one tenant's size and subset.
+type TenantState struct {
+	Size placement.SizeState
+	// Members is the current subset, sorted by ID.
+	Members []Placement
+	// Removed are members that left the subset while they were read
+	// targets and are still alive, kept for the lookback (and while a
+	// member that replaced them is not read yet), sorted by ID.
+	Removed []Removal
+	// Why explains the last size change, with When its time.
+	Why  string
+	When time.Time
+	// IdleSince is when the tenant's rate stopped being reported; zero
+	// while it is.
+	IdleSince time.Time
+}
+
+// Placement is one member of a tenant's subset.
+type Placement struct {
+	ID string
+	// Added is when the member joined the subset; zero for a member that
+	// served the tenant from the start (the stateless subset every client
+	// and server used before the tenant was first sized).
+	Added time.Time
+	// Ready is set once the member reported ready for the tenant.
+	Ready bool
+}
+
+// Removal is a member that left a tenant's subset.
+type Removal struct {
+	ID string
+	At time.Time
+}
+
+// SizeChange is one tenant's size change in a round.
+type SizeChange struct {
+	Tenant   string
+	From, To int
+	Why      string
+}
+
+// Changes says what a round changed.
+type Changes struct {
+	// Visible reports whether the version increased.
+	Visible bool
+	// Tenants lists, sorted, the tenants whose TenantState changed in any
+	// way, including tenants added and dropped: what the store rewrites.
+	Tenants []string
+	// Dropped lists the tenants forgotten (see Policy.ForgetAfter).
+	Dropped []string
+	// Sizes lists the size changes, by tenant.
+	Sizes []SizeChange
+	// Subsets lists the subset changes as placement.Shards explains them.
+	Subsets []placement.ShardChange
+}
+
+// Plan runs one round at time now: it sizes every tenant of prev and of
+// rates with placement.NextSize (a tenant of prev absent from rates has
+// rate 0) and places them with placement.Shards, sticky from prev's
+// subsets. A tenant new to the state starts from the stateless subset
+// that clients and servers used for it until now (placement.Subset at its
+// initial size), so its first placement moves nothing it need not.
+//
+// members are the live members (weight 0: draining). Plan is pure and
+// deterministic: the same arguments give the same State. It returns an
+// error wrapping ErrInvalid for an invalid policy, members or rate; prev
+// is then unchanged.
+func Plan(prev State, members []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes, error) {
+	if err := p.Validate(); err != nil {
+		return prev, Changes{}, err
+	}
+	for _, id := range sortedKeys(rates) {
+		if r := rates[id]; id == "" || !finite(r) || r < 0 {
+			return prev, Changes{}, invalidf(fmt.Sprintf("rates[%q]", id), "is %v; want a finite number >= 0 for a non-empty tenant", r)
+		}
+	}
+	ms := slices.Clone(members)
+	slices.SortFunc(ms, func(a, b placement.Member) int { return strings.Compare(a.ID, b.ID) })
+	for i, m := range ms {
+		if m.ID == "" || !finite(m.Weight) || m.Weight < 0 || i > 0 && ms[i-1].ID == m.ID {
+			return prev, Changes{}, invalidf("members["+strconv.Itoa(i)+"]", "%+v is invalid: want a unique non-empty ID and a finite weight >= 0", m)
+		}
+	}
+	pool := newPoolView(ms, p)
+
+	// Sizes.
+	names := make([]string, 0, len(prev.Tenants)+len(rates))
+	for id := range prev.Tenants {
+		names = append(names, id)
+	}
+	for id := range rates {
+		if _, ok := prev.Tenants[id]; !ok {
+			names = append(names, id)
+		}
+	}
+	slices.Sort(names)
+	next := State{Version: prev.Version, Members: ms, Policy: p, Tenants: make(map[string]TenantState, len(names))}
+	var ch Changes
+	tenants := make([]placement.Tenant, 0, len(names))
+	prevSubsets := make(map[string][]string, len(names))
+	for _, id := range names {
+		old, known := prev.Tenants[id]
+		rate, reported := rates[id]
+		ts := old
+		switch {
+		case reported:
+			ts.IdleSince = time.Time{}
+		case ts.IdleSince.IsZero():
+			ts.IdleSince = now
+		}
+		if !reported && p.ForgetAfter > 0 && now.Sub(ts.IdleSince) >= p.ForgetAfter {
+			ch.Dropped = append(ch.Dropped, id)
+			ch.Tenants = append(ch.Tenants, id)
+			continue
+		}
+		if known {
+			prevSubsets[id] = placementIDs(old.Members)
+		} else {
+			seed, _ := placement.Subset(id, pool.members, p.initialSize(id, pool.zones))
+			prevSubsets[id] = seed
+			ts.Members = make([]Placement, len(seed))
+			for i, m := range seed {
+				ts.Members[i] = Placement{ID: m}
+			}
+		}
+		var err error
+		if n := p.fixed(id); n > 0 {
+			ts.Size = placement.SizeState{Size: n, Wanted: n}
+			if pool.eligible < n {
+				ts.Size.Size = pool.eligible
+			}
+		} else if ts.Size, err = placement.NextSize(ts.Size, rate, pool.eligible, now, p.SizePolicy(id, pool.zones)); err != nil {
+			return prev, Changes{}, err
+		}
+		if ts.Size.Size != old.Size.Size || !known {
+			ts.Why = explain(p, id, rate, known, old.Size.Size, ts.Size, pool)
+			ts.When = now
+			ch.Sizes = append(ch.Sizes, SizeChange{Tenant: id, From: old.Size.Size, To: ts.Size.Size, Why: ts.Why})
+		}
+		next.Tenants[id] = ts
+		tenants = append(tenants, placement.Tenant{ID: id, Size: ts.Size.Size, Load: rate})
+	}
+
+	// Subsets.
+	plan, err := placement.Shards(prevSubsets, pool.members, tenants, placement.ShardOptions{Tolerance: p.Tolerance, MaxRebalanceMoves: p.RebalanceMoves})
+	if err != nil {
+		return prev, Changes{}, err
+	}
+	ch.Subsets = plan.Changes
+	visible := !slices.Equal(prev.Members, ms) || !prev.Policy.equal(p) || len(ch.Dropped) > 0
+	for _, id := range names {
+		ts, ok := next.Tenants[id]
+		if !ok {
+			continue
+		}
+		ts.Members, ts.Removed = nextPlacements(ts, plan.Subsets[id], pool, p, now)
+		next.Tenants[id] = ts
+		old, known := prev.Tenants[id]
+		switch {
+		case !known || !ts.visiblyEqual(old):
+			visible = true
+			ch.Tenants = append(ch.Tenants, id)
+		case ts.Size != old.Size || !ts.IdleSince.Equal(old.IdleSince):
+			ch.Tenants = append(ch.Tenants, id)
+		}
+	}
+	slices.Sort(ch.Tenants)
+	if visible {
+		next.Version++
+	}
+	ch.Visible = visible
+	return next, ch, nil
+}
+
+// poolView is what a round derives from the members.
+type poolView struct {
+	members  []placement.Member // sorted; zones blanked unless ZoneAware
+	alive    map[string]bool    // by ID, draining included
+	eligible int                // members with weight > 0
+	zones    int                // distinct zones among them (1 unless ZoneAware)
+}
+
+func newPoolView(sorted []placement.Member, p Policy) poolView {
+	v := poolView{members: sorted, alive: make(map[string]bool, len(sorted)), zones: 1}
+	if !p.ZoneAware {
+		v.members = slices.Clone(sorted)
+		for i := range v.members {
+			v.members[i].Zone = ""
+		}
+	}
+	zones := map[string]bool{}
+	for _, m := range v.members {
+		v.alive[m.ID] = true
+		if m.Weight > 0 {
+			v.eligible++
+			zones[m.Zone] = true
+		}
+	}
+	if p.ZoneAware {
+		v.zones = max(len(zones), 1)
+	}
+	return v
+}
+
+func placementIDs(ps []Placement) []string {
+	out := make([]string, len(ps))
+	for i, m := range ps {
+		out[i] = m.ID
+	}
+	return out
+}
+
+// readAt returns when a member becomes a read target: its Added time if it
+// is ready or served from the start, else Added + WarmUp.
+func (m Placement) readAt(warmUp time.Duration) time.Time {
+	if m.Ready || m.Added.IsZero() {
+		return m.Added
+	}
+	return m.Added.Add(warmUp)
+}
+
+// nextPlacements carries join times and readiness over to the new subset
+// and records the members that left it.
+func nextPlacements(ts TenantState, subset []string, pool poolView, p Policy, now time.Time) ([]Placement, []Removal) {
+	old := ts.Members
+	members := make([]Placement, len(subset))
+	for i, id := range subset {
+		j, ok := slices.BinarySearchFunc(old, id, func(m Placement, id string) int { return strings.Compare(m.ID, id) })
+		if ok {
+			members[i] = old[j]
+		} else {
+			members[i] = Placement{ID: id, Added: now}
+		}
+	}
+	var removed []Removal
+	for _, r := range ts.Removed {
+		if !slices.Contains(subset, r.ID) && pool.alive[r.ID] {
+			removed = append(removed, r)
+		}
+	}
+	for _, m := range old {
+		if !slices.Contains(subset, m.ID) && pool.alive[m.ID] && !now.Before(m.readAt(p.WarmUp)) {
+			removed = append(removed, Removal{ID: m.ID, At: now})
+		}
+	}
+	// A removed member stays while within the lookback, or while a member
+	// of the subset is not read yet.
+	var pending time.Time
+	for _, m := range members {
+		if at := m.readAt(p.WarmUp); at.After(pending) {
+			pending = at
+		}
+	}
+	removed = slices.DeleteFunc(removed, func(r Removal) bool {
+		return !now.Before(r.At.Add(p.Lookback)) && !now.Before(pending)
+	})
+	slices.SortFunc(removed, func(a, b Removal) int { return strings.Compare(a.ID, b.ID) })
+	removed = slices.CompactFunc(removed, func(a, b Removal) bool { return a.ID == b.ID })
+	if len(removed) == 0 {
+		removed = nil
+	}
+	return members, removed
+}
+
+// visiblyEqual reports whether a client or server reads the same from
+// ts and o.
+func (ts TenantState) visiblyEqual(o TenantState) bool {
+	return ts.Size.Size == o.Size.Size && ts.Why == o.Why &&
+		slices.EqualFunc(ts.Members, o.Members, func(a, b Placement) bool { return a.ID == b.ID && a.Added.Equal(b.Added) && a.Ready == b.Ready }) &&
+		slices.EqualFunc(ts.Removed, o.Removed, func(a, b Removal) bool { return a.ID == b.ID && a.At.Equal(b.At) })
+}
+
+// Ready is a member's report that it is ready to serve a tenant (it has
+// loaded the tenant's data).
+type Ready struct {
+	Member, Tenant string
+}
+
+// MarkReady records readiness reports: each member of a tenant's current
+// subset that is not ready yet becomes ready, a read target. Reports for
+// unknown tenants or for members not in the subset are ignored (the count
+// of applied ones is returned). The version increases if any was applied.
+// It returns a *FieldError for an empty Member or Tenant, and then applies
+// nothing.
+func MarkReady(prev State, marks []Ready) (State, int, error) {
+	for i, r := range marks {
+		if r.Member == "" {
+			return prev, 0, invalidf("marks["+strconv.Itoa(i)+"].Member", "is empty")
+		}
+		if r.Tenant == "" {
+			return prev, 0, invalidf("marks["+strconv.Itoa(i)+"].Tenant", "is empty")
+		}
+	}
+	next := prev
+	n := 0
+	for _, r := range marks {
+		ts, ok := next.Tenants[r.Tenant]
+		if !ok {
+			continue
+		}
+		j := slices.IndexFunc(ts.Members, func(m Placement) bool { return m.ID == r.Member })
+		if j < 0 || ts.Members[j].Ready {
+			continue
+		}
+		if n == 0 {
+			next.Tenants = make(map[string]TenantState, len(prev.Tenants))
+			for id, t := range prev.Tenants {
+				next.Tenants[id] = t
+			}
+		}
+		ts.Members = slices.Clone(ts.Members)
+		ts.Members[j].Ready = true
+		next.Tenants[r.Tenant] = ts
+		n++
+	}
+	if n > 0 {
+		next.Version++
+	}
+	return next, n, nil
+}
+
+// explain says why a tenant has its size, in the style of
+// "rate 52/s × headroom 1.2 / capacity 10 → 7, rounded up to 9 for 3 zones".
+func explain(p Policy, tenant string, rate float64, known bool, from int, st placement.SizeState, pool poolView) string {
+	var b strings.Builder
+	if !known {
+		b.WriteString("new tenant: ")
+	}
+	if n := p.fixed(tenant); n > 0 {
+		fmt.Fprintf(&b, "fixed size %d by override", n)
+		if st.Size < n {
+			fmt.Fprintf(&b, ", clamped to %d members in the pool", st.Size)
+		}
+		return b.String()
+	}
+	sp := p.SizePolicy(tenant, pool.zones)
+	h := sp.Headroom
+	if h == 0 {
+		h = 1
+	}
+	need := int(math.Min(math.Ceil(rate*h/sp.CapacityPerMember), math.MaxInt32))
+	fmt.Fprintf(&b, "rate %s/s × headroom %s / capacity %s → %d", num(rate), num(h), num(sp.CapacityPerMember), need)
+	v := need
+	if lo := max(sp.Min, 1); v < lo {
+		v = lo
+		fmt.Fprintf(&b, ", raised to minimum %d", lo)
+	}
+	z := max(sp.Zones, 1)
+	if r := (v + z - 1) / z * z; r != v {
+		v = r
+		fmt.Fprintf(&b, ", rounded up to %d for %d zones", v, z)
+	}
+	if st.Wanted < v {
+		fmt.Fprintf(&b, ", capped at maximum %d", st.Wanted)
+	}
+	switch {
+	case st.Size < st.Wanted:
+		fmt.Fprintf(&b, "; clamped to %d members in the pool", st.Size)
+	case st.Size > st.Wanted && from > st.Size:
+		fmt.Fprintf(&b, "; shrinking %d → %d by at most %d per cooldown of %v", from, st.Size, from-st.Size, sp.ShrinkCooldown)
+	case st.Size < from && st.Size == st.Wanted:
+		fmt.Fprintf(&b, "; shrunk from %d after cooldown of %v", from, sp.ShrinkCooldown)
+	}
+	return b.String()
+}
+
+// num formats a number with at most two decimals, trimmed.
+func num(f float64) string {
+	s := strconv.FormatFloat(f, 'f', 2, 64)
+	s = strings.TrimRight(s, "0")
+	return strings.TrimSuffix(s, ".")
+}

@@ -1,0 +1,364 @@
+package tenantpool
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+func pool(n, zones int) []placement.Member {
+	ms := make([]placement.Member, n)
+	for i := range ms {
+		ms[i] = placement.Member{ID: fmt.Sprintf("m%03d", i), Weight: 1, Zone: fmt.Sprintf("z%d", i%zones)}
+	}
+	return ms
+}
+
+func mustPlan(t *testing.T, prev State, ms []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes) {
+	t.Helper()
+	st, ch, err := Plan(prev, ms, rates, p, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, ch
+}
+
+// TestScenario is the discussion's: 50 requests/s at capacity 10 is 5
+// members, whatever the pool does: 10 → 100 → 10 members.
+func TestScenario(t *testing.T) {
+	for _, zones := range []int{1, 3} {
+		t.Run(fmt.Sprintf("zones=%d", zones), func(t *testing.T) {
+			p := goodPolicy()
+			p.ZoneAware = zones > 1
+			p.RebalanceMoves = 50
+			want := 5
+			if zones == 3 {
+				want = 6 // 5 rounded up for 3 zones
+			}
+			rates := map[string]float64{"a": 50}
+			for i := range 200 {
+				rates[fmt.Sprintf("bg%03d", i)] = float64(10 * (i%7 + 1))
+			}
+			var st State
+			now := t0
+			var first []string
+			for _, n := range []int{10, 10, 100, 100, 100, 10, 10} {
+				now = now.Add(time.Minute)
+				st, _ = mustPlan(t, st, pool(n, zones), rates, p, now)
+				a := st.Tenants["a"]
+				if a.Size.Size != want || len(a.Members) != want {
+					t.Fatalf("pool %d: size %d with %d members, want %d", n, a.Size.Size, len(a.Members), want)
+				}
+				if first == nil {
+					first = placementIDs(a.Members)
+				}
+			}
+			kept := 0
+			for _, m := range placementIDs(st.Tenants["a"].Members) {
+				if slices.Contains(first, m) {
+					kept++
+				}
+			}
+			if kept*2 <= want {
+				t.Fatalf("kept %d of %d members across the growth", kept, want)
+			}
+		})
+	}
+}
+
+func TestExplain(t *testing.T) {
+	p := goodPolicy()
+	p.Headroom, p.ZoneAware = 1.2, true
+	st, _ := mustPlan(t, State{}, pool(12, 3), map[string]float64{"t": 52}, p, t0)
+	want := "new tenant: rate 52/s × headroom 1.2 / capacity 10 → 7, rounded up to 9 for 3 zones"
+	if got := st.Tenants["t"].Why; got != want {
+		t.Fatalf("why %q, want %q", got, want)
+	}
+}
+
+// TestSizing: a 2× step grows within one window; a drop shrinks only after
+// the cooldown; overrides win.
+func TestSizing(t *testing.T) {
+	p := goodPolicy()
+	p.ShrinkCooldown = 5 * time.Minute
+	p.MaxShrinkStep = 100
+	agg, err := NewAggregator(AggregatorConfig{Window: time.Minute, Buckets: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := pool(30, 1)
+	var st State
+	size := func(sec int, perSec int64) int {
+		now := t0.Add(time.Duration(sec) * time.Second)
+		if _, err := agg.Add(Report{Reporter: "c", Seq: uint64(sec), Time: now, Counts: []Count{{"t", perSec}}}, now); err != nil {
+			t.Fatal(err)
+		}
+		st, _ = mustPlan(t, st, ms, agg.Rates(now), p, now)
+		return st.Tenants["t"].Size.Size
+	}
+	sec := 1
+	for ; sec <= 120; sec++ {
+		size(sec, 50)
+	}
+	if got := size(sec, 50); got != 5 {
+		t.Fatalf("steady: size %d, want 5", got)
+	}
+	grew := 0
+	for s := sec + 1; s <= sec+60; s++ { // 2× step: grows within the window
+		if size(s, 100) == 10 && grew == 0 {
+			grew = s - sec
+		}
+	}
+	if grew == 0 {
+		t.Fatalf("2× step: still size %d after a window", st.Tenants["t"].Size.Size)
+	}
+	sec += 60
+	for ; sec <= 300; sec++ {
+		size(sec, 100)
+	}
+	// Drop to 20/s: the wanted size falls within the window, the size only
+	// after the cooldown.
+	start := sec
+	shrunk := 0
+	for ; sec <= start+600; sec++ {
+		if size(sec, 20) < 10 && shrunk == 0 {
+			shrunk = sec - start
+		}
+	}
+	if shrunk < int(p.ShrinkCooldown/time.Second) {
+		t.Fatalf("shrank %ds after the drop, before the cooldown of %v", shrunk, p.ShrinkCooldown)
+	}
+	if got := st.Tenants["t"].Size.Size; got != 2 {
+		t.Fatalf("after the drop: size %d, want 2", got)
+	}
+	// An override wins at once, both ways.
+	p.Overrides = map[string]Override{"t": {Size: 12}}
+	if got := size(sec, 20); got != 12 {
+		t.Fatalf("fixed 12: size %d", got)
+	}
+	p.Overrides = map[string]Override{"t": {Size: 1}}
+	if got := size(sec+1, 20); got != 1 {
+		t.Fatalf("fixed 1: size %d", got)
+	}
+	p.Overrides = map[string]Override{"t": {MinSize: 4}}
+	if got := size(sec+2, 20); got != 4 {
+		t.Fatalf("min 4: size %d", got)
+	}
+}
+
+// TestLookbackAndWarmUp: after a shrink the removed member stays a read
+// target for the lookback; after a growth the new member is read only once
+// ready or warm.
+func TestLookbackAndWarmUp(t *testing.T) {
+	p := goodPolicy()
+	p.ShrinkCooldown, p.Lookback, p.WarmUp, p.MaxShrinkStep = 0, time.Minute, 30*time.Second, 10
+	ms := pool(20, 1)
+	st, _ := mustPlan(t, State{}, ms, map[string]float64{"t": 30}, p, t0)
+	old := placementIDs(st.Tenants["t"].Members)
+	if len(old) != 3 {
+		t.Fatalf("size %d, want 3", len(old))
+	}
+	// Grow to 5: two new members, not read before ready or warm.
+	now := t0.Add(time.Minute)
+	st, _ = mustPlan(t, st, ms, map[string]float64{"t": 50}, p, now)
+	var added []string
+	for _, m := range st.Tenants["t"].Members {
+		if !slices.Contains(old, m.ID) {
+			added = append(added, m.ID)
+		}
+	}
+	snap := NewSnapshot(st)
+	if got := snap.Targets("t", now.Add(time.Second)); !cmp.Equal(got, old) {
+		t.Fatalf("targets while warming %v, want the old members %v", got, old)
+	}
+	for _, m := range added {
+		if !snap.Serves(m, "t") {
+			t.Fatalf("%s does not serve t while warming: it would not load its data", m)
+		}
+	}
+	st2, n, err := MarkReady(st, []Ready{{added[0], "t"}, {"nobody", "t"}, {added[0], "other"}})
+	if err != nil || n != 1 || st2.Version <= st.Version {
+		t.Fatalf("MarkReady: %d applied, version %d → %d, %v", n, st.Version, st2.Version, err)
+	}
+	if got := NewSnapshot(st2).Targets("t", now.Add(time.Second)); !cmp.Equal(got, sorted(append(slices.Clone(old), added[0]))) {
+		t.Fatalf("targets after one ready %v", got)
+	}
+	if got := snap.Targets("t", now.Add(p.WarmUp)); len(got) != 5 {
+		t.Fatalf("targets after the warm-up %v, want all 5", got)
+	}
+	// Shrink to 3 (cooldown 0: two rounds), once everyone is warm.
+	now = now.Add(time.Minute)
+	st, _ = mustPlan(t, st, ms, map[string]float64{"t": 30}, p, now)
+	now = now.Add(time.Second)
+	st, _ = mustPlan(t, st, ms, map[string]float64{"t": 30}, p, now)
+	ts := st.Tenants["t"]
+	if ts.Size.Size != 3 || len(ts.Removed) != 2 {
+		t.Fatalf("after the shrink: size %d, removed %v", ts.Size.Size, ts.Removed)
+	}
+	snap = NewSnapshot(st)
+	for _, r := range ts.Removed {
+		if !slices.Contains(snap.Targets("t", now.Add(p.Lookback-time.Second)), r.ID) || !snap.Serves(r.ID, "t") {
+			t.Fatalf("removed %s is not a target within the lookback", r.ID)
+		}
+		if slices.Contains(snap.Targets("t", now.Add(p.Lookback)), r.ID) {
+			t.Fatalf("removed %s is still a target after the lookback", r.ID)
+		}
+	}
+	st, _ = mustPlan(t, st, ms, map[string]float64{"t": 30}, p, now.Add(p.Lookback))
+	if r := st.Tenants["t"].Removed; len(r) != 0 {
+		t.Fatalf("removed %v kept after the lookback", r)
+	}
+}
+
+func sorted(s []string) []string { slices.Sort(s); return s }
+
+// TestLeaderChange: a new leader planning from the persisted State (and
+// an empty aggregator) keeps every size and subset.
+func TestLeaderChange(t *testing.T) {
+	p := goodPolicy()
+	p.ZoneAware, p.ShrinkCooldown = true, 10*time.Minute
+	ms := pool(30, 3)
+	rates := map[string]float64{}
+	for i := range 500 {
+		rates[fmt.Sprintf("t%d", i)] = float64(i % 97)
+	}
+	var st State
+	for i := range 3 {
+		st, _ = mustPlan(t, st, ms, rates, p, t0.Add(time.Duration(i)*time.Minute))
+	}
+	// Shrink in progress for one tenant: its cooldown must survive.
+	rates["t96"] = 0
+	st, _ = mustPlan(t, st, ms, rates, p, t0.Add(3*time.Minute))
+	buf, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loaded State
+	if err := json.Unmarshal(buf, &loaded); err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(4 * time.Minute)
+	a, _ := mustPlan(t, st, ms, rates, p, now)
+	b, ch := mustPlan(t, loaded, ms, rates, p, now)
+	if d := cmp.Diff(sizesAndSubsets(a), sizesAndSubsets(b)); d != "" {
+		t.Fatalf("new leader differs (-old +new):\n%s", d)
+	}
+	if ch.Visible || len(ch.Sizes) != 0 || len(ch.Subsets) != 0 {
+		t.Fatalf("new leader changed something: %+v", ch)
+	}
+	if got := b.Tenants["t96"].Size; got.BelowSince.IsZero() {
+		t.Fatalf("t96 lost its cooldown: %+v", got)
+	}
+}
+
+func sizesAndSubsets(st State) map[string]string {
+	out := map[string]string{}
+	for id, ts := range st.Tenants {
+		out[id] = fmt.Sprint(ts.Size.Size, placementIDs(ts.Members), ts.Removed)
+	}
+	return out
+}
+
+// TestAgree: for 10,000 tenants, Targets and Serves/Tenants give the same
+// members from the same snapshot, known tenants or not.
+func TestAgree(t *testing.T) {
+	p := goodPolicy()
+	p.ZoneAware, p.MinSize = true, 2
+	ms := pool(60, 3)
+	rates := map[string]float64{}
+	for i := range 10_000 {
+		rates[fmt.Sprintf("t%05d", i)] = float64(i % 300)
+	}
+	st, _ := mustPlan(t, State{}, ms, rates, p, t0)
+	// Change the pool, so that there are warming and removed members.
+	st, _ = mustPlan(t, st, pool(70, 3)[5:], rates, p, t0.Add(time.Second))
+	snap := NewSnapshot(st)
+	served := map[string]map[string]bool{}
+	for _, m := range st.Members {
+		for _, tn := range snap.Tenants(m.ID) {
+			if served[tn] == nil {
+				served[tn] = map[string]bool{}
+			}
+			served[tn][m.ID] = true
+		}
+	}
+	for i := range 10_100 { // 100 unknown tenants
+		tn := fmt.Sprintf("t%05d", i)
+		for _, at := range []time.Duration{0, 2 * time.Second, time.Hour} {
+			targets := snap.Targets(tn, t0.Add(at))
+			if len(targets) == 0 {
+				t.Fatalf("%s: targets %v", tn, targets)
+			}
+			for _, m := range targets {
+				if !snap.Serves(m, tn) {
+					t.Fatalf("%s: target %s does not serve it", tn, m)
+				}
+				if snap.Known(tn) && !served[tn][m] {
+					t.Fatalf("%s: target %s does not list it in Tenants", tn, m)
+				}
+			}
+		}
+		for m := range served[tn] {
+			if !snap.Serves(m, tn) {
+				t.Fatalf("%s: Tenants(%s) lists it, Serves does not", tn, m)
+			}
+		}
+	}
+	// An unknown tenant gets the placement a first round gives it.
+	next, _ := mustPlan(t, st, st.Members, map[string]float64{"new": 0}, p, t0.Add(2*time.Second))
+	if got, want := placementIDs(next.Tenants["new"].Members), snap.Targets("new", t0); !cmp.Equal(got, want) {
+		t.Fatalf("new tenant placed on %v; clients read %v before", got, want)
+	}
+}
+
+func TestPlanRefuses(t *testing.T) {
+	p := goodPolicy()
+	st, _ := mustPlan(t, State{}, pool(5, 1), map[string]float64{"a": 1}, p, t0)
+	bad := []struct {
+		field string
+		ms    []placement.Member
+		rates map[string]float64
+		p     Policy
+	}{
+		{"CapacityPerMember", pool(5, 1), nil, Policy{}},
+		{`rates["a"]`, pool(5, 1), map[string]float64{"a": -1}, p},
+		{`rates[""]`, pool(5, 1), map[string]float64{"": 1}, p},
+		{"members[1]", append(pool(5, 1), placement.Member{ID: "m000", Weight: 1}), nil, p},
+	}
+	for _, b := range bad {
+		got, _, err := Plan(st, b.ms, b.rates, b.p, t0.Add(time.Minute))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != b.field {
+			t.Errorf("%s: got %v", b.field, err)
+		}
+		if got.Version != st.Version {
+			t.Errorf("%s: state changed on error", b.field)
+		}
+	}
+	if _, _, err := MarkReady(st, []Ready{{"", "a"}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("MarkReady with an empty member: %v", err)
+	}
+}
+
+// TestForget: an idle tenant is dropped after ForgetAfter and falls back
+// to the stateless subset.
+func TestForget(t *testing.T) {
+	p := goodPolicy()
+	p.ForgetAfter = time.Hour
+	st, _ := mustPlan(t, State{}, pool(5, 1), map[string]float64{"a": 1}, p, t0)
+	st, ch := mustPlan(t, st, pool(5, 1), nil, p, t0.Add(time.Minute))
+	if _, ok := st.Tenants["a"]; !ok || ch.Visible || !slices.Equal(ch.Tenants, []string{"a"}) {
+		t.Fatalf("idle tenant: %+v", ch)
+	}
+	st, ch = mustPlan(t, st, pool(5, 1), nil, p, t0.Add(time.Hour+time.Minute))
+	if _, ok := st.Tenants["a"]; ok || !ch.Visible {
+		t.Fatalf("idle tenant not forgotten: %+v", ch)
+	}
+}

@@ -1,0 +1,168 @@
+package tenantpool
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/keyshard/keyshard/placement"
+)
+
+// Snapshot answers clients' and servers' questions from one State. Build
+// it once per State version with NewSnapshot; it is immutable and safe for
+// concurrent use. Slices it returns are owned by the snapshot: read-only.
+type Snapshot struct {
+	version uint64
+	policy  Policy
+	members []placement.Member // as the round placed them (zones blanked unless ZoneAware)
+	zones   int
+	tenants map[string]*tenantView
+	byMem   map[string][]string // member -> tenants it serves, sorted
+}
+
+// tenantView is one tenant's answers. Targets change only at known times
+// (a member warms up, a removal leaves the lookback), so they are computed
+// ahead for each interval between those times.
+type tenantView struct {
+	views  []targetView // sorted by from; the first from is math.MinInt64
+	serves []string     // members and removed members, sorted
+}
+
+type targetView struct {
+	from    int64 // unix ns
+	targets []string
+}
+
+// NewSnapshot returns the snapshot of st. It does not modify st.
+func NewSnapshot(st State) *Snapshot {
+	pool := newPoolView(st.Members, st.Policy)
+	s := &Snapshot{
+		version: st.Version,
+		policy:  st.Policy,
+		members: pool.members,
+		zones:   pool.zones,
+		tenants: make(map[string]*tenantView, len(st.Tenants)),
+		byMem:   make(map[string][]string),
+	}
+	for _, id := range sortedKeys(st.Tenants) {
+		ts := st.Tenants[id]
+		v := buildView(ts, st.Policy)
+		s.tenants[id] = v
+		for _, m := range v.serves {
+			s.byMem[m] = append(s.byMem[m], id)
+		}
+	}
+	return s
+}
+
+func buildView(ts TenantState, p Policy) *tenantView {
+	v := &tenantView{}
+	v.serves = make([]string, 0, len(ts.Members)+len(ts.Removed))
+	times := []int64{math.MinInt64}
+	var pending int64 = math.MinInt64
+	for _, m := range ts.Members {
+		v.serves = append(v.serves, m.ID)
+		if at := m.readAt(p.WarmUp); !at.IsZero() {
+			times = append(times, at.UnixNano())
+			pending = max(pending, at.UnixNano())
+		}
+	}
+	for _, r := range ts.Removed {
+		v.serves = append(v.serves, r.ID)
+		times = append(times, r.At.Add(p.Lookback).UnixNano())
+	}
+	slices.Sort(v.serves)
+	v.serves = slices.Compact(v.serves)
+	slices.Sort(times)
+	times = slices.Compact(times)
+	for _, t := range times {
+		var targets []string
+		for _, m := range ts.Members {
+			if at := m.readAt(p.WarmUp); at.IsZero() || at.UnixNano() <= t {
+				targets = append(targets, m.ID)
+			}
+		}
+		if len(targets) == 0 {
+			// Nothing is read yet: read the subset rather than nothing.
+			targets = placementIDs(ts.Members)
+		}
+		for _, r := range ts.Removed {
+			if t < r.At.Add(p.Lookback).UnixNano() || t < pending {
+				targets = append(targets, r.ID)
+			}
+		}
+		slices.Sort(targets)
+		targets = slices.Compact(targets)
+		if n := len(v.views); n > 0 && slices.Equal(v.views[n-1].targets, targets) {
+			continue
+		}
+		v.views = append(v.views, targetView{from: t, targets: targets})
+	}
+	return v
+}
+
+// Version returns the version of the State the snapshot was built from.
+func (s *Snapshot) Version() uint64 { return s.version }
+
+// Targets returns the members a client reads tenant from at time now,
+// sorted: the current subset minus members neither ready nor warmed up
+// (while such members exist, the members they replaced stay), plus
+// members removed within the lookback. The slice is the snapshot's:
+// do not modify it. For a known tenant it does not allocate.
+//
+// A tenant the snapshot does not know gets placement.Subset at the
+// policy's initial size for it (its minimum, or its fixed size): the same
+// members every client and server of the same snapshot computes, and the
+// members a first round will keep. That path allocates; callers that look
+// up many unknown tenants may cache it per snapshot.
+func (s *Snapshot) Targets(tenant string, now time.Time) []string {
+	v, ok := s.tenants[tenant]
+	if !ok {
+		return s.fallback(tenant)
+	}
+	n := now.UnixNano()
+	vs := v.views
+	i := len(vs) - 1
+	for i > 0 && vs[i].from > n {
+		i--
+	}
+	return vs[i].targets
+}
+
+func (s *Snapshot) fallback(tenant string) []string {
+	if tenant == "" {
+		return nil
+	}
+	sub, _ := placement.Subset(tenant, s.members, s.policy.initialSize(tenant, s.zones))
+	return sub
+}
+
+// Serves reports whether member serves tenant: it is in the tenant's
+// subset (ready or not: it should load the tenant's data), or it left it
+// recently and clients may still read from it. Every member Targets
+// returns, at any time, serves the tenant.
+func (s *Snapshot) Serves(member, tenant string) bool {
+	v, ok := s.tenants[tenant]
+	if !ok {
+		return slices.Contains(s.fallback(tenant), member)
+	}
+	_, found := slices.BinarySearch(v.serves, member)
+	return found
+}
+
+// ServedBy returns the members that serve tenant (see Serves), sorted;
+// read-only for a known tenant.
+func (s *Snapshot) ServedBy(tenant string) []string {
+	if v, ok := s.tenants[tenant]; ok {
+		return v.serves
+	}
+	return s.fallback(tenant)
+}
+
+// Tenants returns the tenants of the snapshot that member serves, sorted;
+// read-only. Tenants unknown to the snapshot are not listed (they cannot
+// be enumerated); ask Serves for them.
+func (s *Snapshot) Tenants(member string) []string { return s.byMem[member] }
+
+// Known reports whether the snapshot holds tenant.
+func (s *Snapshot) Known(tenant string) bool { _, ok := s.tenants[tenant]; return ok }
