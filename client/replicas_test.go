@@ -134,6 +134,15 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	f.KeepAlives().Next(t).GetSession()
 	tok := f.Grant(sid, 3)
 	recv(t, h.acquires, "Acquire")
+	// The grant stream is open at the first replica (it delivered the
+	// grant); wait for the map stream to be open there too, as the
+	// worker's router opens it after its first read, concurrently with
+	// the Join: a stream that reaches the replica only once it is paused
+	// is never recorded by the fake.
+	f.MapWatches().Next(t)
+	if n := a.CallCount(keyshardv1connect.MapServiceWatchMapProcedure); n != 1 {
+		t.Fatalf("WatchMap calls at the first replica = %d, want 1", n)
+	}
 
 	a.Pause() // the replica everything went to is paused
 	f.Clock().MustBlockUntil(t, 2)
@@ -165,8 +174,7 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	if got := recv(t, h.acquires, "Acquire through the other replica"); got.g != (Grant{Bucket: 4, Token: tok2}) {
 		t.Errorf("Acquire(%+v), want bucket 4 at %d", got.g, tok2)
 	}
-	f.MapWatches().Next(t)
-	f.MapWatches().Next(t)
+	f.MapWatches().Next(t) // the map stream, reopened
 	if b.CallCount(keyshardv1connect.MemberServiceWatchGrantsProcedure) == 0 || b.CallCount(keyshardv1connect.MapServiceWatchMapProcedure) == 0 {
 		t.Errorf("the streams did not reopen on the healthy replica")
 	}
