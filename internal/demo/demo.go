@@ -90,34 +90,12 @@ const (
 // then checks its own record. It returns an error only if the demo could
 // not run; failed checks show in the report (OK false).
 func Run(ctx context.Context, opts Options) (Report, error) {
-	if opts.Duration == 0 {
-		opts.Duration = 30 * time.Second
+	if err := opts.normalize(3); err != nil {
+		return Report{}, err
 	}
-	if opts.Duration < 10*time.Second {
-		return Report{}, fmt.Errorf("--duration %v is too short: the schedule needs at least 10s", opts.Duration)
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = 3
-	}
-	if opts.Buckets <= 0 {
-		opts.Buckets = 256
-	}
-	if opts.Rate <= 0 {
-		opts.Rate = 2000
-	}
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	srv, err := keyshardtest.Start(ctx, keyshardtest.Options{
-		Keyspaces: []client.KeyspaceConfig{{Name: keyspace, Buckets: opts.Buckets, LeaseTTL: leaseTTL, DrainTimeout: 10 * time.Second}},
-		Logger:    opts.Logger,
-		Internal:  &kitseam.Options{Config: func(c *server.Config) { c.Replica = "demo" }},
-	})
+	srv, err := startServer(ctx, client.KeyspaceConfig{Name: keyspace, Buckets: opts.Buckets}, opts.Logger)
 	if err != nil {
-		return Report{}, fmt.Errorf("start the embedded server: %w", err)
+		return Report{}, err
 	}
 	defer srv.Close()
 	url := srv.URL()
@@ -133,6 +111,48 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	d.maps = keyshardv1connect.NewMapServiceClient(http.DefaultClient, url)
 	d.admin = d.cl.Admin()
 	return d.run(ctx)
+}
+
+// normalize fills opts' zero values with the defaults (workers: the
+// mode's number of workers to start with) and checks the duration.
+func (opts *Options) normalize(workers int) error {
+	if opts.Duration == 0 {
+		opts.Duration = 30 * time.Second
+	}
+	if opts.Duration < 10*time.Second {
+		return fmt.Errorf("--duration %v is too short: the schedule needs at least 10s", opts.Duration)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = workers
+	}
+	if opts.Buckets <= 0 {
+		opts.Buckets = 256
+	}
+	if opts.Rate <= 0 {
+		opts.Rate = 2000
+	}
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// startServer starts the demo's embedded server with keyspace kc, at the
+// demo's lease TTL and drain timeout.
+func startServer(ctx context.Context, kc client.KeyspaceConfig, logger *slog.Logger) (*keyshardtest.Server, error) {
+	kc.LeaseTTL, kc.DrainTimeout = leaseTTL, 10*time.Second
+	srv, err := keyshardtest.Start(ctx, keyshardtest.Options{
+		Keyspaces: []client.KeyspaceConfig{kc},
+		Logger:    logger,
+		Internal:  &kitseam.Options{Config: func(c *server.Config) { c.Replica = "demo" }},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start the embedded server: %w", err)
+	}
+	return srv, nil
 }
 
 type demo struct {

@@ -19,11 +19,8 @@ import (
 
 	"github.com/keyshard/keyshard/client"
 	"github.com/keyshard/keyshard/client/stream"
-	"github.com/keyshard/keyshard/internal/kitseam"
-	"github.com/keyshard/keyshard/internal/server"
 	"github.com/keyshard/keyshard/internal/streamcheck"
 	"github.com/keyshard/keyshard/kafka"
-	"github.com/keyshard/keyshard/keyshardtest"
 	"github.com/keyshard/keyshard/placement"
 )
 
@@ -82,39 +79,18 @@ const (
 // reaches the end of the stream, stops the workers gracefully and checks
 // its record with streamcheck. It returns an error only if the demo could
 // not run; failed checks show in the report (OK false).
-func RunStream(ctx context.Context, opts StreamOptions) (StreamReport, error) {
-	if opts.Duration == 0 {
-		opts.Duration = 30 * time.Second
-	}
-	if opts.Duration < 10*time.Second {
-		return StreamReport{}, fmt.Errorf("--duration %v is too short: the schedule needs at least 10s", opts.Duration)
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = 2
-	}
-	if opts.Buckets <= 0 {
-		opts.Buckets = 256
-	}
-	if opts.Rate <= 0 {
-		opts.Rate = 2000
-	}
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+func RunStream(ctx context.Context, sopts StreamOptions) (StreamReport, error) {
+	opts := Options(sopts)
+	if err := opts.normalize(2); err != nil {
+		return StreamReport{}, err
 	}
 	hasher, err := placement.NewHasher(placement.HashXXH64, opts.Buckets)
 	if err != nil {
 		return StreamReport{}, fmt.Errorf("--buckets: %w", err)
 	}
-	srv, err := keyshardtest.Start(ctx, keyshardtest.Options{
-		Keyspaces: []client.KeyspaceConfig{{Name: streamKeyspace, Buckets: opts.Buckets, Mode: "stream", LeaseTTL: leaseTTL, DrainTimeout: 10 * time.Second}},
-		Logger:    opts.Logger,
-		Internal:  &kitseam.Options{Config: func(c *server.Config) { c.Replica = "demo" }},
-	})
+	srv, err := startServer(ctx, client.KeyspaceConfig{Name: streamKeyspace, Buckets: opts.Buckets, Mode: "stream"}, opts.Logger)
 	if err != nil {
-		return StreamReport{}, fmt.Errorf("start the embedded server: %w", err)
+		return StreamReport{}, err
 	}
 	defer srv.Close()
 
@@ -124,7 +100,7 @@ func RunStream(ctx context.Context, opts StreamOptions) (StreamReport, error) {
 	}
 	defer kc.Close()
 
-	d := &streamDemo{opts: opts, url: srv.URL(), brokers: kc.ListenAddrs(), hasher: hasher, rec: streamcheck.NewRecorder(), workers: map[string]*streamWorker{}, start: time.Now()}
+	d := &streamDemo{opts: StreamOptions(opts), url: srv.URL(), brokers: kc.ListenAddrs(), hasher: hasher, rec: streamcheck.NewRecorder(), workers: map[string]*streamWorker{}, start: time.Now()}
 	d.cl, err = client.Dial(d.url, client.Logger(opts.Logger))
 	if err != nil {
 		return StreamReport{}, err

@@ -197,9 +197,7 @@ func TestStreamStaleWorkerCommit(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
 	createStream(t, ctx, ts, "ev", 4)
-	old := rawJoin(t, ctx, ts, "ev", "a", false)
-	keepAlive(t, ctx, ts, old)
-	held := pollGrants(t, ctx, ts, old, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 4 })
+	old, held := holdAll(t, ctx, ts, "ev", "a", 4)
 	top := maxToken(held.Grants)
 	if _, err := commit(ctx, ts, &v1.CommitRequest{Session: old, MaxToken: top, Position: 100}); err != nil {
 		t.Fatal(err)
@@ -266,9 +264,7 @@ func TestStreamCommitAfterRelease(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
 	createStream(t, ctx, ts, "ev", 8)
-	a := rawJoin(t, ctx, ts, "ev", "a", false)
-	keepAlive(t, ctx, ts, a)
-	held := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 8 })
+	a, held := holdAll(t, ctx, ts, "ev", "a", 8)
 	top := maxToken(held.Grants)
 	if _, err := commit(ctx, ts, &v1.CommitRequest{Session: a, MaxToken: top, Position: 100}); err != nil {
 		t.Fatal(err)
@@ -323,9 +319,7 @@ func TestStreamCommitRacesHandoff(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
 	createStream(t, ctx, ts, "ev", 8)
-	a := rawJoin(t, ctx, ts, "ev", "a", false)
-	keepAlive(t, ctx, ts, a)
-	pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 8 })
+	a, _ := holdAll(t, ctx, ts, "ev", "a", 8)
 	b := joinMember(t, ts, "ev", "b")
 	asked := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool {
 		keepAlive(t, ctx, ts, a)
@@ -414,9 +408,7 @@ func TestStreamCommitsCoalesce(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
 	createStream(t, ctx, ts, "ev", 16)
-	a := rawJoin(t, ctx, ts, "ev", "a", false)
-	keepAlive(t, ctx, ts, a)
-	held := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 16 })
+	a, held := holdAll(t, ctx, ts, "ev", "a", 16)
 	top := maxToken(held.Grants)
 	var next, acked, refused atomic.Uint64
 	var wg sync.WaitGroup
@@ -465,9 +457,7 @@ func TestStreamCommitBadInput(t *testing.T) {
 	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "ex", Buckets: 4}})); err != nil {
 		t.Fatal(err)
 	}
-	a := rawJoin(t, ctx, ts, "ev", "a", false)
-	keepAlive(t, ctx, ts, a)
-	held := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 8 })
+	a, held := holdAll(t, ctx, ts, "ev", "a", 8)
 	top := maxToken(held.Grants)
 	g0, g1 := held.Grants[0], held.Grants[1]
 	rev, err := commit(ctx, ts, &v1.CommitRequest{Session: a, MaxToken: top, Position: 100,
@@ -559,9 +549,7 @@ func TestStreamCommitBadInput(t *testing.T) {
 	}
 
 	// Exclusive keyspaces have no positions.
-	x := rawJoin(t, ctx, ts, "ex", "x", false)
-	keepAlive(t, ctx, ts, x)
-	xg := pollGrants(t, ctx, ts, x, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 4 })
+	x, xg := holdAll(t, ctx, ts, "ex", "x", 4)
 	_, err = commit(ctx, ts, &v1.CommitRequest{Session: x, MaxToken: 1, Position: 1})
 	wantCode(t, err, connect.CodeInvalidArgument, "exclusive")
 	_, err = ts.member.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{Session: x, Buckets: xg.Grants[:1],
@@ -576,4 +564,13 @@ func TestStreamCommitBadInput(t *testing.T) {
 
 func commitEqual(a, b shard.Commit) bool {
 	return a.Session == b.Session && a.MaxToken == b.MaxToken && a.Default == b.Default && slices.Equal(a.Exceptions, b.Exceptions)
+}
+
+// holdAll joins member id to keyspace ks, activates its session, and
+// waits until it holds n buckets: it returns the session and its grants.
+func holdAll(t *testing.T, ctx context.Context, ts *testServer, ks, id string, n int) (string, *v1.GetGrantsResponse) {
+	t.Helper()
+	sess := rawJoin(t, ctx, ts, ks, id, false)
+	keepAlive(t, ctx, ts, sess)
+	return sess, pollGrants(t, ctx, ts, sess, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == n })
 }

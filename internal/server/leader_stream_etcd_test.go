@@ -19,14 +19,7 @@ import (
 // the keyspace's bucket positions keep it, and a's commit record, written
 // by CommitPositions, stays a's.
 func TestLeadStreamHandoffEtcd(t *testing.T) {
-	s := detached(t, clock.Real{})
-	st := withStore(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
-	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
-		t.Fatal(err)
-	}
+	s, st, ctx := streamOnEtcd(t)
 	join := func(id string) shard.LeaseID { return streamJoin(ctx, t, st, id, 10*time.Second) }
 	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
 		return waitKeyspace(ctx, t, st, "ev", what, cond)
@@ -36,19 +29,7 @@ func TestLeadStreamHandoffEtcd(t *testing.T) {
 	}
 
 	la := join("a")
-	sess, err := st.NewSession(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	fence, err := st.NewElection(sess).Campaign(ctx, "leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.lead(lctx, st, fence) }() // exits when stop is called
-	defer func() { stop(); <-done }()
+	defer leadOnEtcd(ctx, t, s, st, st, "leader")()
 
 	k := waitFor("a to hold every bucket", holds("a", 4))
 	g := k.Grants["a"].Value
@@ -93,14 +74,7 @@ func TestLeadStreamHandoffEtcd(t *testing.T) {
 // bucket that has one, not at the older bucket positions. The commit
 // record and the copy go in that round.
 func TestLeadStreamFoldAcrossLeadersEtcd(t *testing.T) {
-	s := detached(t, clock.Real{})
-	st := withStore(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
-	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
-		t.Fatal(err)
-	}
+	s, st, ctx := streamOnEtcd(t)
 	join := func(id string, ttl time.Duration) shard.LeaseID { return streamJoin(ctx, t, st, id, ttl) }
 	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
 		return waitKeyspace(ctx, t, st, "ev", what, cond)
@@ -108,21 +82,7 @@ func TestLeadStreamFoldAcrossLeadersEtcd(t *testing.T) {
 	// lead runs a leader's loop on a new election session until the
 	// returned stop is called; stop resigns, so that the next one is
 	// elected at once.
-	lead := func(name string) (stop func()) {
-		t.Helper()
-		sess, err := st.NewSession(ctx, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fence, err := st.NewElection(sess).Campaign(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- s.lead(lctx, st, fence) }() // exits when stop is called
-		return func() { cancel(); <-done; sess.Close() }
-	}
+	lead := func(name string) (stop func()) { return leadOnEtcd(ctx, t, s, st, st, name) }
 
 	// a's lease is short, and nobody keeps it alive: it expires a few
 	// seconds after the Join.
@@ -233,32 +193,11 @@ func waitKeyspace(ctx context.Context, t *testing.T, st *store.Store, ks, what s
 // them at a's commit made before the release, and a's other buckets are
 // at the new default.
 func TestLeadStreamCommitAfterReleaseEtcd(t *testing.T) {
-	s := detached(t, clock.Real{})
-	st := withStore(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
-	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
-		t.Fatal(err)
-	}
+	s, st, ctx := streamOnEtcd(t)
 	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
 		return waitKeyspace(ctx, t, st, "ev", what, cond)
 	}
-	lead := func(name string) (stop func()) {
-		t.Helper()
-		sess, err := st.NewSession(ctx, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fence, err := st.NewElection(sess).Campaign(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- s.lead(lctx, st, fence) }() // exits when stop is called
-		return func() { cancel(); <-done; sess.Close() }
-	}
+	lead := func(name string) (stop func()) { return leadOnEtcd(ctx, t, s, st, st, name) }
 	// commit writes c through the session's commit writer, from guess.
 	sa := session{keyspace: "ev", member: "a"}
 	commit := func(c shard.Commit, guess *store.CommitState) *store.CommitState {
@@ -308,4 +247,38 @@ func TestLeadStreamCommitAfterReleaseEtcd(t *testing.T) {
 			t.Errorf("a holds bucket %d at %d; want only the unmoved buckets, at 500", b, p)
 		}
 	}
+}
+
+// streamOnEtcd returns a detached server on an embedded etcd holding
+// stream keyspace "ev" of 4 buckets, and a context bounding the test.
+func streamOnEtcd(t *testing.T) (*Server, *store.Store, context.Context) {
+	t.Helper()
+	s := detached(t, clock.Real{})
+	st := withStore(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
+	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
+		t.Fatal(err)
+	}
+	return s, st, ctx
+}
+
+// leadOnEtcd runs s's leader loop on ls, elected as name on a new session
+// of st, until the returned stop is called; stop resigns, so that the
+// next one is elected at once.
+func leadOnEtcd(ctx context.Context, t *testing.T, s *Server, st *store.Store, ls leaderStore, name string) (stop func()) {
+	t.Helper()
+	sess, err := st.NewSession(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence, err := st.NewElection(sess).Campaign(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.lead(lctx, ls, fence) }() // exits when stop is called
+	return func() { cancel(); <-done; sess.Close() }
 }

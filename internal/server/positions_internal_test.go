@@ -9,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
-	"github.com/keyshard/keyshard/placement"
 )
 
 // resetBeforeGrants is the leader's store, which runs reset once, just
@@ -57,31 +55,12 @@ func (r *resetBeforeGrants) Commit(ctx context.Context, f store.Fence, writes []
 // that write conflict; the round planned again grants from the reset
 // position.
 func TestResetBetweenLeaderReadAndGrant(t *testing.T) {
-	s := detached(t, clock.Real{})
-	st := withStore(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ks := shard.Keyspace{Name: "ev", Buckets: 4, Hash: placement.HashXXH64, Mode: shard.ModeStream, LeaseTTL: 10 * time.Second}
-	if _, err := st.CreateKeyspace(ctx, ks); err != nil {
-		t.Fatal(err)
-	}
+	s, st, ctx := streamOnEtcd(t)
 	hook := &resetBeforeGrants{Store: st, ks: "ev", id: "a", reset: func() error {
 		_, err := st.ResetPositions(ctx, "ev", []int{0, 1, 2, 3}, 500)
 		return err
 	}}
-	sess, err := st.NewSession(ctx, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	fence, err := st.NewElection(sess).Campaign(ctx, "leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.lead(lctx, hook, fence) }() // exits when stop is called
-	defer func() { stop(); <-done }()
+	defer leadOnEtcd(ctx, t, s, st, hook, "leader")()
 
 	streamJoin(ctx, t, st, "a", 10*time.Second)
 	k := waitKeyspace(ctx, t, st, "ev", "a's grants", func(k *store.KeyspaceState) bool { return len(k.Grants["a"].Value.Buckets) == 4 })
