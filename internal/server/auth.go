@@ -96,9 +96,30 @@ func (a *authenticator) check(procedure string, header http.Header) error {
 	case strings.HasPrefix(procedure, "/"+keyshardv1connect.MemberServiceName+"/") && r != roleMember:
 		a.refused.WithLabelValues(procedure, "role").Inc()
 		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs a member token; the token given is an admin token"))
+	case poolAdminCalls[procedure] && r != roleAdmin:
+		a.refused.WithLabelValues(procedure, "role").Inc()
+		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs an admin token; the token given is a member token"))
+	case poolMemberCalls[procedure] && r != roleMember:
+		a.refused.WithLabelValues(procedure, "role").Inc()
+		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs a member token; the token given is an admin token"))
 	}
 	return nil
 }
+
+// TenantPoolService mixes roles: changing a pool needs admin, a member's
+// session needs member, reports and reads take either.
+var (
+	poolAdminCalls = map[string]bool{
+		keyshardv1connect.TenantPoolServicePutTenantPoolProcedure:    true,
+		keyshardv1connect.TenantPoolServiceDeleteTenantPoolProcedure: true,
+	}
+	poolMemberCalls = map[string]bool{
+		keyshardv1connect.TenantPoolServiceJoinPoolProcedure:      true,
+		keyshardv1connect.TenantPoolServicePoolKeepAliveProcedure: true,
+		keyshardv1connect.TenantPoolServiceLeavePoolProcedure:     true,
+		keyshardv1connect.TenantPoolServiceMarkReadyProcedure:     true,
+	}
+)
 
 // gate is a connect.RequestGateFunc: it refuses the call before its
 // message is read.

@@ -258,6 +258,7 @@ func (s *Server) httpServer() (*http.Server, error) {
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&memberService{s: s}, opts...))
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(&mapService{s}, opts...))
 	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(&hotKeyService{s}, opts...))
+	mux.Handle(keyshardv1connect.NewTenantPoolServiceHandler(&tenantPoolService{s: s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.view.ready() {
