@@ -2,8 +2,11 @@ package tenantpool
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/keyshard/keyshard/placement"
 )
 
 // BenchmarkAggregate: 100,000 tenants reported by 100 reporters every
@@ -130,3 +133,114 @@ func BenchmarkPlan100k(b *testing.B) {
 		}
 	}
 }
+
+// planRound is one round of a planning implementation, for the benchmarks
+// that compare the Planner with the reference.
+type planRound func(st State, ms []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes, error)
+
+func benchRates(st State, rate float64) map[string]float64 {
+	rates := make(map[string]float64, len(st.Tenants))
+	for id := range st.Tenants {
+		rates[id] = rate
+	}
+	return rates
+}
+
+// benchSteady: a round in which no size changes.
+func benchSteady(b *testing.B, planner bool) {
+	st := benchState(b, 100_000)
+	rates := benchRates(st, 10)
+	pl := NewPlanner(Clone(st))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now := t0.Add(time.Duration(i+1) * time.Second)
+		var err error
+		if planner {
+			_, _, err = pl.Plan(st.Members, rates, st.Policy, now)
+		} else {
+			_, _, err = planReference(st, st.Members, rates, st.Policy, now)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchOnePercent: a round in which 1% of the tenants grow.
+func benchOnePercent(b *testing.B, planner bool) {
+	st := benchState(b, 100_000)
+	ids := sortedKeys(st.Tenants)
+	rates := map[string]float64{}
+	for i, id := range ids {
+		rates[id] = float64(i % 300)
+	}
+	pl := NewPlanner(Clone(st))
+	b.ReportAllocs()
+	sizes := 0
+	for i := 0; b.Loop(); i++ {
+		now := t0.Add(time.Duration(i+1) * time.Second)
+		for j := i % 100; j < len(ids); j += 100 {
+			rates[ids[j]] += 30 // +3 members
+		}
+		var ch Changes
+		var err error
+		if planner {
+			_, ch, err = pl.Plan(st.Members, rates, st.Policy, now)
+		} else {
+			_, ch, err = planReference(st, st.Members, rates, st.Policy, now)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		sizes += len(ch.Sizes)
+	}
+	b.ReportMetric(float64(sizes)/float64(b.N), "sizes/op")
+}
+
+// benchMembers: a round after one member left (leave) or joined.
+func benchMembers(b *testing.B, planner, leave bool) {
+	st := benchState(b, 100_000)
+	rates := map[string]float64{}
+	ids := sortedKeys(st.Tenants)
+	for i, id := range ids {
+		rates[id] = float64(i % 300)
+	}
+	ms := slices.Clone(st.Members)
+	if leave {
+		ms = slices.Delete(ms, 42, 43)
+	} else {
+		ms = append(ms, placement.Member{ID: "m100", Weight: 1, Zone: "z1"})
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	moved := 0
+	for i := 0; i < b.N; i++ {
+		var ch Changes
+		var err error
+		if planner {
+			b.StopTimer()
+			pl := NewPlanner(Clone(st))
+			b.StartTimer()
+			_, ch, err = pl.Plan(ms, rates, st.Policy, t0.Add(time.Second))
+		} else {
+			_, ch, err = planReference(st, ms, rates, st.Policy, t0.Add(time.Second))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		moved += len(ch.Subsets)
+	}
+	b.ReportMetric(float64(moved)/float64(b.N), "subsets/op")
+}
+
+func BenchmarkPlanner100kSteady(b *testing.B)     { benchSteady(b, true) }
+func BenchmarkPlanner100kOnePercent(b *testing.B) { benchOnePercent(b, true) }
+func BenchmarkPlanner100kLeave(b *testing.B)      { benchMembers(b, true, true) }
+func BenchmarkPlanner100kJoin(b *testing.B)       { benchMembers(b, true, false) }
+
+// The same rounds by the reference implementation (Plan before the
+// Planner), for comparison.
+func BenchmarkReference100kSteady(b *testing.B)     { benchSteady(b, false) }
+func BenchmarkReference100kOnePercent(b *testing.B) { benchOnePercent(b, false) }
+func BenchmarkReference100kLeave(b *testing.B)      { benchMembers(b, false, true) }
+func BenchmarkReference100kJoin(b *testing.B)       { benchMembers(b, false, false) }

@@ -2,6 +2,7 @@ package tenantpool
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -100,14 +101,114 @@ type Changes struct {
 // deterministic: the same arguments give the same State. It returns an
 // error wrapping ErrInvalid for an invalid policy, members or rate; prev
 // is then unchanged.
+//
+// Plan does not modify prev: it copies prev's map of tenants and indexes
+// every subset, a cost proportional to the number of tenants. A leader
+// that runs a round every second uses a Planner, which keeps both between
+// rounds and gives the same results.
 func Plan(prev State, members []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes, error) {
+	return NewPlanner(Clone(prev)).Plan(members, rates, p, now)
+}
+
+// Planner runs the rounds of one pool, with the results of Plan, at a
+// cost proportional to what changed. It owns its State: each round
+// updates the previous State's map of tenants in place, rewriting only
+// the tenants listed in Changes.Tenants, and keeps every tenant's subset
+// as member indices so that the rounds need not read them by ID.
+//
+// The State a round returns is therefore valid until the next call of
+// Plan or MarkReady on the same Planner: persist and publish what the
+// round changed before the next round (Snapshot.Update copies what it
+// keeps), or copy the State with Clone. A round still visits every tenant
+// (to size it from its rate and to sum the members' loads, which balance
+// the subsets of the tenants that change), but without allocating for
+// those that keep their TenantState.
+//
+// A Planner is not safe for concurrent use; the leader's loop owns one per
+// pool, for one term. A new term starts one with NewPlanner from the
+// persisted State.
+type Planner struct {
+	st    State
+	names []string      // the tenants of st, sorted
+	cur   []TenantState // per name, its state (as in st.Tenants)
+	subs  [][]int32     // per name, its subset as indices into basis
+	basis []string      // member IDs: st's members in order, then departed ones
+
+	// Scratch, kept between rounds.
+	tenants []placement.Tenant
+	next    []TenantState
+	known   []bool
+	rates   []float64
+	olds    []TenantState
+}
+
+// NewPlanner returns a Planner that continues from st and takes
+// ownership of it: st's map of tenants is modified in place by the
+// rounds, so the caller must not use st afterwards (pass Clone(st) to
+// keep it). It costs one pass over st's subsets.
+func NewPlanner(st State) *Planner {
+	pl := &Planner{st: st}
+	if pl.st.Tenants == nil {
+		pl.st.Tenants = map[string]TenantState{}
+	}
+	pl.names = sortedKeys(pl.st.Tenants)
+	pl.basis = make([]string, 0, len(st.Members))
+	byID := make(map[string]int32, len(st.Members))
+	for i, m := range st.Members {
+		pl.basis = append(pl.basis, m.ID)
+		byID[m.ID] = int32(i)
+	}
+	pl.subs = make([][]int32, len(pl.names))
+	pl.cur = make([]TenantState, len(pl.names))
+	for i, id := range pl.names {
+		pl.cur[i] = pl.st.Tenants[id]
+		ms := pl.cur[i].Members
+		sub := make([]int32, len(ms))
+		for j, m := range ms {
+			x, ok := byID[m.ID]
+			if !ok { // a member unknown to st: departed
+				x = int32(len(pl.basis))
+				pl.basis = append(pl.basis, m.ID)
+				byID[m.ID] = x
+			}
+			sub[j] = x
+		}
+		pl.subs[i] = sub
+	}
+	return pl
+}
+
+// Clone returns a copy of st that shares no map with it (the TenantStates'
+// slices are shared: they are never modified in place).
+func Clone(st State) State {
+	st.Members = slices.Clone(st.Members)
+	st.Policy.Overrides = maps.Clone(st.Policy.Overrides)
+	st.Tenants = maps.Clone(st.Tenants)
+	return st
+}
+
+// State returns the Planner's current State (see Planner on how long it
+// stays valid).
+func (pl *Planner) State() State { return pl.st }
+
+// Plan runs one round, like the function Plan from the Planner's State.
+// On error nothing changes.
+func (pl *Planner) Plan(members []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes, error) {
+	prev := pl.st
 	if err := p.Validate(); err != nil {
 		return prev, Changes{}, err
 	}
-	for _, id := range sortedKeys(rates) {
-		if r := rates[id]; id == "" || !finite(r) || r < 0 {
-			return prev, Changes{}, invalidf(fmt.Sprintf("rates[%q]", id), "is %v; want a finite number >= 0 for a non-empty tenant", r)
+	bad := ""
+	found := false
+	for id, r := range rates {
+		if id == "" || !finite(r) || r < 0 {
+			if !found || id < bad {
+				bad, found = id, true
+			}
 		}
+	}
+	if found {
+		return prev, Changes{}, invalidf(fmt.Sprintf("rates[%q]", bad), "is %v; want a finite number >= 0 for a non-empty tenant", rates[bad])
 	}
 	ms := slices.Clone(members)
 	slices.SortFunc(ms, func(a, b placement.Member) int { return strings.Compare(a.ID, b.ID) })
@@ -118,24 +219,89 @@ func Plan(prev State, members []placement.Member, rates map[string]float64, p Po
 	}
 	pool := newPoolView(ms, p)
 
-	// Sizes.
-	names := make([]string, 0, len(prev.Tenants)+len(rates))
-	for id := range prev.Tenants {
-		names = append(names, id)
-	}
-	for id := range rates {
-		if _, ok := prev.Tenants[id]; !ok {
-			names = append(names, id)
+	// The index: remap the subsets if the members changed.
+	names, subs := pl.names, pl.subs
+	var gone []string
+	if !slices.EqualFunc(pl.basis, ms, func(id string, m placement.Member) bool { return id == m.ID }) {
+		byID := make(map[string]int32, len(ms))
+		for i, m := range ms {
+			byID[m.ID] = int32(i)
+		}
+		remap := make([]int32, len(pl.basis))
+		for i, id := range pl.basis {
+			x, ok := byID[id]
+			if !ok {
+				x = int32(len(ms) + len(gone))
+				gone = append(gone, id)
+			}
+			remap[i] = x
+		}
+		subs = make([][]int32, len(pl.subs))
+		for i, s := range pl.subs {
+			out := make([]int32, len(s))
+			for j, x := range s {
+				out[j] = remap[x]
+			}
+			subs[i] = out
 		}
 	}
-	slices.Sort(names)
-	next := State{Version: prev.Version, Members: ms, Policy: p, Tenants: make(map[string]TenantState, len(names))}
-	var ch Changes
-	tenants := make([]placement.Tenant, 0, len(names))
-	prevSubsets := make(map[string][]string, len(names))
+
+	// Each known tenant's rate (NaN: not reported), and the new tenants,
+	// merged into the sorted names.
+	cur := pl.cur
+	rs := pl.rates[:0]
+	reported := 0
 	for _, id := range names {
-		old, known := prev.Tenants[id]
-		rate, reported := rates[id]
+		r, ok := rates[id]
+		if !ok {
+			r = math.NaN()
+		} else {
+			reported++
+		}
+		rs = append(rs, r)
+	}
+	pl.rates = rs
+	var fresh []string
+	if reported < len(rates) {
+		for id := range rates {
+			if _, ok := prev.Tenants[id]; !ok {
+				fresh = append(fresh, id)
+			}
+		}
+	}
+	if len(fresh) > 0 {
+		slices.Sort(fresh)
+		n := len(names) + len(fresh)
+		mn, ms2 := make([]string, 0, n), make([][]int32, 0, n)
+		mc, mr := make([]TenantState, 0, n), make([]float64, 0, n)
+		i, j := 0, 0
+		for i < len(names) || j < len(fresh) {
+			if j == len(fresh) || i < len(names) && names[i] < fresh[j] {
+				mn, ms2, mc, mr = append(mn, names[i]), append(ms2, subs[i]), append(mc, cur[i]), append(mr, rs[i])
+				i++
+			} else {
+				mn, ms2, mc, mr = append(mn, fresh[j]), append(ms2, nil), append(mc, TenantState{}), append(mr, rates[fresh[j]])
+				j++
+			}
+		}
+		names, subs, cur, rs = mn, ms2, mc, mr
+	}
+
+	// Sizes.
+	var ch Changes
+	tenants := pl.tenants[:0]
+	next := pl.next[:0]
+	known := pl.known[:0]
+	var keptNames []string // nil unless a tenant is dropped
+	var keptSubs [][]int32
+	olds := pl.olds[:0]
+	var byPos map[string]int32
+	for i, id := range names {
+		old, isKnown := cur[i], subs[i] != nil
+		rate, reported := rs[i], !math.IsNaN(rs[i])
+		if !reported {
+			rate = 0
+		}
 		ts := old
 		switch {
 		case reported:
@@ -146,17 +312,32 @@ func Plan(prev State, members []placement.Member, rates map[string]float64, p Po
 		if !reported && p.ForgetAfter > 0 && now.Sub(ts.IdleSince) >= p.ForgetAfter {
 			ch.Dropped = append(ch.Dropped, id)
 			ch.Tenants = append(ch.Tenants, id)
+			if keptNames == nil {
+				keptNames = append(make([]string, 0, len(names)), names[:i]...)
+				keptSubs = append(make([][]int32, 0, len(names)), subs[:i]...)
+			}
 			continue
 		}
-		if known {
-			prevSubsets[id] = placementIDs(old.Members)
-		} else {
+		sub := subs[i]
+		if !isKnown {
 			seed, _ := placement.Subset(id, pool.members, p.initialSize(id, pool.zones))
-			prevSubsets[id] = seed
 			ts.Members = make([]Placement, len(seed))
-			for i, m := range seed {
-				ts.Members[i] = Placement{ID: m}
+			sub = make([]int32, len(seed))
+			if byPos == nil {
+				byPos = make(map[string]int32, len(ms))
+				for k, m := range ms {
+					byPos[m.ID] = int32(k)
+				}
 			}
+			for k, m := range seed {
+				ts.Members[k] = Placement{ID: m}
+				sub[k] = byPos[m]
+			}
+		}
+		if keptNames != nil {
+			keptNames, keptSubs = append(keptNames, id), append(keptSubs, sub)
+		} else {
+			subs[i] = sub // a fresh slice of subs, or a new tenant's nil
 		}
 		var err error
 		if n := p.fixed(id); n > 0 {
@@ -167,44 +348,119 @@ func Plan(prev State, members []placement.Member, rates map[string]float64, p Po
 		} else if ts.Size, err = placement.NextSize(ts.Size, rate, pool.eligible, now, p.SizePolicy(id, pool.zones)); err != nil {
 			return prev, Changes{}, err
 		}
-		if ts.Size.Size != old.Size.Size || !known {
-			ts.Why = explain(p, id, rate, known, old.Size.Size, ts.Size, pool)
+		if ts.Size.Size != old.Size.Size || !isKnown {
+			ts.Why = explain(p, id, rate, isKnown, old.Size.Size, ts.Size, pool)
 			ts.When = now
 			ch.Sizes = append(ch.Sizes, SizeChange{Tenant: id, From: old.Size.Size, To: ts.Size.Size, Why: ts.Why})
 		}
-		next.Tenants[id] = ts
+		next = append(next, ts)
+		olds = append(olds, old)
+		known = append(known, isKnown)
 		tenants = append(tenants, placement.Tenant{ID: id, Size: ts.Size.Size, Load: rate})
 	}
+	if keptNames != nil {
+		names, subs = keptNames, keptSubs
+	}
+	pl.tenants, pl.next, pl.known, pl.olds = tenants, next, known, olds
 
 	// Subsets.
-	plan, err := placement.Shards(prevSubsets, pool.members, tenants, placement.ShardOptions{Tolerance: p.Tolerance, MaxRebalanceMoves: p.RebalanceMoves})
+	plan, err := placement.ShardsIndexed(pool.members, gone, tenants, subs, placement.ShardOptions{Tolerance: p.Tolerance, MaxRebalanceMoves: p.RebalanceMoves})
 	if err != nil {
 		return prev, Changes{}, err
 	}
+	// Nothing is modified above this line but scratch and new slices.
 	ch.Subsets = plan.Changes
 	visible := !slices.Equal(prev.Members, ms) || !prev.Policy.equal(p) || len(ch.Dropped) > 0
-	for _, id := range names {
-		ts, ok := next.Tenants[id]
-		if !ok {
-			continue
+	tm := prev.Tenants
+	for _, id := range ch.Dropped {
+		delete(tm, id)
+	}
+	var pos map[string]int32
+	for i, id := range names {
+		ts := next[i]
+		newSub, moved := plan.Subsets[id]
+		if moved || len(ts.Removed) > 0 || !known[i] {
+			if !moved {
+				newSub = placementIDs(ts.Members)
+			}
+			ts.Members, ts.Removed = nextPlacements(ts, newSub, pool, p, now)
+			if moved {
+				if pos == nil {
+					pos = make(map[string]int32, len(ms))
+					for k, m := range ms {
+						pos[m.ID] = int32(k)
+					}
+				}
+				sub := make([]int32, len(newSub))
+				for k, m := range newSub {
+					sub[k] = pos[m]
+				}
+				subs[i] = sub
+			}
 		}
-		ts.Members, ts.Removed = nextPlacements(ts, plan.Subsets[id], pool, p, now)
-		next.Tenants[id] = ts
-		old, known := prev.Tenants[id]
+		old := olds[i]
+		next[i] = ts
 		switch {
-		case !known || !ts.visiblyEqual(old):
+		case !known[i] || !ts.visiblyEqual(old):
 			visible = true
 			ch.Tenants = append(ch.Tenants, id)
 		case ts.Size != old.Size || !ts.IdleSince.Equal(old.IdleSince):
 			ch.Tenants = append(ch.Tenants, id)
+		default:
+			continue
 		}
+		tm[id] = ts
 	}
 	slices.Sort(ch.Tenants)
+	version := prev.Version
 	if visible {
-		next.Version++
+		version++
 	}
 	ch.Visible = visible
-	return next, ch, nil
+	pl.st = State{Version: version, Members: ms, Policy: p, Tenants: tm}
+	pl.names, pl.subs = names, subs
+	pl.cur, pl.next = next, pl.cur[:0]
+	pl.basis = pl.basis[:0]
+	for _, m := range ms {
+		pl.basis = append(pl.basis, m.ID)
+	}
+	clear(pl.next[:cap(pl.next)]) // do not pin old slices
+	clear(pl.olds[:cap(pl.olds)])
+	return pl.st, ch, nil
+}
+
+// MarkReady is the function MarkReady on the Planner's State, in place.
+func (pl *Planner) MarkReady(marks []Ready) (State, int, error) {
+	for i, r := range marks {
+		if r.Member == "" {
+			return pl.st, 0, invalidf("marks["+strconv.Itoa(i)+"].Member", "is empty")
+		}
+		if r.Tenant == "" {
+			return pl.st, 0, invalidf("marks["+strconv.Itoa(i)+"].Tenant", "is empty")
+		}
+	}
+	n := 0
+	for _, r := range marks {
+		ts, ok := pl.st.Tenants[r.Tenant]
+		if !ok {
+			continue
+		}
+		j := slices.IndexFunc(ts.Members, func(m Placement) bool { return m.ID == r.Member })
+		if j < 0 || ts.Members[j].Ready {
+			continue
+		}
+		ts.Members = slices.Clone(ts.Members)
+		ts.Members[j].Ready = true
+		pl.st.Tenants[r.Tenant] = ts
+		if i, ok := slices.BinarySearch(pl.names, r.Tenant); ok {
+			pl.cur[i] = ts
+		}
+		n++
+	}
+	if n > 0 {
+		pl.st.Version++
+	}
+	return pl.st, n, nil
 }
 
 // poolView is what a round derives from the members.
