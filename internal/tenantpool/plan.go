@@ -160,6 +160,9 @@ func NewPlanner(st State) *Planner {
 	}
 	pl.subs = make([][]int32, len(pl.names))
 	pl.cur = make([]TenantState, len(pl.names))
+	n := len(pl.names)
+	pl.tenants, pl.next, pl.olds = make([]placement.Tenant, 0, n), make([]TenantState, 0, n), make([]TenantState, 0, n)
+	pl.known, pl.rates = make([]bool, 0, n), make([]float64, 0, n)
 	for i, id := range pl.names {
 		pl.cur[i] = pl.st.Tenants[id]
 		ms := pl.cur[i].Members
