@@ -40,6 +40,7 @@
 //	snap := tenantpool.NewSnapshot(st)
 //	targets := snap.Targets(tenant, now) // read-only
 //	if snap.Serves(self, tenant) { /* prefetch */ }
+//	snap = snap.Update(next, changedTenants) // a later State: rebuilds only those
 //
 // # Lifecycle
 //

@@ -1,6 +1,7 @@
 package tenantpool
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -14,6 +15,7 @@ import (
 type Snapshot struct {
 	version uint64
 	policy  Policy
+	source  []placement.Member // the State's members, as given
 	members []placement.Member // as the round placed them (zones blanked unless ZoneAware)
 	zones   int
 	tenants map[string]*tenantView
@@ -35,10 +37,12 @@ type targetView struct {
 
 // NewSnapshot returns the snapshot of st. It does not modify st.
 func NewSnapshot(st State) *Snapshot {
-	pool := newPoolView(st.Members, st.Policy)
+	src := slices.Clone(st.Members)
+	pool := newPoolView(src, st.Policy)
 	s := &Snapshot{
 		version: st.Version,
-		policy:  st.Policy,
+		policy:  Clone(State{Policy: st.Policy}).Policy,
+		source:  src,
 		members: pool.members,
 		zones:   pool.zones,
 		tenants: make(map[string]*tenantView, len(st.Tenants)),
@@ -53,6 +57,107 @@ func NewSnapshot(st State) *Snapshot {
 		}
 	}
 	return s
+}
+
+// Update returns the snapshot of st, a later State of the same pool in
+// which only the tenants listed in changed may differ from the State s
+// was built from (added, changed or dropped): Changes.Tenants of the
+// rounds since, and the tenants of MarkReady's reports. It rebuilds the
+// answers of those tenants and shares the others with s, so its cost is
+// proportional to the changed tenants and to the lists of the members
+// that serve them, plus one copy of the map of tenants. If the members or
+// the policy differ, which changes every tenant's answers, it returns
+// NewSnapshot(st). Listing a tenant that did not change costs only its
+// rebuild; omitting one that did leaves its old answers.
+//
+// Update does not modify s or st, and copies what it keeps of st, so s
+// stays valid for its readers and st may be modified afterwards (as a
+// Planner's next round does).
+func (s *Snapshot) Update(st State, changed []string) *Snapshot {
+	if !slices.Equal(s.source, st.Members) || !s.policy.equal(st.Policy) {
+		return NewSnapshot(st)
+	}
+	n := &Snapshot{
+		version: st.Version,
+		policy:  s.policy,
+		source:  s.source,
+		members: s.members,
+		zones:   s.zones,
+		tenants: maps.Clone(s.tenants),
+		byMem:   maps.Clone(s.byMem),
+	}
+	if n.tenants == nil {
+		n.tenants = make(map[string]*tenantView)
+	}
+	if n.byMem == nil {
+		n.byMem = make(map[string][]string)
+	}
+	// Per member, the tenants it stops and starts serving.
+	type edit struct{ drop, add []string }
+	edits := map[string]*edit{}
+	at := func(m string) *edit {
+		e := edits[m]
+		if e == nil {
+			e = &edit{}
+			edits[m] = e
+		}
+		return e
+	}
+	changed = slices.Compact(slices.Sorted(slices.Values(changed)))
+	for _, id := range changed {
+		var old, cur []string
+		if v, ok := s.tenants[id]; ok {
+			old = v.serves
+		}
+		if ts, ok := st.Tenants[id]; ok {
+			v := buildView(ts, st.Policy)
+			n.tenants[id] = v
+			cur = v.serves
+		} else {
+			delete(n.tenants, id)
+		}
+		// Both sorted: a merge.
+		i, j := 0, 0
+		for i < len(old) || j < len(cur) {
+			switch {
+			case j == len(cur) || i < len(old) && old[i] < cur[j]:
+				at(old[i]).drop = append(at(old[i]).drop, id)
+				i++
+			case i == len(old) || cur[j] < old[i]:
+				at(cur[j]).add = append(at(cur[j]).add, id)
+				j++
+			default:
+				i++
+				j++
+			}
+		}
+	}
+	// Each edited member's list, rebuilt in one merge: changed is sorted,
+	// so drop and add are too.
+	for m, e := range edits {
+		old := s.byMem[m]
+		out := make([]string, 0, len(old)-len(e.drop)+len(e.add))
+		i, d, a := 0, 0, 0
+		for i < len(old) || a < len(e.add) {
+			if a == len(e.add) || i < len(old) && old[i] < e.add[a] {
+				if d < len(e.drop) && e.drop[d] == old[i] {
+					d++
+				} else {
+					out = append(out, old[i])
+				}
+				i++
+			} else {
+				out = append(out, e.add[a])
+				a++
+			}
+		}
+		if len(out) == 0 {
+			delete(n.byMem, m)
+		} else {
+			n.byMem[m] = out
+		}
+	}
+	return n
 }
 
 func buildView(ts TenantState, p Policy) *tenantView {
