@@ -559,9 +559,20 @@ func nextPlacements(ts TenantState, subset []string, pool poolView, p Policy, no
 // visiblyEqual reports whether a client or server reads the same from
 // ts and o.
 func (ts TenantState) visiblyEqual(o TenantState) bool {
-	return ts.Size.Size == o.Size.Size && ts.Why == o.Why &&
-		slices.EqualFunc(ts.Members, o.Members, func(a, b Placement) bool { return a.ID == b.ID && a.Added.Equal(b.Added) && a.Ready == b.Ready }) &&
+	if ts.Size.Size != o.Size.Size || ts.Why != o.Why {
+		return false
+	}
+	if same(ts.Members, o.Members) && same(ts.Removed, o.Removed) {
+		return true // a round that did not touch the tenant keeps its slices
+	}
+	return slices.EqualFunc(ts.Members, o.Members, func(a, b Placement) bool { return a.ID == b.ID && a.Added.Equal(b.Added) && a.Ready == b.Ready }) &&
 		slices.EqualFunc(ts.Removed, o.Removed, func(a, b Removal) bool { return a.ID == b.ID && a.At.Equal(b.At) })
+}
+
+// same reports whether a and b are the same slice: same length, same
+// first element. Such slices are equal.
+func same[E any](a, b []E) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // Ready is a member's report that it is ready to serve a tenant (it has
