@@ -72,7 +72,9 @@ func (p SizePolicy) Validate() error {
 //
 // A wanted size above the current one applies at once. A smaller one
 // applies only after it has been wanted for ShrinkCooldown, and then by at
-// most MaxShrinkStep members per cooldown. The size never depends on the
+// most MaxShrinkStep members per cooldown. A size above max (max was
+// lowered) drops to max at once: an operator's bound wins over the
+// cooldown. The size never depends on the
 // pool except that it is clamped to poolSize (the members available; 0 or
 // less means unknown, no clamp), so growing the pool for one tenant leaves
 // every other tenant's size alone.
@@ -117,6 +119,12 @@ func NextSize(st SizeState, rate float64, poolSize int, now time.Time, p SizePol
 	case now.Sub(st.BelowSince) >= p.ShrinkCooldown:
 		next.Size = max(wanted, st.Size-step)
 		next.BelowSince = now
+		if next.Size == wanted {
+			next.BelowSince = time.Time{}
+		}
+	}
+	if next.Size > hi {
+		next.Size = hi
 		if next.Size == wanted {
 			next.BelowSince = time.Time{}
 		}

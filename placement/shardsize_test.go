@@ -137,3 +137,32 @@ func FuzzNextSize(f *testing.F) {
 		}
 	})
 }
+
+// A lowered max applies at once; the rest of a shrink still waits for the
+// cooldown.
+func TestNextSizeLoweredMaxAppliesAtOnce(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	p := placement.SizePolicy{CapacityPerMember: 10, ShrinkCooldown: time.Hour}
+	st, err := placement.NextSize(placement.SizeState{}, 120, 0, t0, p)
+	if err != nil || st.Size != 12 {
+		t.Fatalf("first size: %+v, %v; want 12", st, err)
+	}
+	p.Max = 8
+	st, err = placement.NextSize(st, 120, 0, t0.Add(time.Second), p)
+	if err != nil || st.Size != 8 || !st.BelowSince.IsZero() {
+		t.Fatalf("after max 12 -> 8: %+v, %v; want size 8 at once, no cooldown pending", st, err)
+	}
+	// Load falls to 30/s: wanted 3, below max 8: that shrink waits.
+	st, err = placement.NextSize(st, 30, 0, t0.Add(2*time.Second), p)
+	if err != nil || st.Size != 8 || st.BelowSince.IsZero() {
+		t.Fatalf("after the drop: %+v, %v; want size 8 with the cooldown started", st, err)
+	}
+	// Max lowered again to 6 while that cooldown runs: 6 at once, the
+	// cooldown towards 3 keeps running.
+	p.Max = 6
+	below := st.BelowSince
+	st, err = placement.NextSize(st, 30, 0, t0.Add(3*time.Second), p)
+	if err != nil || st.Size != 6 || !st.BelowSince.Equal(below) {
+		t.Fatalf("after max 8 -> 6: %+v, %v; want size 6, cooldown since %v kept", st, err, below)
+	}
+}
