@@ -17,7 +17,7 @@ type rounds struct {
 	// The same for the tenant-pool rounds.
 	tpLeading int
 	tpLast    time.Time
-	changed chan struct{}
+	changed   chan struct{}
 }
 
 func newRounds() *rounds { return &rounds{changed: make(chan struct{})} }
