@@ -24,10 +24,11 @@
 // NewReplicas starts several replicas on one etcd.
 //
 // The waits follow the server instead of sleeping: WaitEpoch long-polls
-// the map, WaitLeading and WaitHotKeyRound return when the leader's
-// hot-key aggregation has started or finished a round, which makes a
-// FakeClock (Options.Clock) drive hot keys, leases and drain timeouts
-// step by step.
+// the map, WaitLeading returns when the leader's hot-key aggregation and
+// tenant-pool rounds have started, and WaitHotKeyRound and
+// WaitTenantPoolRound when one has finished a round, which makes a
+// FakeClock (Options.Clock) drive hot keys, tenant pools, leases and
+// drain timeouts step by step.
 //
 // # The fake server
 //

@@ -14,7 +14,10 @@ type rounds struct {
 	starts  int       // starts of the replica
 	leading int       // the start in which the latest term began
 	last    time.Time // the clock time of the latest finished round
-	changed chan struct{}
+	// The same for the tenant-pool rounds.
+	tpLeading int
+	tpLast    time.Time
+	changed   chan struct{}
 }
 
 func newRounds() *rounds { return &rounds{changed: make(chan struct{})} }
@@ -33,6 +36,17 @@ func (r *rounds) started() (term func(), round func(at time.Time)) {
 	r.update(func() { r.starts++; n = r.starts })
 	term = func() { r.update(func() { r.leading = n }) }
 	round = func(at time.Time) { r.update(func() { r.last = at }) }
+	return term, round
+}
+
+// tenantPoolHooks returns the tenant-pool hooks of the run that started
+// last.
+func (r *rounds) tenantPoolHooks() (term func(), round func(at time.Time)) {
+	r.mu.Lock()
+	n := r.starts
+	r.mu.Unlock()
+	term = func() { r.update(func() { r.tpLeading = n }) }
+	round = func(at time.Time) { r.update(func() { r.tpLast = at }) }
 	return term, round
 }
 

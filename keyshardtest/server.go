@@ -184,6 +184,7 @@ func (s *Server) start(ctx context.Context) error {
 	}
 	sopts := s.sopts
 	sopts.OnHotKeyTerm, sopts.OnHotKeyRound = s.rounds.started()
+	sopts.OnTenantPoolTerm, sopts.OnTenantPoolRound = s.rounds.tenantPoolHooks()
 	srv, err := server.New(cfg, sopts)
 	if err != nil {
 		return fmt.Errorf("keyshardtest: %w", err)
@@ -381,11 +382,19 @@ func (s *Server) WaitEpoch(ctx context.Context, keyspace string, epoch uint64) (
 }
 
 // WaitLeading returns once the replica, in its current run, leads: its
-// leader loops run, and its hot-key aggregation has set its ticker, so
-// that advancing a fake Clock by a second runs a round. It returns ctx's
-// error when ctx ends first.
+// leader loops run, and its hot-key aggregation and tenant-pool rounds
+// have set their tickers, so that advancing a fake Clock by a second runs
+// a round of each. It returns ctx's error when ctx ends first.
 func (s *Server) WaitLeading(ctx context.Context) error {
-	return s.rounds.wait(ctx, func(r *rounds) bool { return r.leading == r.starts })
+	return s.rounds.wait(ctx, func(r *rounds) bool { return r.leading == r.starts && r.tpLeading == r.starts })
+}
+
+// WaitTenantPoolRound returns once the replica, as leader, has finished a
+// tenant-pool round (of every pool) that began at or after at by
+// Options.Clock: its writes are then committed. With a fake clock,
+// advance it past at first. It returns ctx's error when ctx ends first.
+func (s *Server) WaitTenantPoolRound(ctx context.Context, at time.Time) error {
+	return s.rounds.wait(ctx, func(r *rounds) bool { return !r.tpLast.Before(at) })
 }
 
 // WaitHotKeyRound returns once the replica, as leader, has finished a

@@ -45,6 +45,15 @@ type Config struct {
 	// existing pool keeps its stored settings (change them with
 	// `keyshard hotkeys pool put`).
 	HotKeyPools []HotKeyPoolConfig `yaml:"hotkey_pools"`
+	// TenantPools are created at start if they do not exist yet; an
+	// existing pool keeps its stored settings (change them with
+	// PutTenantPool).
+	TenantPools []TenantPoolConfig `yaml:"tenant_pools"`
+	// AdvertiseURL is the URL other replicas reach this one's API at, to
+	// forward tenant-pool calls to it while it leads. Default:
+	// http(s)://<listen address>, with the host name when listening on
+	// every address.
+	AdvertiseURL string `yaml:"advertise_url"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// Limits bound request sizes, lookups and long polls.
@@ -191,6 +200,7 @@ var envVars = []struct {
 }{
 	{"KEYSHARD_LISTEN", "listen", func(c *Config, v string) { c.Listen = v }},
 	{"KEYSHARD_REPLICA", "replica", func(c *Config, v string) { c.Replica = v }},
+	{"KEYSHARD_ADVERTISE_URL", "advertise_url", func(c *Config, v string) { c.AdvertiseURL = v }},
 	{"KEYSHARD_DATA_DIR", "etcd.data_dir", func(c *Config, v string) { c.Etcd.DataDir = v }},
 	{"KEYSHARD_ETCD_ENDPOINTS", "etcd.endpoints", func(c *Config, v string) { c.Etcd.Endpoints = splitList(v) }},
 	{"KEYSHARD_ETCD_USERNAME", "etcd.username", func(c *Config, v string) { c.Etcd.Username = v }},
@@ -303,7 +313,10 @@ func (c *Config) Validate() error {
 		}
 		pools[p.Name] = true
 	}
-	return nil
+	if err := c.validateTenantPools(); err != nil {
+		return err
+	}
+	return c.validateAdvertiseURL()
 }
 
 // AuthOpen reports whether requests need no token: auth disabled, or no

@@ -63,6 +63,37 @@ hotkey_pools:
 	}
 }
 
+func TestConfigTenantPools(t *testing.T) {
+	c := loadValid(t, `
+advertise_url: http://10.0.0.5:7400
+tenant_pools:
+  - name: index-gateways
+    lease_ttl: 15s
+    policy:
+      capacity_per_member: 50
+      headroom: 1.25
+      max_size: 12
+      shrink_cooldown: 15m
+      lookback: 5m
+      warm_up: 2m
+      zone_aware: true
+      window: 2m
+      overrides:
+        big-customer: {size: 8}
+`)
+	if len(c.TenantPools) != 1 || c.AdvertiseURL != "http://10.0.0.5:7400" {
+		t.Fatalf("config %+v", c)
+	}
+	p, err := c.TenantPools[0].Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.LeaseTTL != 15*time.Second || p.Window != 2*time.Minute || p.Policy.MinSize != 1 || p.Policy.Tolerance != 0.1 ||
+		p.Policy.Headroom != 1.25 || p.Policy.Overrides["big-customer"].Size != 8 || !p.Policy.ZoneAware {
+		t.Fatalf("pool %+v", p)
+	}
+}
+
 func TestConfigEnvOverridesFile(t *testing.T) {
 	c := DefaultConfig()
 	env := map[string]string{"KEYSHARD_LISTEN": "0.0.0.0:9000", "KEYSHARD_ADMIN_TOKENS": "aaaaaaaaaaaaaaaa, bbbbbbbbbbbbbbbb", "KEYSHARD_ETCD_ENDPOINTS": "http://e1:2379,http://e2:2379"}
@@ -97,6 +128,14 @@ func TestConfigErrors(t *testing.T) {
 		{"election ttl too long", "election_ttl: 2m\n", nil, "election_ttl: 2m0s; want whole seconds from 2s to 1m0s"},
 		{"election ttl fraction", "", func(c *Config) { c.ElectionTTL = 2500 * time.Millisecond }, "election_ttl: 2.5s; want whole seconds"},
 		{"keyspace name", "keyspaces:\n  - name: 'bad name'\n", nil, `keyspaces[0]: name: "bad name" has ' '`},
+		{"tenant pool capacity", "tenant_pools:\n  - name: gw\n", nil, "tenant_pools[0].policy.capacity_per_member: 0; want a finite number > 0"},
+		{"tenant pool window", "tenant_pools:\n  - name: gw\n    policy:\n      capacity_per_member: 10\n      window: 1s\n", nil, "tenant_pools[0].policy.window: 1s; want at least 2s"},
+		{"tenant pool cooldown", "tenant_pools:\n  - name: gw\n    policy:\n      capacity_per_member: 10\n      shrink_cooldown: 30s\n", nil, "tenant_pools[0].policy.shrink_cooldown: 30s is shorter than the window 1m0s"},
+		{"tenant pool override", "tenant_pools:\n  - name: gw\n    policy:\n      capacity_per_member: 10\n      overrides:\n        t1: {size: 2, max_size: 3}\n", nil, `tenant_pools[0].policy.overrides["t1"].size`},
+		{"tenant pool twice", "tenant_pools:\n  - name: gw\n    policy: {capacity_per_member: 1}\n  - name: gw\n    policy: {capacity_per_member: 2}\n", nil, `tenant_pools[1].name: "gw" is declared twice`},
+		{"tenant pool lease", "tenant_pools:\n  - name: gw\n    policy: {capacity_per_member: 1}\n    lease_ttl: 1s\n", nil, "tenant_pools[0].lease_ttl: 1s"},
+		{"advertise url scheme", "advertise_url: ftp://x:1\n", nil, `advertise_url: "ftp://x:1": scheme "ftp"`},
+		{"advertise url host", "advertise_url: 'http://'\n", nil, "advertise_url: \"http://\" has no host"},
 		{"keyspace buckets", "keyspaces:\n  - name: a\n    buckets: 70000\n", nil, "keyspaces[0]: buckets: 70000 is out of range"},
 		{"keyspace hash", "keyspaces:\n  - name: a\n    hash: md5\n", nil, `keyspaces[0]: hash: "md5" is unknown`},
 		{"keyspace ttl", "keyspaces:\n  - name: a\n    lease_ttl: 1500ms\n", nil, "keyspaces[0]: lease_ttl: 1.5s; want whole seconds"},

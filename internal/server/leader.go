@@ -96,6 +96,7 @@ func (s *Server) term(ctx context.Context) error {
 	g.Go(func() error { return s.holdLease(gctx, sess.LeaseID(), sess.TTL(), renewed) }) // exits when gctx ends or the deadline passes
 	g.Go(func() error { return s.lead(gctx, st, fence) })                                // exits when gctx ends or a write is fenced
 	g.Go(func() error { return s.aggregateHotKeys(gctx, fence) })                        // exits when gctx ends or a write is fenced
+	g.Go(func() error { return s.leadTenantPools(gctx, fence) })                         // exits when gctx ends or a write is fenced
 	return g.Wait()
 }
 

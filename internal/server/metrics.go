@@ -21,6 +21,16 @@ type metrics struct {
 	hotKeyLastRound  prometheus.Gauge       // when this replica, as leader, last aggregated
 	hotReportsPruned *prometheus.CounterVec // stale reports the leader deleted, per pool
 
+	// Tenant pools.
+	tpTenants      *prometheus.GaugeVec     // tenants in each pool's snapshot, as this replica serves it
+	tpVersion      *prometheus.GaugeVec     // each pool's snapshot version, as this replica serves it
+	tpReports      *prometheus.CounterVec   // load reports the leader took, per pool and outcome
+	tpForwarded    *prometheus.CounterVec   // calls this replica forwarded to the leader, per call
+	tpRound        *prometheus.HistogramVec // duration of the leader's rounds, per pool
+	tpBytes        *prometheus.CounterVec   // bytes the leader's rounds wrote, per pool
+	tpRoundFailure *prometheus.CounterVec   // rounds that failed, per pool
+	tpSizeChanges  *prometheus.CounterVec   // tenant size changes, per pool and direction
+
 	// Stream commits.
 	commits      *prometheus.CounterVec // Commit calls answered, per keyspace
 	commitWrites *prometheus.CounterVec // store writes made for them, per keyspace
@@ -71,6 +81,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		hotReportsPruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_hotkey_reports_pruned_total", Help: "Stale hot-key reports (older than twice report_max_age) deleted by this replica as leader.",
 		}, []string{"pool"}),
+		tpTenants: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyshard_tenantpool_tenants", Help: "Tenants in the tenant pool's snapshot, as this replica serves it.",
+		}, []string{"pool"}),
+		tpVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyshard_tenantpool_version", Help: "Version of the tenant pool's snapshot, as this replica serves it.",
+		}, []string{"pool"}),
+		tpReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_tenantpool_reports_total", Help: "Load reports this replica took as leader, by outcome: counted, replayed (a retry, not counted again), stale (older than the window, not counted).",
+		}, []string{"pool", "outcome"}),
+		tpForwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_tenantpool_forwarded_total", Help: "Tenant-pool calls this replica forwarded to the leader, by call and result (ok, error).",
+		}, []string{"call", "result"}),
+		tpRound: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "keyshard_tenantpool_round_seconds", Help: "Duration of the leader's rounds of a tenant pool: plan and write.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"pool"}),
+		tpBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_tenantpool_bytes_written_total", Help: "Bytes (keys and values) the leader's rounds of a tenant pool wrote to etcd.",
+		}, []string{"pool"}),
+		tpRoundFailure: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_tenantpool_round_failures_total", Help: "Rounds of a tenant pool that failed (unavailable store, conflict, too large); each is retried at the next round.",
+		}, []string{"pool"}),
+		tpSizeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_tenantpool_size_changes_total", Help: "Tenant size changes the leader made, by direction (grow, shrink).",
+		}, []string{"pool", "direction"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_commits_total", Help: "Commit calls (stream positions) this replica answered, accepted or refused.",
 		}, []string{"keyspace"}),
@@ -86,6 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
+		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
 		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused)
 	return m
 }

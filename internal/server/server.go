@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -42,6 +43,13 @@ type Server struct {
 	reach   reachability    // whether etcd answers this replica's probe
 	commits commits         // Commit calls queued behind their session's write
 
+	// Tenant pools.
+	tpState
+	tpLeader  atomic.Pointer[tpLeader] // set while this replica's loop leads
+	onTPTerm  func()                   // Options.OnTenantPoolTerm; never nil
+	onTPRound func(time.Time)          // Options.OnTenantPoolRound; never nil
+	forward   *forwarder
+
 	// Set by Run.
 	store    *store.Store
 	sessions sessions
@@ -65,6 +73,10 @@ type Options struct {
 	// waits on them so that tests driving a fake clock need not sleep.
 	OnHotKeyTerm  func()
 	OnHotKeyRound func(at time.Time)
+	// OnTenantPoolTerm and OnTenantPoolRound are the same for the
+	// leader's tenant-pool rounds (one round covers every pool).
+	OnTenantPoolTerm  func()
+	OnTenantPoolRound func(at time.Time)
 }
 
 // New validates cfg and returns a server that has started nothing.
@@ -85,18 +97,32 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if opts.OnHotKeyRound == nil {
 		opts.OnHotKeyRound = func(time.Time) {}
 	}
+	if opts.OnTenantPoolTerm == nil {
+		opts.OnTenantPoolTerm = func() {}
+	}
+	if opts.OnTenantPoolRound == nil {
+		opts.OnTenantPoolRound = func(time.Time) {}
+	}
+	fwd, err := newForwarder(cfg)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		cfg:     cfg,
-		log:     log,
-		clock:   clock.Or(opts.Clock),
-		reg:     reg,
-		metrics: m,
-		auth:    newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
-		polls:   &longPolls{most: int64(cfg.Limits.MaxLongPolls), m: m},
-		view:    newView(log, m),
-		ready:   make(chan struct{}),
-		onTerm:  opts.OnHotKeyTerm,
-		onRound: opts.OnHotKeyRound,
+		onTPTerm:  opts.OnTenantPoolTerm,
+		onTPRound: opts.OnTenantPoolRound,
+		forward:   fwd,
+		tpState:   tpState{tpWrites: map[string]TenantPoolWrite{}},
+		cfg:       cfg,
+		log:       log,
+		clock:     clock.Or(opts.Clock),
+		reg:       reg,
+		metrics:   m,
+		auth:      newAuthenticator(cfg.Auth, cfg.AuthOpen(), reg),
+		polls:     &longPolls{most: int64(cfg.Limits.MaxLongPolls), m: m},
+		view:      newView(log, m),
+		ready:     make(chan struct{}),
+		onTerm:    opts.OnHotKeyTerm,
+		onRound:   opts.OnHotKeyRound,
 	}
 	if cfg.AuthOpen() {
 		log.Warn("the API accepts requests without a token; set auth.admin_tokens and auth.member_tokens before exposing it", "listen", cfg.Listen)
@@ -161,6 +187,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.createHotKeyPools(ctx); err != nil {
 		return err
 	}
+	if err := s.createTenantPools(ctx); err != nil {
+		return err
+	}
 
 	lis, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
@@ -180,6 +209,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.probeStore(gctx, probeTick) }) // exits when gctx ends
 	g.Go(func() error { return s.view.run(gctx, st) })          // exits when gctx ends
 	g.Go(func() error { return s.campaign(gctx) })              // exits when gctx ends
+	g.Go(func() error { return s.advertise(gctx) })             // exits when gctx ends
 	g.Go(func() error {                                         // exits when the listener closes
 		var err error
 		if s.cfg.TLS.CertFile != "" {

@@ -22,6 +22,7 @@ type view struct {
 	snap    *store.Snapshot
 	maps    map[string]*mapView // keyspace → derived map, rebuilt when its map or members change
 	sets    map[string]*setView // pool → served overflow set, rebuilt when the stored set changes
+	tpools  map[string]*tpView  // tenant pool → served state, updated from the chunks that change
 	synced  chan struct{}       // closed once the first full snapshot is loaded
 	changed chan struct{}       // closed and replaced after every applied update
 }
@@ -41,7 +42,7 @@ type mapView struct {
 }
 
 func newView(log *slog.Logger, m *metrics) *view {
-	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
+	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, tpools: map[string]*tpView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
 }
 
 // run follows the store until ctx ends. It owns no goroutine of its own:
@@ -57,6 +58,8 @@ func (v *view) apply(u store.Update) {
 	v.mu.Lock()
 	touched := map[string]bool{}
 	pools := map[string]bool{}
+	tpools := map[string]*tpTouch{}
+	tpFull := map[string]bool{}
 	if u.Resync != nil {
 		v.snap = u.Resync.Snapshot
 		for name := range v.snap.Keyspaces {
@@ -70,6 +73,12 @@ func (v *view) apply(u store.Update) {
 		}
 		for name := range v.sets {
 			pools[name] = true
+		}
+		for name := range v.snap.TenantPools {
+			tpFull[name] = true
+		}
+		for name := range v.tpools {
+			tpFull[name] = true
 		}
 		for key, err := range v.snap.Corrupt {
 			v.log.Error("corrupt value in the store; ignoring it", "key", key, "err", err)
@@ -93,6 +102,8 @@ func (v *view) apply(u store.Update) {
 			touched[c.Keyspace] = true
 		case store.KindOverflow:
 			pools[c.Keyspace] = true
+		case store.KindTenantPool, store.KindTenantMember, store.KindTenantState:
+			v.touchTenantPool(tpools, c)
 		}
 	}
 	for name := range touched {
@@ -100,6 +111,14 @@ func (v *view) apply(u store.Update) {
 	}
 	for name := range pools {
 		v.rebuildSet(name)
+	}
+	for name := range tpFull {
+		v.rebuildTenantPool(name, nil)
+	}
+	for name, t := range tpools {
+		if !tpFull[name] {
+			v.rebuildTenantPool(name, t)
+		}
 	}
 	close(v.changed)
 	v.changed = make(chan struct{})

@@ -894,7 +894,18 @@ func Decode(key string, data []byte) (Kind, any, error) {
 		v, err = DecodeHeld(key, data)
 	case KindReserved:
 		v, err = DecodeReservation(key, data)
-	case KindLeader:
+	case KindTenantPool:
+		v, err = DecodeTenantPool(key, data)
+	case KindTenantMember:
+		v, err = DecodeTenantMember(key, data)
+	case KindTenantState:
+		_, _, id, _ := ParseKey(key)
+		if chunk, _ := parseTenantStateID(id); chunk < 0 {
+			v, err = DecodeTenantMeta(key, data)
+		} else {
+			v, err = DecodeTenantChunk(key, data)
+		}
+	case KindLeader, KindReplica:
 		v = string(data)
 	}
 	if err != nil {

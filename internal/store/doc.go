@@ -45,6 +45,18 @@
 //	hotreports/<pool>/<p> hotkey.Report, JSON                   the producer (API)    none; leader deletes stale ones
 //	overflow/<pool>       hotkey.OverflowSet, JSON              leader Commit         none
 //	leader/<lease hex>    the campaigner's id                   Election              replica's session
+//	tpools/<pool>         TenantPool, JSON                      admin (API), config   none
+//	tpmembers/<pool>/<id> TenantMember, JSON                    the member (API)      member's session
+//	tpstate/<pool>/meta   TenantMeta, JSON                      leader Commit         none
+//	tpstate/<pool>/t/<c>  TenantChunk, JSON: the tenants whose  leader Commit         none
+//	                        xxh64 mod 256 is c
+//	replicas/<replica>    the replica's advertised API URL      the replica           replica's session
+//
+// The tenant-pool kinds (Kind.TenantPool) belong to a tenant pool: a
+// Snapshot keeps them in TenantPools (and replicas/ in Replicas). A
+// leader's round rewrites, in one Commit, the meta only if it changed and
+// only the chunks of the tenants that changed (StateWrites); a chunk
+// above MaxTenantChunkBytes is refused with ErrTooLarge.
 //
 // The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace: a
 // Snapshot keeps them in Pools, and Change.Keyspace holds the pool's name.

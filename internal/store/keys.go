@@ -53,6 +53,17 @@ const (
 	// instances of keyspace ks that the leader still waits for, without a
 	// lease. ImportKeyspace creates it; the leader shrinks and deletes it.
 	KindReserved
+	// The tenant-pool kinds (Kind.TenantPool) belong to a tenant pool;
+	// they live in Snapshot.TenantPools.
+	KindTenantPool   // tpools/<pool>: TenantPool
+	KindTenantMember // tpmembers/<pool>/<id>: TenantMember, on the member's lease
+	// KindTenantState: tpstate/<pool>/meta (TenantMeta) and
+	// tpstate/<pool>/t/<chunk> (TenantChunk): the pool's published state.
+	// The second name is "meta" or "t/<chunk>".
+	KindTenantState
+	// KindReplica: replicas/<replica>: the replica's advertised API URL,
+	// on the replica's lease.
+	KindReplica
 )
 
 var kindSegs = [...]string{
@@ -72,6 +83,11 @@ var kindSegs = [...]string{
 	KindBucketPos:  "bucketpos",
 	KindHeld:       "held",
 	KindReserved:   "reserved",
+
+	KindTenantPool:   "tpools",
+	KindTenantMember: "tpmembers",
+	KindTenantState:  "tpstate",
+	KindReplica:      "replicas",
 }
 
 // String returns the key segment of k ("members", "map", ...).
@@ -103,15 +119,34 @@ func (k Kind) HotKey() bool {
 	return false
 }
 
+// TenantPool reports whether k is a tenant-pool kind (a pool's settings,
+// a member, the published state). Such keys name a tenant pool where the
+// others name a keyspace (Change.Keyspace holds the pool's name), and
+// keyspace code ignores them.
+func (k Kind) TenantPool() bool {
+	switch k {
+	case KindTenantPool, KindTenantMember, KindTenantState:
+		return true
+	}
+	return false
+}
+
 // hasID reports whether keys of kind k carry a second name after the
 // first: a member id, or a producer id for reports.
-func (k Kind) hasID() bool { return k.perMember() || k == KindHotReport || k == KindBucketPos }
+func (k Kind) hasID() bool {
+	return k.perMember() || k == KindHotReport || k == KindBucketPos || k == KindTenantMember || k == KindTenantState
+}
 
 // nameKinds returns the kinds ValidateName checks the first and second
 // name of a key of kind k as.
 func (k Kind) nameKinds() (first, second Kind) {
-	if k.HotKey() {
+	switch {
+	case k.HotKey():
 		return KindHotPool, KindHotReport
+	case k.TenantPool():
+		return KindTenantPool, KindTenantMember
+	case k == KindReplica:
+		return KindReplica, KindUnknown
 	}
 	return KindKeyspace, KindMember
 }
@@ -131,6 +166,12 @@ func nameField(k Kind) string {
 		return "pool name"
 	case KindHotReport:
 		return "producer id"
+	case KindTenantPool:
+		return "tenant pool name"
+	case KindTenantMember:
+		return "member id"
+	case KindReplica:
+		return "replica id"
 	}
 	return "name"
 }
@@ -274,6 +315,12 @@ func ParseKey(k string) (kind Kind, ks, id string, err error) {
 		}
 		if err := ValidateName(first, ks); err != nil {
 			return KindUnknown, "", "", fmt.Errorf("%w: %w", corruptf(k, "", "bad %s", nameField(first)), err)
+		}
+		if kind == KindTenantState {
+			if _, err := parseTenantStateID(id); err != nil {
+				return KindUnknown, "", "", corruptf(k, "", "bad tenant state key: %v", err)
+			}
+			return kind, ks, id, nil
 		}
 		if kind == KindBucketPos {
 			if _, err := parseChunk(id); err != nil {

@@ -111,13 +111,18 @@ type Snapshot struct {
 	Keyspaces map[string]*KeyspaceState
 	// Pools holds the hot-key kinds (Kind.HotKey), by pool name; they never
 	// appear in Keyspaces.
-	Pools   map[string]*PoolState
-	Corrupt map[string]error
+	Pools map[string]*PoolState
+	// TenantPools holds the tenant-pool kinds (Kind.TenantPool), by pool
+	// name.
+	TenantPools map[string]*TenantPoolState
+	// Replicas are the replicas' advertised API URLs, by replica id.
+	Replicas map[string]Entry[string]
+	Corrupt  map[string]error
 }
 
 // NewSnapshot returns an empty snapshot at rev, ready for Apply.
 func NewSnapshot(rev int64) *Snapshot {
-	return &Snapshot{Rev: rev, Keyspaces: map[string]*KeyspaceState{}, Pools: map[string]*PoolState{}, Corrupt: map[string]error{}}
+	return &Snapshot{Rev: rev, Keyspaces: map[string]*KeyspaceState{}, Pools: map[string]*PoolState{}, TenantPools: map[string]*TenantPoolState{}, Replicas: map[string]Entry[string]{}, Corrupt: map[string]error{}}
 }
 
 // Apply updates s with one change from Watch and raises s.Rev to the
@@ -141,8 +146,15 @@ func (s *Snapshot) Apply(c Change) {
 }
 
 func (s *Snapshot) apply(c Change) {
-	if c.Kind.HotKey() {
+	switch {
+	case c.Kind.HotKey():
 		s.applyPool(c)
+		return
+	case c.Kind.TenantPool():
+		s.applyTenantPool(c)
+		return
+	case c.Kind == KindReplica:
+		s.applyReplica(c)
 		return
 	}
 	st := s.Keyspaces[c.Keyspace]
@@ -246,6 +258,11 @@ func decodeKV(kv *mvccpb.KeyValue) Change {
 	}
 	switch v := v.(type) {
 	case shard.Member:
+		if v.Session != c.Lease {
+			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
+			return c
+		}
+	case TenantMember:
 		if v.Session != c.Lease {
 			c.Err = corruptf(c.Key, "session", "%v, but the key is attached to lease %v", v.Session, c.Lease)
 			return c

@@ -1,0 +1,345 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/keyshard/keyshard/internal/store"
+	"github.com/keyshard/keyshard/internal/tenantpool"
+	"github.com/keyshard/keyshard/placement"
+)
+
+// The leader's side of tenant pools. One goroutine of the term
+// (leadTenantPools) owns every pool's Aggregator and State: load reports,
+// readiness marks and rate queries reach it over a channel, from this
+// replica's handlers or forwarded by the others, and every second it runs
+// a round per pool: the live active members, the aggregator's rates and
+// the pending readiness marks go through tenantpool.Plan, and what changed
+// is written in one fenced transaction (store.StateWrites).
+
+// tenantPoolInterval is how often the leader runs each pool's round.
+const tenantPoolInterval = time.Second
+
+// tpLeader is this replica's tenant-pool leadership during one term.
+type tpLeader struct {
+	reqs chan tpReq
+	done chan struct{} // closed when the loop has exited
+}
+
+// tpReq is one call the leader's loop answers.
+type tpReq struct {
+	pool   string
+	report *tenantpool.Report // ReportLoad
+	ready  []tenantpool.Ready // MarkReady (all of one member)
+	rates  []string           // GetTenants: these tenants' rates
+	all    bool               // GetTenants: every tenant's rate
+	reply  chan tpReply       // buffered, 1
+}
+
+type tpReply struct {
+	outcome         tenantpool.Outcome
+	marked, ignored int
+	rates           map[string]float64
+	err             error
+}
+
+// ask sends r to the loop and waits for its answer.
+func (l *tpLeader) ask(ctx context.Context, r tpReq) (tpReply, error) {
+	r.reply = make(chan tpReply, 1)
+	select {
+	case l.reqs <- r:
+	case <-l.done:
+		return tpReply{}, errLeadershipMoving
+	case <-ctx.Done():
+		return tpReply{}, ctx.Err()
+	}
+	select {
+	case rep := <-r.reply:
+		return rep, rep.err
+	case <-l.done:
+		return tpReply{}, errLeadershipMoving
+	case <-ctx.Done():
+		return tpReply{}, ctx.Err()
+	}
+}
+
+// leaderPool is one pool as the leader's loop holds it.
+type leaderPool struct {
+	window  time.Duration
+	agg     *tenantpool.Aggregator
+	loaded  bool
+	st      tenantpool.State
+	meta    *store.TenantMeta // as stored; nil: nothing stored yet
+	ix      *store.ChunkIndex
+	pending []tenantpool.Ready
+}
+
+// TenantPoolWrite describes the last write of a pool's round, for tests
+// and benchmarks: the tenants it rewrote and the bytes it sent.
+type TenantPoolWrite struct {
+	Version uint64
+	Tenants int // tenants whose state changed
+	Writes  int // keys written (meta and chunks)
+	Bytes   int // bytes of keys and values written
+}
+
+// LastTenantPoolWrite returns the last write this replica made, as
+// leader, for pool's round (zero if none).
+func (s *Server) LastTenantPoolWrite(pool string) TenantPoolWrite {
+	s.tpMu.Lock()
+	defer s.tpMu.Unlock()
+	return s.tpWrites[pool]
+}
+
+// leadTenantPools runs while this replica leads. It returns errNotLeader
+// when a write is fenced, nil when ctx ends.
+func (s *Server) leadTenantPools(ctx context.Context, fence store.Fence) error {
+	l := &tpLeader{reqs: make(chan tpReq), done: make(chan struct{})}
+	defer close(l.done)
+	s.tpLeader.Store(l)
+	defer s.tpLeader.CompareAndSwap(l, nil)
+	tick := s.clock.NewTicker(tenantPoolInterval)
+	defer tick.Stop()
+	s.onTPTerm()
+	pools := map[string]*leaderPool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-l.reqs:
+			r.reply <- s.answer(ctx, pools, r)
+		case <-tick.C():
+			if !s.view.ready() {
+				continue
+			}
+			now := s.clock.Now()
+			work := s.tenantPoolWork()
+			for name := range pools {
+				if !slices.ContainsFunc(work, func(w tenantPoolWork) bool { return w.cfg.Name == name }) {
+					delete(pools, name) // deleted: a pool made again starts afresh
+				}
+			}
+			for _, w := range work {
+				err := s.tenantPoolRound(ctx, fence, pools, w, now)
+				switch {
+				case err == nil:
+				case errors.Is(err, store.ErrFenced):
+					return errNotLeader
+				case ctx.Err() != nil:
+					return nil
+				default:
+					s.metrics.tpRoundFailure.WithLabelValues(w.cfg.Name).Inc()
+					s.log.Warn("tenant pool round failed; retrying at the next round", "pool", w.cfg.Name, "err", err)
+				}
+			}
+			s.onTPRound(now)
+		}
+	}
+}
+
+// pool returns the leader's pool name, making its aggregator if needed;
+// nil if the pool does not exist.
+func (s *Server) leaderPool(pools map[string]*leaderPool, name string) (*leaderPool, store.TenantPool, error) {
+	var cfg store.TenantPool
+	ok := false
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ps := snap.TenantPools[name]; ps != nil && ps.Config.Exists() {
+			cfg, ok = ps.Config.Value, true
+		}
+	})
+	if !ok {
+		delete(pools, name)
+		return nil, cfg, tenantPoolNotFound(name)
+	}
+	lp := pools[name]
+	if lp == nil || lp.window != cfg.Window {
+		agg, err := tenantpool.NewAggregator(tenantpool.AggregatorConfig{Window: cfg.Window})
+		if err != nil {
+			return nil, cfg, err
+		}
+		if lp == nil {
+			lp = &leaderPool{}
+			pools[name] = lp
+		}
+		lp.agg, lp.window = agg, cfg.Window
+	}
+	return lp, cfg, nil
+}
+
+// load reads the pool's state from etcd once a term: a new leader
+// continues every size, subset and cooldown.
+func (s *Server) loadPool(ctx context.Context, name string, lp *leaderPool) error {
+	if lp.loaded {
+		return nil
+	}
+	st, meta, ok, err := s.store.LoadTenantState(ctx, name)
+	if err != nil {
+		return fmt.Errorf("load the state of tenant pool %q: %w", name, err)
+	}
+	lp.st, lp.loaded, lp.meta = st, true, nil
+	if ok {
+		lp.meta = &meta
+	}
+	lp.ix = store.NewChunkIndex(st)
+	s.log.Info("tenant pool state loaded", "pool", name, "version", st.Version, "tenants", len(st.Tenants))
+	return nil
+}
+
+func (s *Server) answer(ctx context.Context, pools map[string]*leaderPool, r tpReq) tpReply {
+	lp, _, err := s.leaderPool(pools, r.pool)
+	if err != nil {
+		return tpReply{err: err}
+	}
+	now := s.clock.Now()
+	switch {
+	case r.report != nil:
+		out, err := lp.agg.Add(*r.report, now)
+		if err == nil {
+			s.metrics.tpReports.WithLabelValues(r.pool, out.String()).Inc()
+		}
+		return tpReply{outcome: out, err: err}
+	case r.ready != nil:
+		if err := s.loadPool(ctx, r.pool, lp); err != nil {
+			return tpReply{err: err}
+		}
+		var rep tpReply
+		for _, m := range r.ready {
+			ts, ok := lp.st.Tenants[m.Tenant]
+			if ok && slices.ContainsFunc(ts.Members, func(p tenantpool.Placement) bool { return p.ID == m.Member }) {
+				rep.marked++
+				lp.pending = append(lp.pending, m)
+			} else {
+				rep.ignored++
+			}
+		}
+		return rep
+	case r.all:
+		return tpReply{rates: lp.agg.Rates(now)}
+	default:
+		rates := make(map[string]float64, len(r.rates))
+		for _, t := range r.rates {
+			if v, ok := lp.agg.Rate(t, now); ok {
+				rates[t] = v
+			}
+		}
+		return tpReply{rates: rates}
+	}
+}
+
+// poolWork is what one round needs of a pool, copied from the view.
+type tenantPoolWork struct {
+	cfg     store.TenantPool
+	cfgRev  int64
+	members []placement.Member // live, active, sorted by ID
+}
+
+func (s *Server) tenantPoolWork() []tenantPoolWork {
+	var out []tenantPoolWork
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		for _, ps := range snap.TenantPools {
+			if !ps.Config.Exists() {
+				continue
+			}
+			w := tenantPoolWork{cfg: ps.Config.Value, cfgRev: ps.Config.ModRevision}
+			for _, e := range ps.Members {
+				if e.Value.Active {
+					w.members = append(w.members, placement.Member{ID: e.Value.ID, Weight: e.Value.Weight, Zone: e.Value.Zone})
+				}
+			}
+			sort.Slice(w.members, func(i, j int) bool { return w.members[i].ID < w.members[j].ID })
+			out = append(out, w)
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].cfg.Name < out[j].cfg.Name })
+	return out
+}
+
+// tenantPoolRound runs one round of one pool.
+func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools map[string]*leaderPool, w tenantPoolWork, now time.Time) error {
+	start := time.Now()
+	name := w.cfg.Name
+	lp, cfg, err := s.leaderPool(pools, name)
+	if err != nil {
+		return nil // deleted since
+	}
+	if err := s.loadPool(ctx, name, lp); err != nil {
+		return err
+	}
+	st := lp.st
+	touched := map[string]bool{}
+	if len(lp.pending) > 0 {
+		next, _, err := tenantpool.MarkReady(st, lp.pending)
+		if err != nil {
+			lp.pending = nil
+			return fmt.Errorf("mark ready: %w", err)
+		}
+		for _, m := range lp.pending {
+			touched[m.Tenant] = true
+		}
+		st = next
+	}
+	next, ch, err := tenantpool.Plan(st, w.members, lp.agg.Rates(now), cfg.Policy, now)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	for _, t := range ch.Tenants {
+		touched[t] = true
+	}
+	tenants := make([]string, 0, len(touched))
+	for t := range touched {
+		if _, ok := next.Tenants[t]; ok {
+			lp.ix.Set(t, true)
+		} else {
+			lp.ix.Set(t, false)
+		}
+		tenants = append(tenants, t)
+	}
+	sort.Strings(tenants)
+	writes, bytes, err := store.StateWrites(name, next, now, lp.meta, tenants, lp.ix)
+	if err == nil && len(writes) > 0 {
+		_, err = s.store.Commit(ctx, fence, writes, []store.Expect{{Key: store.TenantPoolKey(name), ModRevision: w.cfgRev}})
+	}
+	if err != nil {
+		// Put the index back as the state it describes: the round is
+		// planned again from lp.st at the next tick.
+		lp.ix = store.NewChunkIndex(lp.st)
+		return fmt.Errorf("write the state: %w", err)
+	}
+	lp.pending = nil
+	if len(writes) > 0 {
+		published := now
+		if lp.meta != nil && lp.meta.Version == next.Version {
+			published = lp.meta.Published
+		}
+		lp.meta = &store.TenantMeta{Version: next.Version, Members: next.Members, Policy: next.Policy, Published: published}
+		s.metrics.tpBytes.WithLabelValues(name).Add(float64(bytes))
+		s.tpMu.Lock()
+		s.tpWrites[name] = TenantPoolWrite{Version: next.Version, Tenants: len(tenants), Writes: len(writes), Bytes: bytes}
+		s.tpMu.Unlock()
+	}
+	lp.st = next
+	for _, c := range ch.Sizes {
+		dir := "grow"
+		if c.To < c.From {
+			dir = "shrink"
+		}
+		s.metrics.tpSizeChanges.WithLabelValues(name, dir).Inc()
+		s.log.Info("tenant size changed", "pool", name, "tenant", c.Tenant, "from", c.From, "to", c.To, "why", c.Why, "version", next.Version)
+	}
+	for _, t := range ch.Dropped {
+		s.log.Info("tenant forgotten: no load for forget_after; it gets the stateless subset again", "pool", name, "tenant", t, "forget_after", cfg.Policy.ForgetAfter)
+	}
+	s.metrics.tpRound.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// tpState is the server's tenant-pool leadership state.
+type tpState struct {
+	tpMu     sync.Mutex
+	tpWrites map[string]TenantPoolWrite
+}
