@@ -65,16 +65,17 @@ func NewSnapshot(st State) *Snapshot {
 // rounds since, and the tenants of MarkReady's reports. It rebuilds the
 // answers of those tenants and shares the others with s, so its cost is
 // proportional to the changed tenants and to the lists of the members
-// that serve them, plus one copy of the map of tenants. If the members or
-// the policy differ, which changes every tenant's answers, it returns
-// NewSnapshot(st). Listing a tenant that did not change costs only its
+// that serve them, plus one copy of the map of tenants. A change of
+// members changes only the answers for unknown tenants (the fallback
+// subset) besides the changed tenants; a change of policy changes every
+// tenant's answers, and Update then returns NewSnapshot(st). Listing a tenant that did not change costs only its
 // rebuild; omitting one that did leaves its old answers.
 //
 // Update does not modify s or st, and copies what it keeps of st, so s
 // stays valid for its readers and st may be modified afterwards (as a
 // Planner's next round does).
 func (s *Snapshot) Update(st State, changed []string) *Snapshot {
-	if !slices.Equal(s.source, st.Members) || !s.policy.equal(st.Policy) {
+	if !s.policy.equal(st.Policy) {
 		return NewSnapshot(st)
 	}
 	n := &Snapshot{
@@ -85,6 +86,11 @@ func (s *Snapshot) Update(st State, changed []string) *Snapshot {
 		zones:   s.zones,
 		tenants: maps.Clone(s.tenants),
 		byMem:   maps.Clone(s.byMem),
+	}
+	if !slices.Equal(s.source, st.Members) {
+		n.source = slices.Clone(st.Members)
+		pool := newPoolView(n.source, st.Policy)
+		n.members, n.zones = pool.members, pool.zones
 	}
 	if n.tenants == nil {
 		n.tenants = make(map[string]*tenantView)

@@ -1,9 +1,7 @@
 package tenantpool
 
 import (
-	"maps"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -39,71 +37,3 @@ func (s *Snapshot) Policy() Policy { return s.policy }
 
 // Len returns the number of tenants the snapshot holds.
 func (s *Snapshot) Len() int { return len(s.tenants) }
-
-// Update returns the snapshot of st, which differs from the State s was
-// built from only in the tenants listed in changed (added, changed or
-// removed), its version and its members. Only those tenants are rebuilt;
-// a change of policy rebuilds every tenant (NewSnapshot). s is not
-// modified.
-func (s *Snapshot) Update(st State, changed []string) *Snapshot {
-	if !st.Policy.equal(s.policy) {
-		return NewSnapshot(st)
-	}
-	pool := newPoolView(st.Members, st.Policy)
-	n := &Snapshot{
-		version: st.Version,
-		policy:  st.Policy,
-		members: pool.members,
-		zones:   pool.zones,
-		tenants: maps.Clone(s.tenants),
-		byMem:   maps.Clone(s.byMem),
-	}
-	type edit struct{ add, del []string }
-	edits := map[string]*edit{}
-	at := func(m string) *edit {
-		e := edits[m]
-		if e == nil {
-			e = &edit{}
-			edits[m] = e
-		}
-		return e
-	}
-	for _, id := range changed {
-		if old, ok := n.tenants[id]; ok {
-			for _, m := range old.serves {
-				at(m).del = append(at(m).del, id)
-			}
-			delete(n.tenants, id)
-		}
-		ts, ok := st.Tenants[id]
-		if !ok {
-			continue
-		}
-		v := buildView(ts, st.Policy)
-		n.tenants[id] = v
-		for _, m := range v.serves {
-			at(m).add = append(at(m).add, id)
-		}
-	}
-	for m, e := range edits {
-		gone := make(map[string]bool, len(e.del))
-		for _, id := range e.del {
-			gone[id] = true
-		}
-		list := make([]string, 0, len(n.byMem[m])+len(e.add))
-		for _, id := range n.byMem[m] {
-			if !gone[id] {
-				list = append(list, id)
-			}
-		}
-		list = append(list, e.add...)
-		slices.Sort(list)
-		list = slices.Compact(list)
-		if len(list) == 0 {
-			delete(n.byMem, m)
-			continue
-		}
-		n.byMem[m] = list
-	}
-	return n
-}

@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// TestSnapshotUpdate: a snapshot updated with the changed tenants answers
-// as one built from scratch, for every tenant and member.
-func TestSnapshotUpdate(t *testing.T) {
+// TestSnapshotUpdateMembers: a snapshot updated with the changed tenants
+// while members join answers as one built from scratch, for every tenant,
+// member and the fallback of unknown tenants.
+func TestSnapshotUpdateMembers(t *testing.T) {
 	p := goodPolicy()
 	p.Lookback = time.Minute
 	p.WarmUp = 30 * time.Second
