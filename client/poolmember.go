@@ -88,8 +88,13 @@ func (c *Client) JoinPool(ctx context.Context, pool string, m Member, opts ...Po
 // re-join, which retries everything but ErrClosed and bad arguments.
 func (p *PoolMember) join(ctx context.Context, replace, first bool) error {
 	var b backoff
+	p.mu.Lock()
+	ttl := p.ttl // 0 before the first session: calls are bounded by ReplicaTimeout per replica
+	p.mu.Unlock()
 	for {
-		resp, err := call(ctx, p.c, poolAPI.JoinPool, &keyshardv1.JoinPoolRequest{Pool: p.pool, Member: p.member, Replace: replace})
+		// A re-join is bounded by the lease TTL: one that hangs is
+		// abandoned and retried (asking to replace what it may have made).
+		resp, err := callWithin(ctx, p.c, poolAPI.JoinPool, &keyshardv1.JoinPoolRequest{Pool: p.pool, Member: p.member, Replace: replace}, budget{within: ttl})
 		if err == nil {
 			now := p.clock.Now()
 			ttl := resp.GetLeaseTtl().AsDuration()

@@ -343,6 +343,7 @@ func (f *PoolFollower) watch(ctx context.Context, yield func(*keyshardv1.PoolSna
 	defer stopTimer()
 	first := true
 	var bad error
+	var streamVer uint64 // the version of the stream's previous message, which a delta applies to
 	err := stream(sctx, f.c, poolAPI.WatchPoolSnapshot, &keyshardv1.WatchPoolSnapshotRequest{Pool: f.pool}, func(m *keyshardv1.PoolSnapshot) {
 		if bad != nil {
 			return
@@ -356,14 +357,22 @@ func (f *PoolFollower) watch(ctx context.Context, yield func(*keyshardv1.PoolSna
 				return
 			}
 		}
+		if held := f.cur.Load().version; !m.GetFull() && m.GetVersion() > held && streamVer != held {
+			// The stream's base is not the snapshot held (it was behind
+			// it, then skipped past it): read it whole again.
+			bad = fmt.Errorf("a delta from version %d onto version %d held", streamVer, held)
+			cancel(bad)
+			return
+		}
+		streamVer = m.GetVersion()
 		f.contact()
 		yield(m)
 	})
 	switch {
 	case ctx.Err() != nil:
 		return err
-	case bad != nil:
-		err = fmt.Errorf("%w: tenant pool %q: %w", ErrUnavailable, f.pool, bad)
+	case bad != nil: // resynchronize: not an outage
+		return fmt.Errorf("%w: tenant pool %q: %w", ErrUnavailable, f.pool, bad)
 	case errors.Is(context.Cause(sctx), errNoFirstSnapshot):
 		err = fmt.Errorf("%w: tenant pool %q: the stream brought no snapshot within %v", ErrUnavailable, f.pool, f.c.opts.replicaTimeout)
 	case err == nil:

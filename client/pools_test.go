@@ -664,3 +664,25 @@ func BenchmarkLoadReporterAdd(b *testing.B) {
 	c.Close()
 	r.Close()
 }
+
+func TestPoolFollowerMovesOffARefusingReplica(t *testing.T) {
+	fk := newFake(t)
+	r := fk.AddReplica()
+	r.Refuse()
+	c, err := Dial(r.URL()+","+fk.URL(), Clock(fk.Clock()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 1, Members: poolMembers(2, 1), Tenants: []*keyshardv1.TenantAssignment{assignment("a", "m0")}})
+	f := followPool(t, c, "gw")
+	fk.PoolWatches().Next(t) // the stream opened on the replica that serves
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 2, Members: poolMembers(2, 1), Tenants: []*keyshardv1.TenantAssignment{assignment("a", "m1")}})
+	waitVersion(t, f, 2)
+	if got := f.Targets("a"); !slices.Equal(got, []string{"m1"}) {
+		t.Errorf("Targets(a) = %v; want [m1]", got)
+	}
+	if r.CallCount(keyshardv1connect.TenantPoolServiceGetPoolSnapshotProcedure) != 1 {
+		t.Errorf("the refusing replica was asked %d times; want once", r.CallCount(keyshardv1connect.TenantPoolServiceGetPoolSnapshotProcedure))
+	}
+}
