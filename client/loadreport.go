@@ -245,13 +245,12 @@ func (r *LoadReporter) take() {
 		sh := &r.shards[i]
 		sh.mu.Lock()
 		m := sh.m
-		if len(m) > 0 {
-			sh.m = make(map[string]int64, len(m))
-		}
-		sh.mu.Unlock()
 		if len(m) == 0 {
+			sh.mu.Unlock()
 			continue
 		}
+		sh.m = make(map[string]int64, len(m))
+		sh.mu.Unlock()
 		if acc == nil {
 			acc = m
 			continue

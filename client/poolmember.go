@@ -42,7 +42,8 @@ type PoolMember struct {
 // place it; Weight 0 means 1) and returns once the session has started
 // and the member holds the pool's snapshot. ctx bounds only that; the
 // session lives until Leave, Close or the Client's Close. It takes the
-// options Clock, Logger, OnPoolEvent and ReplaceMember.
+// options Clock, Logger, OnPoolEvent (which receives the member's events
+// and its follower's) and ReplaceMember.
 //
 // A failed Join that may pass (an unreachable control plane) is retried
 // until ctx ends. It returns an *ArgError for a bad pool name or member;
@@ -68,7 +69,7 @@ func (c *Client) JoinPool(ctx context.Context, pool string, m Member, opts ...Po
 	if err := p.join(ctx, o.replace, true); err != nil {
 		return nil, err
 	}
-	p.f, err = c.FollowPool(ctx, pool, opts...)
+	p.f, err = c.followPool(ctx, pool, o, p.ev) // one emitter: events stay serialized
 	if err != nil {
 		p.leaveCall(context.WithoutCancel(ctx))
 		return nil, err

@@ -207,9 +207,15 @@ func (c *Client) FollowPool(ctx context.Context, pool string, opts ...PoolOption
 		return nil, err
 	}
 	o := newPoolOptions(c, opts)
+	return c.followPool(ctx, pool, o, &emitter{f: o.onEvent})
+}
+
+// followPool is FollowPool with the options applied and the emitter
+// given (a PoolMember shares its own with its follower).
+func (c *Client) followPool(ctx context.Context, pool string, o poolOptions, ev *emitter) (*PoolFollower, error) {
 	f := &PoolFollower{
 		c: c, pool: pool, clock: o.clock, log: o.log.With("tenant_pool", pool),
-		ev:    &emitter{f: o.onEvent},
+		ev:    ev,
 		ready: make(chan struct{}),
 		life:  newLifecycle("PoolFollower"),
 	}

@@ -686,3 +686,47 @@ func TestPoolFollowerMovesOffARefusingReplica(t *testing.T) {
 		t.Errorf("the refusing replica was asked %d times; want once", r.CallCount(keyshardv1connect.TenantPoolServiceGetPoolSnapshotProcedure))
 	}
 }
+
+func TestPoolMemberRejoinsAfterKeepAlivesFailForTheTTL(t *testing.T) {
+	fk := newFake(t)
+	fk.PutTenantPool("gw", nil, 9*time.Second)
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 1, Members: poolMembers(1, 1)})
+	c := fk.dial(t)
+	events := make(chan PoolEvent, 64)
+	m, err := c.JoinPool(t.Context(), "gw", Member{ID: "m0"}, OnPoolEvent(func(e PoolEvent) {
+		if e.Kind == PoolJoined || e.Kind == PoolSessionLost {
+			events <- e
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	recv(t, events, "joined")
+	fk.PoolWatches().Next(t) // the follower's stream is open: the member's timers are the only ones
+	fk.Fail(keyshardv1connect.TenantPoolServicePoolKeepAliveProcedure, connect.NewError(connect.CodeUnavailable, errors.New("cut off")))
+	// Move time on until the member gives its session up: its keep-alives
+	// fail, and once the TTL since the last one answered has run out it
+	// counts the session lost.
+	start := fk.Clock().Now()
+	var lost PoolEvent
+	for lost.Kind == 0 {
+		select {
+		case lost = <-events:
+		default:
+			fk.Clock().MustBlockUntil(t, 1)
+			fk.Clock().Advance(500 * time.Millisecond)
+		}
+	}
+	if lost.Kind != PoolSessionLost || !errors.Is(lost.Err, ErrSessionLost) || fk.Clock().Since(start) < 9*time.Second-3*time.Second {
+		t.Fatalf("after %v: %+v; want the session lost once the TTL since the last keep-alive ran out", fk.Clock().Since(start), lost)
+	}
+	// The re-join is served at once.
+	if e := recv(t, events, "re-joined"); e.Kind != PoolJoined || e.Session != "ps2" {
+		t.Fatalf("event %+v; want joined ps2", e)
+	}
+	fk.PoolJoins().Next(t)
+	if !fk.PoolJoins().Next(t).GetReplace() {
+		t.Errorf("a re-join must replace the session it lost")
+	}
+}
