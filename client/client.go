@@ -30,6 +30,9 @@ type RouterOption interface{ applyRouter(*routerOptions) }
 // HotKeysOption configures NewHotKeys.
 type HotKeysOption interface{ applyHotKeys(*hotKeysOptions) }
 
+// PoolOption configures FollowPool, JoinPool and NewLoadReporter.
+type PoolOption interface{ applyPool(*poolOptions) }
+
 // SharedOption is an option that Dial, NewWorker, NewRouter and
 // NewHotKeys all take. Given to Dial it sets the default for the Routers,
 // Workers and HotKeys of the Client.
@@ -38,6 +41,7 @@ type SharedOption interface {
 	WorkerOption
 	RouterOption
 	HotKeysOption
+	PoolOption
 }
 
 type clientOptions struct {
@@ -133,6 +137,15 @@ func (s sharedOpt) applyRouter(o *routerOptions) {
 	}
 }
 
+func (s sharedOpt) applyPool(o *poolOptions) {
+	if s.clock != nil {
+		o.clock = s.clock
+	}
+	if s.log != nil {
+		o.log = s.log
+	}
+}
+
 func (s sharedOpt) applyHotKeys(o *hotKeysOptions) {
 	if s.clock != nil {
 		o.clock = s.clock
@@ -153,7 +166,7 @@ func Clock(c clock.Clock) SharedOption { return sharedOpt{clock: c} }
 // Warn, session loss at Error. A nil l leaves the default.
 func Logger(l *slog.Logger) SharedOption { return sharedOpt{log: l} }
 
-// Client is a connection to a Keyshard cluster: the four services of
+// Client is a connection to a Keyshard cluster: the five services of
 // keyshard.v1 behind one or more replica URLs. It is safe for concurrent
 // use. Routers, Workers and HotKeys built on it take their defaults from
 // it; close them before the Client.
@@ -181,13 +194,14 @@ type Client struct {
 	ownHTTP   *http.Transport // closed by Close when Dial made it
 }
 
-// endpoint is one replica: the four services at its URL.
+// endpoint is one replica: the five services at its URL.
 type endpoint struct {
 	url    string
 	admin  keyshardv1connect.AdminServiceClient
 	member keyshardv1connect.MemberServiceClient
 	maps   keyshardv1connect.MapServiceClient
 	hot    keyshardv1connect.HotKeyServiceClient
+	pools  keyshardv1connect.TenantPoolServiceClient
 }
 
 // The service interfaces, by short names for method expressions such as
@@ -197,9 +211,10 @@ type (
 	memberAPI = keyshardv1connect.MemberServiceClient
 	mapAPI    = keyshardv1connect.MapServiceClient
 	hotAPI    = keyshardv1connect.HotKeyServiceClient
+	poolAPI   = keyshardv1connect.TenantPoolServiceClient
 )
 
-// service returns e's client of service S (one of the four above).
+// service returns e's client of service S (one of the five above).
 func service[S any](e *endpoint) S {
 	var s S
 	switch p := any(&s).(type) {
@@ -211,6 +226,8 @@ func service[S any](e *endpoint) S {
 		*p = e.maps
 	case *hotAPI:
 		*p = e.hot
+	case *poolAPI:
+		*p = e.pools
 	}
 	return s
 }
@@ -307,6 +324,7 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 			member: keyshardv1connect.NewMemberServiceClient(hc, u, copts...),
 			maps:   keyshardv1connect.NewMapServiceClient(hc, u, copts...),
 			hot:    keyshardv1connect.NewHotKeyServiceClient(hc, u, copts...),
+			pools:  keyshardv1connect.NewTenantPoolServiceClient(hc, u, copts...),
 		})
 	}
 	c.moved, c.onMove = context.WithCancel(context.Background())

@@ -172,6 +172,31 @@
 // and counts failures (Stats). Package kafka's Router does all of this
 // itself when given kafka.Config.ClusterHotKeys.
 //
+// # Tenant pools
+//
+// A tenant pool serves each tenant from a subset of its members, sized by
+// the control plane's leader from the tenant's own load. Three parts:
+//
+//	f, err := c.FollowPool(ctx, "index-gateways") // a client: where to read a tenant
+//	targets := f.Targets(tenant)                  // sorted members; no allocation
+//
+//	m, err := c.JoinPool(ctx, "index-gateways", client.Member{ID: id, Address: addr, Zone: zone})
+//	for _, t := range m.Tenants() { prefetch(t) } // a server: what to load
+//	_, err = m.MarkReady(ctx, loaded...)          // read me before the warm-up ends
+//	defer m.Leave(context.Background())
+//
+//	r, err := c.NewLoadReporter("index-gateways", hostname)
+//	r.Add(tenant, 1) // per request, where requests enter; cheap from any goroutine
+//	defer r.Close()  // sends what is left
+//
+// A PoolFollower answers from its local copy of the pool's snapshot: a
+// tenant the snapshot does not list gets placement.Subset at the pool's
+// initial size, as the control plane computes it. While it cannot reach
+// the control plane it keeps answering from the last snapshot and says
+// so (Stale, a PoolStale event, a warning), and recovers by itself. A
+// LoadReporter retries a failed report with the same seq and counts, so
+// the leader never counts a report twice, and counts what it drops.
+//
 // # Admin
 //
 // Client.Admin creates and inspects keyspaces, drains members, manages

@@ -240,3 +240,49 @@ func ExampleNewHotKeys() {
 	_ = hk.Run(ctx) // until SIGINT; control-plane errors never end it
 	log.Printf("hot keys: %+v", hk.Stats())
 }
+
+// A client reads each tenant from its pool members; a server of the pool
+// prefetches the tenants it serves and reports them ready; whoever takes
+// requests in counts them per tenant.
+func ExampleClient_FollowPool() {
+	ctx := context.Background()
+	c, err := client.Dial("http://keyshard.internal:7400", client.Token(os.Getenv("KEYSHARD_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// A client of the pool: which members to read tenant "acme" from.
+	f, err := c.FollowPool(ctx, "index-gateways", client.OnPoolEvent(func(e client.PoolEvent) {
+		if e.Kind == client.PoolStale {
+			log.Printf("tenant pool snapshot %d may be out of date: %v", e.Version, e.Err)
+		}
+	}))
+	if err != nil {
+		log.Fatal(err) // ErrNotFound: no such pool
+	}
+	defer f.Close()
+	for _, member := range f.Targets("acme") { // read-only, no allocation
+		fmt.Println("read acme from", member)
+	}
+
+	// A server of the pool: load what it serves, then say so.
+	m, err := c.JoinPool(ctx, "index-gateways", client.Member{ID: "gw-3", Address: "10.0.0.3:9095", Zone: "eu-west-1a"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Leave(context.Background())
+	tenants := m.Tenants()
+	// ... load the recent data of tenants ...
+	if _, err := m.MarkReady(ctx, tenants...); err != nil {
+		log.Print(err)
+	}
+
+	// Where requests enter: count them per tenant.
+	r, err := c.NewLoadReporter("index-gateways", "frontend-"+os.Getenv("HOSTNAME"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close() // sends the counts not reported yet
+	_ = r.Add("acme", 1)
+}

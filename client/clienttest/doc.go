@@ -44,7 +44,12 @@
 // Joins (Session and WaitSession find a member's); Grant, AskRelease,
 // Revoke and EndSession script single changes, and Grants, Live and
 // LeaseExpiry read the fake's side. Hot keys: AddHotKeyPool,
-// SetOverflow, PutOverflowSet. The admin API works on the same state:
+// SetOverflow, PutOverflowSet. Tenant pools: PutTenantPool, and
+// SetPoolSnapshot publishes a pool's next snapshot whole (the fake
+// streams followers the tenants that changed); PoolLoad reads what the
+// load reports counted (a replayed seq is not counted again),
+// PoolSessions and ReadyTenants the members' side; EndPoolSession,
+// LoseReportAnswers, SetPoolsUnavailable and HoldPools are its faults. The admin API works on the same state:
 // CreateKeyspace, ListMembers and Status answer from it, DrainMember and
 // Leave ask for a member's buckets (they stay asked back until released,
 // whatever the last Assign named them, and the member is granted nothing

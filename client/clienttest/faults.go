@@ -23,6 +23,9 @@ type faults struct {
 	joinHangs      int
 	releaseGate    *Gate
 	hotKeysGate    *Gate
+	poolsDown      bool
+	poolsGate      *Gate
+	loseReports    int
 	stallLeaves    bool
 	failures       map[string]*failure // procedure → what its calls fail with
 }
@@ -50,7 +53,7 @@ func errUnreachable() error {
 // refuseLocked returns the error that a new call of procedure is answered
 // with before it is served, if any.
 func (f *faults) refuseLocked(procedure string) error {
-	if f.unavailable || f.hotKeysDown && strings.HasPrefix(procedure, hotKeys) {
+	if f.unavailable || f.hotKeysDown && strings.HasPrefix(procedure, hotKeys) || f.poolsDown && strings.HasPrefix(procedure, tenantPools) {
 		return errUnreachable()
 	}
 	fl := f.failures[procedure]
@@ -75,7 +78,7 @@ type arrival struct {
 	joinDelay      time.Duration
 	joinHang       bool
 	releaseGate    *Gate
-	hotKeysGate    *Gate // the interceptor holds the call there
+	gate           *Gate // HoldHotKeys or HoldPools: the interceptor holds the call there
 	stallLeaves    bool
 }
 
@@ -99,7 +102,10 @@ func (f *faults) arrivalLocked(procedure string) arrival {
 		a.joinHang = true
 	}
 	if strings.HasPrefix(procedure, hotKeys) {
-		a.hotKeysGate = f.hotKeysGate
+		a.gate = f.hotKeysGate
+	}
+	if strings.HasPrefix(procedure, tenantPools) {
+		a.gate = f.poolsGate
 	}
 	return a
 }

@@ -81,18 +81,24 @@ func (r *Requests[T]) Len() int {
 }
 
 type observations struct {
-	joins      *Requests[*keyshardv1.JoinRequest]
-	keepAlives *Requests[*keyshardv1.KeepAliveRequest]
-	releases   *Requests[*keyshardv1.ReleaseRequest]
-	commits    *Requests[*keyshardv1.CommitRequest]
-	leaves     *Requests[*keyshardv1.LeaveRequest]
-	grantPolls *Requests[*keyshardv1.GetGrantsRequest]
-	mapPolls   *Requests[*keyshardv1.GetMapRequest]
-	mapWatches *Requests[*keyshardv1.WatchMapRequest]
-	reports    *Requests[*keyshardv1.ReportHotKeysRequest]
-	setPolls   *Requests[*keyshardv1.GetOverflowSetRequest]
-	setWatches *Requests[*keyshardv1.WatchOverflowSetRequest]
-	delays     *Requests[string]
+	joins          *Requests[*keyshardv1.JoinRequest]
+	keepAlives     *Requests[*keyshardv1.KeepAliveRequest]
+	releases       *Requests[*keyshardv1.ReleaseRequest]
+	commits        *Requests[*keyshardv1.CommitRequest]
+	leaves         *Requests[*keyshardv1.LeaveRequest]
+	grantPolls     *Requests[*keyshardv1.GetGrantsRequest]
+	mapPolls       *Requests[*keyshardv1.GetMapRequest]
+	mapWatches     *Requests[*keyshardv1.WatchMapRequest]
+	reports        *Requests[*keyshardv1.ReportHotKeysRequest]
+	setPolls       *Requests[*keyshardv1.GetOverflowSetRequest]
+	setWatches     *Requests[*keyshardv1.WatchOverflowSetRequest]
+	delays         *Requests[string]
+	poolJoins      *Requests[*keyshardv1.JoinPoolRequest]
+	poolKeepAlives *Requests[*keyshardv1.PoolKeepAliveRequest]
+	loadReports    *Requests[*keyshardv1.ReportLoadRequest]
+	readies        *Requests[*keyshardv1.MarkReadyRequest]
+	poolPolls      *Requests[*keyshardv1.GetPoolSnapshotRequest]
+	poolWatches    *Requests[*keyshardv1.WatchPoolSnapshotRequest]
 }
 
 // init makes the queues and returns, by procedure, the function that
@@ -110,18 +116,30 @@ func (o *observations) init() map[string]func(any) {
 	o.setPolls = newRequests[*keyshardv1.GetOverflowSetRequest]()
 	o.setWatches = newRequests[*keyshardv1.WatchOverflowSetRequest]()
 	o.delays = newRequests[string]()
+	o.poolJoins = newRequests[*keyshardv1.JoinPoolRequest]()
+	o.poolKeepAlives = newRequests[*keyshardv1.PoolKeepAliveRequest]()
+	o.loadReports = newRequests[*keyshardv1.ReportLoadRequest]()
+	o.readies = newRequests[*keyshardv1.MarkReadyRequest]()
+	o.poolPolls = newRequests[*keyshardv1.GetPoolSnapshotRequest]()
+	o.poolWatches = newRequests[*keyshardv1.WatchPoolSnapshotRequest]()
 	return map[string]func(any){
-		keyshardv1connect.MemberServiceJoinProcedure:             recorder(o.joins),
-		keyshardv1connect.MemberServiceKeepAliveProcedure:        recorder(o.keepAlives),
-		keyshardv1connect.MemberServiceReleaseProcedure:          recorder(o.releases),
-		keyshardv1connect.MemberServiceCommitProcedure:           recorder(o.commits),
-		keyshardv1connect.MemberServiceLeaveProcedure:            recorder(o.leaves),
-		keyshardv1connect.MemberServiceGetGrantsProcedure:        recorder(o.grantPolls),
-		keyshardv1connect.MapServiceGetMapProcedure:              recorder(o.mapPolls),
-		keyshardv1connect.MapServiceWatchMapProcedure:            recorder(o.mapWatches),
-		keyshardv1connect.HotKeyServiceReportHotKeysProcedure:    recorder(o.reports),
-		keyshardv1connect.HotKeyServiceGetOverflowSetProcedure:   recorder(o.setPolls),
-		keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure: recorder(o.setWatches),
+		keyshardv1connect.MemberServiceJoinProcedure:                  recorder(o.joins),
+		keyshardv1connect.MemberServiceKeepAliveProcedure:             recorder(o.keepAlives),
+		keyshardv1connect.MemberServiceReleaseProcedure:               recorder(o.releases),
+		keyshardv1connect.MemberServiceCommitProcedure:                recorder(o.commits),
+		keyshardv1connect.MemberServiceLeaveProcedure:                 recorder(o.leaves),
+		keyshardv1connect.MemberServiceGetGrantsProcedure:             recorder(o.grantPolls),
+		keyshardv1connect.MapServiceGetMapProcedure:                   recorder(o.mapPolls),
+		keyshardv1connect.MapServiceWatchMapProcedure:                 recorder(o.mapWatches),
+		keyshardv1connect.HotKeyServiceReportHotKeysProcedure:         recorder(o.reports),
+		keyshardv1connect.HotKeyServiceGetOverflowSetProcedure:        recorder(o.setPolls),
+		keyshardv1connect.HotKeyServiceWatchOverflowSetProcedure:      recorder(o.setWatches),
+		keyshardv1connect.TenantPoolServiceJoinPoolProcedure:          recorder(o.poolJoins),
+		keyshardv1connect.TenantPoolServicePoolKeepAliveProcedure:     recorder(o.poolKeepAlives),
+		keyshardv1connect.TenantPoolServiceReportLoadProcedure:        recorder(o.loadReports),
+		keyshardv1connect.TenantPoolServiceMarkReadyProcedure:         recorder(o.readies),
+		keyshardv1connect.TenantPoolServiceGetPoolSnapshotProcedure:   recorder(o.poolPolls),
+		keyshardv1connect.TenantPoolServiceWatchPoolSnapshotProcedure: recorder(o.poolWatches),
 	}
 }
 
@@ -174,3 +192,28 @@ func (s *Server) SetWatches() *Requests[*keyshardv1.WatchOverflowSetRequest] {
 // DelayKeepAlives delayed, each recorded once its fake-clock timer is
 // set: advancing the clock after taking one answers that call.
 func (s *Server) Delays() *Requests[string] { return s.obs.delays }
+
+// PoolJoins are the JoinPool requests received.
+func (s *Server) PoolJoins() *Requests[*keyshardv1.JoinPoolRequest] { return s.obs.poolJoins }
+
+// PoolKeepAlives are the PoolKeepAlive requests received.
+func (s *Server) PoolKeepAlives() *Requests[*keyshardv1.PoolKeepAliveRequest] {
+	return s.obs.poolKeepAlives
+}
+
+// LoadReports are the ReportLoad requests received, served, refused or
+// failed (PoolLoad says what the fake counted).
+func (s *Server) LoadReports() *Requests[*keyshardv1.ReportLoadRequest] { return s.obs.loadReports }
+
+// Readies are the MarkReady requests received.
+func (s *Server) Readies() *Requests[*keyshardv1.MarkReadyRequest] { return s.obs.readies }
+
+// PoolPolls are the GetPoolSnapshot requests received: a follower's first
+// read and its long polls.
+func (s *Server) PoolPolls() *Requests[*keyshardv1.GetPoolSnapshotRequest] { return s.obs.poolPolls }
+
+// PoolWatches are the WatchPoolSnapshot requests received: each opens a
+// stream.
+func (s *Server) PoolWatches() *Requests[*keyshardv1.WatchPoolSnapshotRequest] {
+	return s.obs.poolWatches
+}

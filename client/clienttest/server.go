@@ -31,8 +31,8 @@ type Options struct {
 	Clock *clocktest.Fake
 }
 
-// Server is a fake keyshard serve: the four services of keyshard.v1
-// (admin, member, map, hot keys) over a real HTTP server on loopback
+// Server is a fake keyshard serve: the five services of keyshard.v1
+// (admin, member, map, hot keys, tenant pools) over a real HTTP server on loopback
 // (HTTP/1.1 and h2c, so the Connect protocol and gRPC both work), whose
 // state the test scripts and whose faults the test switches on and off.
 // It names sessions s1, s2, ... in the order it serves Joins. Its methods
@@ -46,17 +46,20 @@ type Server struct {
 
 	closeOnce sync.Once
 
-	mu        sync.Mutex
-	changed   chan struct{} // closed and replaced on every state change
-	keyspaces map[string]*keyspace
-	sessions  map[string]*sessionState
-	nextID    int
-	lastToken uint64
-	pools     map[string]*keyshardv1.HotKeyPool
-	sets      map[string]*keyshardv1.OverflowSet
-	calls     map[string]int
-	replicas  []*Replica
-	faults    faults
+	mu              sync.Mutex
+	changed         chan struct{} // closed and replaced on every state change
+	keyspaces       map[string]*keyspace
+	sessions        map[string]*sessionState
+	nextID          int
+	lastToken       uint64
+	pools           map[string]*keyshardv1.HotKeyPool
+	sets            map[string]*keyshardv1.OverflowSet
+	tpools          map[string]*tenantPool
+	psessions       map[string]*poolSession
+	nextPoolSession int
+	calls           map[string]int
+	replicas        []*Replica
+	faults          faults
 
 	observers map[string]func(any) // procedure → its Requests' record
 	obs       observations
@@ -119,6 +122,8 @@ func newServer(tb testing.TB, opts Options) *Server {
 		sessions:  map[string]*sessionState{},
 		pools:     map[string]*keyshardv1.HotKeyPool{},
 		sets:      map[string]*keyshardv1.OverflowSet{},
+		tpools:    map[string]*tenantPool{},
+		psessions: map[string]*poolSession{},
 		calls:     map[string]int{},
 		faults:    faults{failures: map[string]*failure{}},
 	}
@@ -129,6 +134,7 @@ func newServer(tb testing.TB, opts Options) *Server {
 	mux.Handle(keyshardv1connect.NewMemberServiceHandler(memberService{s}, opt))
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(mapService{s}, opt))
 	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(hotKeyService{s}, opt))
+	mux.Handle(keyshardv1connect.NewTenantPoolServiceHandler(tenantPoolService{s}, opt))
 	s.srv = serve(mux)
 	return s
 }
@@ -310,7 +316,7 @@ func (i interceptor) arrived(ctx context.Context, procedure string, msg any) (ar
 		}
 		return s.faults.arrivalLocked(procedure), nil
 	}()
-	if err == nil && !a.hotKeysGate.wait(ctx, s.quit) {
+	if err == nil && !a.gate.wait(ctx, s.quit) {
 		err = errCancelled()
 	}
 	return a, err

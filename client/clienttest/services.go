@@ -510,7 +510,7 @@ func (h hotKeyService) WatchOverflowSet(ctx context.Context, r *connect.Request[
 // downLocked reports whether calls of service (a procedure prefix, or ""
 // for the member and map services) are cut off now.
 func (s *Server) downLocked(service string) bool {
-	return s.faults.unavailable || service == hotKeys && s.faults.hotKeysDown
+	return s.faults.unavailable || service == hotKeys && s.faults.hotKeysDown || service == tenantPools && s.faults.poolsDown
 }
 
 // longPoll answers a long poll that waits up to wait of fake time:

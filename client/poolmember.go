@@ -1,0 +1,288 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/clock"
+)
+
+// PoolMember is a server's membership of a tenant pool: a session that it
+// keeps alive from a goroutine of its own (PoolKeepAlive every third of
+// the lease TTL), re-joining by itself when the session is lost, and a
+// PoolFollower of the pool that says which tenants the server serves
+// (Serves, Tenants), so that it can prefetch their data and then report
+// them ready (MarkReady). Leave ends the session. Its methods are safe
+// for concurrent use.
+type PoolMember struct {
+	c      *Client
+	pool   string
+	member *keyshardv1.Member
+	clock  clock.Clock
+	log    *slog.Logger
+	ev     *emitter
+	f      *PoolFollower
+
+	cancel context.CancelFunc // stops the keep-alive goroutine
+	done   chan struct{}      // closed when it exited
+
+	mu      sync.Mutex
+	session string
+	ttl     time.Duration
+	renewed time.Time // when the session was last known alive
+	left    bool
+}
+
+// JoinPool joins tenant pool pool as member m (its ID, Address and Zone
+// place it; Weight 0 means 1) and returns once the session has started
+// and the member holds the pool's snapshot. ctx bounds only that; the
+// session lives until Leave, Close or the Client's Close. It takes the
+// options Clock, Logger, OnPoolEvent (which receives the member's events
+// and its follower's) and ReplaceMember.
+//
+// A failed Join that may pass (an unreachable control plane) is retried
+// until ctx ends. It returns an *ArgError for a bad pool name or member;
+// errors wrapping ErrNotFound (no such pool), ErrExists (the id is held by
+// a live session and ReplaceMember(true) was not given),
+// ErrUnauthenticated or ErrPermissionDenied (a member token is needed);
+// or ctx's error with the last failure.
+func (c *Client) JoinPool(ctx context.Context, pool string, m Member, opts ...PoolOption) (*PoolMember, error) {
+	const fn = "Client.JoinPool"
+	if err := validName(fn, "pool name", pool); err != nil {
+		return nil, err
+	}
+	pm, err := memberToProto(fn, m)
+	if err != nil {
+		return nil, err
+	}
+	o := newPoolOptions(c, opts)
+	p := &PoolMember{
+		c: c, pool: pool, member: pm, clock: o.clock,
+		log: o.log.With("tenant_pool", pool, "member", m.ID), ev: &emitter{f: o.onEvent},
+		done: make(chan struct{}),
+	}
+	if err := p.join(ctx, o.replace, true); err != nil {
+		return nil, err
+	}
+	p.f, err = c.followPool(ctx, pool, o, p.ev) // one emitter: events stay serialized
+	if err != nil {
+		p.leaveCall(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(c.ctx, cancel)
+	p.cancel = func() { stop(); cancel() }
+	go func() {
+		defer close(p.done)
+		p.keepAlive(kctx)
+	}()
+	return p, nil
+}
+
+// join starts a session, retrying failures that may pass until ctx ends.
+// first: the caller waits for it (permanent errors end it); otherwise a
+// re-join, which retries everything but ErrClosed and bad arguments.
+func (p *PoolMember) join(ctx context.Context, replace, first bool) error {
+	var b backoff
+	p.mu.Lock()
+	ttl := p.ttl // 0 before the first session: calls are bounded by ReplicaTimeout per replica
+	p.mu.Unlock()
+	for {
+		// A re-join is bounded by the lease TTL: one that hangs is
+		// abandoned and retried (asking to replace what it may have made).
+		resp, err := callWithin(ctx, p.c, poolAPI.JoinPool, &keyshardv1.JoinPoolRequest{Pool: p.pool, Member: p.member, Replace: replace}, budget{within: ttl})
+		if err == nil {
+			now := p.clock.Now()
+			ttl := resp.GetLeaseTtl().AsDuration()
+			if ttl <= 0 {
+				ttl = 10 * time.Second
+			}
+			p.mu.Lock()
+			p.session, p.ttl, p.renewed = resp.GetSession(), ttl, now
+			p.mu.Unlock()
+			p.log.Info("keyshard: joined the tenant pool", "session", resp.GetSession(), "lease_ttl", ttl)
+			p.ev.emit(PoolEvent{Kind: PoolJoined, Pool: p.pool, Session: resp.GetSession()})
+			return nil
+		}
+		if ctx.Err() != nil {
+			if first {
+				return fmt.Errorf("join tenant pool %q as %q: %w (last attempt: %w)", p.pool, p.member.GetId(), ctx.Err(), err)
+			}
+			return ctx.Err()
+		}
+		if errors.Is(err, ErrClosed) || (first && (permanent(err, false) || errors.Is(err, ErrExists))) {
+			return fmt.Errorf("join tenant pool %q as %q: %w", p.pool, p.member.GetId(), err)
+		}
+		// An answer lost on the way may have started a session: replace it.
+		replace = true
+		p.log.Warn("keyshard: cannot join the tenant pool; retrying", "err", err)
+		if !sleep(ctx, p.clock, b.next()) {
+			return ctx.Err()
+		}
+	}
+}
+
+// keepAlive renews the session every third of its TTL until ctx ends,
+// re-joining when it is lost.
+func (p *PoolMember) keepAlive(ctx context.Context) {
+	var b backoff
+	wait := p.interval()
+	for {
+		if !sleep(ctx, p.clock, wait) {
+			return
+		}
+		p.mu.Lock()
+		session, ttl, renewed := p.session, p.ttl, p.renewed
+		p.mu.Unlock()
+		left := ttl - p.clock.Since(renewed)
+		var err error
+		if left > 0 {
+			_, err = callWithin(ctx, p.c, poolAPI.PoolKeepAlive, &keyshardv1.PoolKeepAliveRequest{Session: session}, budget{within: left})
+		} else {
+			err = fmt.Errorf("%w: no keep-alive answered within the lease TTL %v", ErrSessionLost, ttl)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			b.reset()
+			p.mu.Lock()
+			p.renewed = p.clock.Now()
+			p.mu.Unlock()
+			wait = p.interval()
+			continue
+		case errors.Is(err, ErrClosed):
+			return
+		case errors.Is(err, ErrNotFound), errors.Is(err, ErrSessionLost), p.clock.Since(renewed) >= ttl:
+			lost := fmt.Errorf("%w: session %s of tenant pool %q: %w", ErrSessionLost, session, p.pool, err)
+			p.log.Error("keyshard: tenant pool session lost; re-joining", "err", lost)
+			p.ev.emit(PoolEvent{Kind: PoolSessionLost, Pool: p.pool, Session: session, Err: lost})
+			if p.join(ctx, true, false) != nil {
+				return
+			}
+			b.reset()
+			wait = p.interval()
+		default:
+			p.log.Warn("keyshard: tenant pool keep-alive failed; retrying", "err", err)
+			wait = min(b.next(), max(ttl/6, time.Millisecond))
+		}
+	}
+}
+
+func (p *PoolMember) interval() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(p.ttl/3, time.Millisecond)
+}
+
+// Session returns the id of the member's current session.
+func (p *PoolMember) Session() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.session
+}
+
+// Follower returns the member's follower of the pool's snapshot.
+func (p *PoolMember) Follower() *PoolFollower { return p.f }
+
+// Serves reports whether this member serves tenant (see
+// PoolFollower.Serves).
+func (p *PoolMember) Serves(tenant string) bool { return p.f.Serves(p.member.GetId(), tenant) }
+
+// Tenants returns the tenants of the snapshot this member serves, sorted
+// (see PoolFollower.Tenants); read-only.
+func (p *PoolMember) Tenants() []string { return p.f.Tenants(p.member.GetId()) }
+
+// PoolReady is the answer of MarkReady.
+type PoolReady struct {
+	// Marked counts the tenants marked ready; Ignored those the member is
+	// not placed on (as the leader sees it).
+	Marked, Ignored int
+}
+
+// MarkReady tells the leader that this member has loaded what it needs to
+// serve tenants, so that clients may read them from it before the pool's
+// warm-up ends. It sends batches of at most MaxPoolBatch tenants, one
+// call each, in order; if one fails it returns what the calls before
+// marked and the error (the tenants of the failed call and after are not
+// marked: call again). It returns an *ArgError naming the first empty or
+// too long tenant before any call; an error wrapping ErrNotFound if the
+// session was lost meanwhile (the member re-joins by itself: mark again
+// once it has).
+func (p *PoolMember) MarkReady(ctx context.Context, tenants ...string) (PoolReady, error) {
+	var out PoolReady
+	for i, t := range tenants {
+		if err := validTenant("PoolMember.MarkReady", fmt.Sprintf("tenants[%d]", i), t); err != nil {
+			return out, err
+		}
+	}
+	session := p.Session()
+	for len(tenants) > 0 {
+		n := min(len(tenants), MaxPoolBatch)
+		resp, err := call(ctx, p.c, poolAPI.MarkReady, &keyshardv1.MarkReadyRequest{Session: session, Tenants: tenants[:n]})
+		if err != nil {
+			return out, fmt.Errorf("mark %d tenants ready in tenant pool %q: %w", n, p.pool, err)
+		}
+		out.Marked += int(resp.GetMarked())
+		out.Ignored += int(resp.GetIgnored())
+		tenants = tenants[n:]
+	}
+	return out, nil
+}
+
+// Leave ends the session (the member leaves every subset at the leader's
+// next round, and stays a read target for the pool's lookback), stops the
+// keep-alives and the follower. A session already gone is not an error.
+// Later calls return nil.
+func (p *PoolMember) Leave(ctx context.Context) error {
+	if !p.stop() {
+		return nil
+	}
+	return p.leaveCall(ctx)
+}
+
+func (p *PoolMember) leaveCall(ctx context.Context) error {
+	_, err := call(ctx, p.c, poolAPI.LeavePool, &keyshardv1.LeavePoolRequest{Session: p.Session()})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("leave tenant pool %q: %w", p.pool, err)
+	}
+	return nil
+}
+
+// Close stops the keep-alives and the follower without leaving: the
+// session ends when its lease runs out. Use Leave to leave at once. Close
+// is idempotent and returns nil.
+func (p *PoolMember) Close() error {
+	p.stop()
+	return nil
+}
+
+// stop stops the goroutines once; it reports whether this call did.
+func (p *PoolMember) stop() bool {
+	p.mu.Lock()
+	first := !p.left
+	p.left = true
+	p.mu.Unlock()
+	if first {
+		p.cancel()
+		<-p.done
+		p.f.Close()
+	}
+	return first
+}
+
+// validTenant checks a tenant id given to fn as arg.
+func validTenant(fn, arg, t string) error {
+	switch {
+	case t == "":
+		return argError(fn, arg, "is empty")
+	case len(t) > MaxTenantLen:
+		return argError(fn, arg, "%.20q... is %d bytes long; the limit is %d", t, len(t), MaxTenantLen)
+	}
+	return nil
+}
