@@ -341,9 +341,12 @@ func (a *Aggregator) col(x int64) []int64 {
 func (a *Aggregator) rate(t int32) float64 {
 	k := min(int64(a.cfg.Buckets), a.cur-a.first)
 	if k == 0 {
-		return float64(a.col(a.cur)[t]) / float64(a.width) * 1e9
+		return float64(a.col(a.cur)[t]) / (a.cfg.Window.Seconds() / float64(a.cfg.Buckets))
 	}
-	return float64(a.sum[t]) / (float64(k*a.width) / 1e9)
+	// The nominal span (k buckets of Window/Buckets), not k*width: width
+	// is truncated to whole nanoseconds, and dividing by it would read a
+	// steady 50/s as 50.00000002/s.
+	return float64(a.sum[t]) / (float64(k) * a.cfg.Window.Seconds() / float64(a.cfg.Buckets))
 }
 
 // Rates returns the rate (counts per second) of every tenant reported

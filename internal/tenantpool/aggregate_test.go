@@ -191,3 +191,22 @@ func TestAggregatorBounded(t *testing.T) {
 		t.Fatalf("%d tenants, %d slots; want at most the 11 reported within the window and the current bucket", n, len(a.names))
 	}
 }
+
+// A window that Buckets does not divide into whole nanoseconds still reads
+// a steady rate exactly, so ceil(rate/capacity) does not round up a hair.
+func TestAggregatorOddWindowExact(t *testing.T) {
+	a, err := NewAggregator(AggregatorConfig{Window: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	for i := range 40 {
+		now = now.Add(time.Second)
+		if _, err := a.Add(Report{Reporter: "r", Seq: uint64(i + 1), Time: now, Counts: []Count{{Tenant: "t", N: 50}}}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, _ := a.Rate("t", now); r != 50 {
+		t.Fatalf("rate %v; want exactly 50", r)
+	}
+}
