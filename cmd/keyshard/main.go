@@ -39,6 +39,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServe(), newDemo(), newBench(), newHotKeys(), newChaos())
+	addPoolCommands(root)
 	addAdminCommands(root)
 	return root
 }

@@ -70,9 +70,13 @@ func (l *tpLeader) ask(ctx context.Context, r tpReq) (tpReply, error) {
 
 // leaderPool is one pool as the leader's loop holds it.
 type leaderPool struct {
-	window  time.Duration
-	agg     *tenantpool.Aggregator
-	loaded  bool
+	window time.Duration
+	agg    *tenantpool.Aggregator
+	since  time.Time // when agg started measuring
+	loaded bool
+	// pl owns the state from the load on; st is its last round's State,
+	// valid until pl's next round (rounds and answers run on one goroutine).
+	pl      *tenantpool.Planner
 	st      tenantpool.State
 	meta    *store.TenantMeta // as stored; nil: nothing stored yet
 	ix      *store.ChunkIndex
@@ -166,7 +170,8 @@ func (s *Server) leaderPool(pools map[string]*leaderPool, name string) (*leaderP
 			lp = &leaderPool{}
 			pools[name] = lp
 		}
-		lp.agg, lp.window = agg, cfg.Window
+		lp.agg, lp.window, lp.since = agg, cfg.Window, s.clock.Now()
+		agg.Start(lp.since)
 	}
 	return lp, cfg, nil
 }
@@ -181,7 +186,7 @@ func (s *Server) loadPool(ctx context.Context, name string, lp *leaderPool) erro
 	if err != nil {
 		return fmt.Errorf("load the state of tenant pool %q: %w", name, err)
 	}
-	lp.st, lp.loaded, lp.meta = st, true, nil
+	lp.st, lp.pl, lp.loaded, lp.meta = st, tenantpool.NewPlanner(st), true, nil
 	if ok {
 		lp.meta = &meta
 	}
@@ -270,21 +275,29 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 	if err := s.loadPool(ctx, name, lp); err != nil {
 		return err
 	}
-	st := lp.st
 	touched := map[string]bool{}
 	if len(lp.pending) > 0 {
-		next, _, err := tenantpool.MarkReady(st, lp.pending)
-		if err != nil {
+		if _, _, err := lp.pl.MarkReady(lp.pending); err != nil {
 			lp.pending = nil
 			return fmt.Errorf("mark ready: %w", err)
 		}
 		for _, m := range lp.pending {
 			touched[m.Tenant] = true
 		}
-		st = next
 	}
-	next, ch, err := tenantpool.Plan(st, w.members, lp.agg.Rates(now), cfg.Policy, now)
+	// Until the aggregator has measured a whole window (a new leader, a
+	// new pool), the round sizes nobody: see tenantpool.Planner.Hold.
+	var (
+		next tenantpool.State
+		ch   tenantpool.Changes
+	)
+	if now.Sub(lp.since) < cfg.Window {
+		next, ch, err = lp.pl.Hold(w.members, cfg.Policy, now)
+	} else {
+		next, ch, err = lp.pl.Plan(w.members, lp.agg.Rates(now), cfg.Policy, now)
+	}
 	if err != nil {
+		lp.loaded = false // the Planner may be part way: reload at the next round
 		return fmt.Errorf("plan: %w", err)
 	}
 	for _, t := range ch.Tenants {
@@ -305,9 +318,10 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 		_, err = s.store.Commit(ctx, fence, writes, []store.Expect{{Key: store.TenantPoolKey(name), ModRevision: w.cfgRev}})
 	}
 	if err != nil {
-		// Put the index back as the state it describes: the round is
-		// planned again from lp.st at the next tick.
-		lp.ix = store.NewChunkIndex(lp.st)
+		// The Planner has moved on to a state that was not stored: reload
+		// the stored one at the next round and plan again from it (pending
+		// readiness marks are kept).
+		lp.loaded = false
 		return fmt.Errorf("write the state: %w", err)
 	}
 	lp.pending = nil

@@ -466,6 +466,7 @@ func TestTenantPoolLookbackAndReadiness(t *testing.T) {
 			e.step(l, time.Second)
 		}
 	}
+	e.step(l, 12*time.Second) // a window: the leader sizes nobody before it has measured one
 	load(2*time.Second, 5)
 	first := e.waitTenant(r, "gw", "t", func(s *v1.TenantStatus) bool { return s.Known })
 	load(10*time.Second, 30)
@@ -579,6 +580,7 @@ func TestTenantPoolChunkWrites(t *testing.T) {
 	for i := range 2000 {
 		counts[fmt.Sprintf("tenant-%04d", i)] = 1
 	}
+	e.step(l, 12*time.Second) // a window: the leader sizes nobody before it has measured one
 	e.report(r, "gw", "c1", 1, counts)
 	e.step(l, time.Second)
 	full := l.srv.LastTenantPoolWrite("gw")

@@ -291,6 +291,12 @@ func (a *Aggregator) nanos(now time.Time) int64 {
 	return n
 }
 
+// Start begins the measurement at now, before any report: rates then
+// divide by the time measured since now (not since the first report),
+// so an aggregator started when its leader's term began reads a tenant
+// that reports late in the window at its true rate.
+func (a *Aggregator) Start(now time.Time) { a.advance(now) }
+
 // advance moves the window to now: completes the current bucket, expires
 // the buckets that left the window, forgets idle tenants and reporters.
 func (a *Aggregator) advance(now time.Time) {

@@ -197,6 +197,25 @@ func (pl *Planner) State() State { return pl.st }
 // Plan runs one round, like the function Plan from the Planner's State.
 // On error nothing changes.
 func (pl *Planner) Plan(members []placement.Member, rates map[string]float64, p Policy, now time.Time) (State, Changes, error) {
+	return pl.plan(members, rates, p, now, false)
+}
+
+// Hold runs a round that sizes nobody: every tenant keeps its size and
+// its cooldown bookkeeping (clamped to the members available, and growing
+// back to what it wanted when they return, as NextSize does), a fixed
+// override still applies, no tenant is added, none goes idle or is
+// forgotten. Members' joins and leaves are placed as by Plan, readiness
+// and lookback included.
+//
+// The leader holds while its measurement is younger than one window (a
+// new leader after a failover, or a new pool): a rate measured over part
+// of a window is noisy, and read as a rate it could grow a tenant that
+// did not grow, or start a shrink's cooldown for one that did not shrink.
+func (pl *Planner) Hold(members []placement.Member, p Policy, now time.Time) (State, Changes, error) {
+	return pl.plan(members, nil, p, now, true)
+}
+
+func (pl *Planner) plan(members []placement.Member, rates map[string]float64, p Policy, now time.Time, hold bool) (State, Changes, error) {
 	prev := pl.st
 	if err := p.Validate(); err != nil {
 		return prev, Changes{}, err
@@ -307,12 +326,13 @@ func (pl *Planner) Plan(members []placement.Member, rates map[string]float64, p 
 		}
 		ts := old
 		switch {
+		case hold:
 		case reported:
 			ts.IdleSince = time.Time{}
 		case ts.IdleSince.IsZero():
 			ts.IdleSince = now
 		}
-		if !reported && p.ForgetAfter > 0 && now.Sub(ts.IdleSince) >= p.ForgetAfter {
+		if !hold && !reported && p.ForgetAfter > 0 && now.Sub(ts.IdleSince) >= p.ForgetAfter {
 			ch.Dropped = append(ch.Dropped, id)
 			ch.Tenants = append(ch.Tenants, id)
 			if keptNames == nil {
@@ -348,10 +368,20 @@ func (pl *Planner) Plan(members []placement.Member, rates map[string]float64, p 
 			if pool.eligible < n {
 				ts.Size.Size = pool.eligible
 			}
+		} else if hold {
+			// As NextSize's clamp to the pool: Wanted is kept, so the size
+			// grows back to it when members return.
+			if pool.eligible > 0 {
+				ts.Size.Size = min(max(ts.Size.Size, ts.Size.Wanted), pool.eligible)
+			}
 		} else if ts.Size, err = placement.NextSize(ts.Size, rate, pool.eligible, now, p.SizePolicy(id, pool.zones)); err != nil {
 			return prev, Changes{}, err
 		}
-		if ts.Size.Size != old.Size.Size || !isKnown {
+		if hold && ts.Size.Size != old.Size.Size {
+			ts.Why = fmt.Sprintf("%d members available (load not measured for a window yet) → %d", pool.eligible, ts.Size.Size)
+			ts.When = now
+			ch.Sizes = append(ch.Sizes, SizeChange{Tenant: id, From: old.Size.Size, To: ts.Size.Size, Why: ts.Why})
+		} else if ts.Size.Size != old.Size.Size || !isKnown {
 			ts.Why = explain(p, id, rate, isKnown, old.Size.Size, ts.Size, pool)
 			ts.When = now
 			ch.Sizes = append(ch.Sizes, SizeChange{Tenant: id, From: old.Size.Size, To: ts.Size.Size, Why: ts.Why})

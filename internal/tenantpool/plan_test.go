@@ -480,3 +480,55 @@ func TestForget(t *testing.T) {
 		t.Fatalf("idle tenant not forgotten: %+v", ch)
 	}
 }
+
+// TestHold: a held round sizes nobody (a rate measured over part of a
+// window is not read), adds no tenant, starts no idle time, but places
+// members' joins and leaves, and clamps to the members available.
+func TestHold(t *testing.T) {
+	p := goodPolicy()
+	p.ShrinkCooldown = time.Minute
+	p.ForgetAfter = time.Minute
+	members := pool(8, 1)
+	pl := NewPlanner(State{})
+	st, _, err := pl.Plan(members, map[string]float64{"a": 50, "b": 5}, p, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := st.Tenants["a"], st.Tenants["b"]
+	if a.Size.Size != 5 || b.Size.Size != 1 {
+		t.Fatalf("sizes a=%d b=%d; want 5 and 1", a.Size.Size, b.Size.Size)
+	}
+	// Held for two forget periods, with a member leaving from a's subset:
+	// a keeps its size, the leaver is replaced, b is not forgotten.
+	gone := a.Members[0].ID
+	var left []placement.Member
+	for _, m := range members {
+		if m.ID != gone {
+			left = append(left, m)
+		}
+	}
+	now := t0
+	for range 3 {
+		now = now.Add(time.Minute)
+		if st, _, err = pl.Hold(left, p, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a2, b2 := st.Tenants["a"], st.Tenants["b"]
+	if a2.Size != a.Size || b2.Size != b.Size || !b2.IdleSince.IsZero() {
+		t.Fatalf("held: a %+v (was %+v), b %+v (was %+v); want sizes and cooldowns unchanged, no idle time", a2.Size, a.Size, b2.Size, b.Size)
+	}
+	if len(a2.Members) != 5 || slices.ContainsFunc(a2.Members, func(m Placement) bool { return m.ID == gone }) {
+		t.Fatalf("a's subset %+v; want 5 members without %s", a2.Members, gone)
+	}
+	// Only 3 members left: clamped; back to 8: grows back to what it wanted.
+	if st, _, err = pl.Hold(members[:3], p, now.Add(time.Second)); err != nil || st.Tenants["a"].Size.Size != 3 {
+		t.Fatalf("3 members: a's size %d (%v); want 3", st.Tenants["a"].Size.Size, err)
+	}
+	if st, _, err = pl.Hold(members, p, now.Add(2*time.Second)); err != nil || st.Tenants["a"].Size.Size != 5 {
+		t.Fatalf("8 members again: a's size %d (%v); want 5", st.Tenants["a"].Size.Size, err)
+	}
+	if _, ok := st.Tenants["c"]; ok {
+		t.Fatal("a held round added a tenant")
+	}
+}
