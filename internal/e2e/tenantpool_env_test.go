@@ -41,7 +41,7 @@ type tpEnv struct {
 
 func newTPEnv(t *testing.T, replicas int) *tpEnv {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for failing, never a pace
 	t.Cleanup(cancel)
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: t.TempDir()})
 	if err != nil {
