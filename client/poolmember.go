@@ -128,12 +128,16 @@ func (p *PoolMember) join(ctx context.Context, replace, first bool) error {
 }
 
 // keepAlive renews the session every third of its TTL until ctx ends,
-// re-joining when it is lost.
+// re-joining when it is lost. The first keep-alive of a session goes at
+// once: the leader places a member only once its session was renewed.
 func (p *PoolMember) keepAlive(ctx context.Context) {
 	var b backoff
-	wait := p.interval()
+	wait := time.Duration(0)
 	for {
-		if !sleep(ctx, p.clock, wait) {
+		if wait > 0 && !sleep(ctx, p.clock, wait) {
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		p.mu.Lock()
@@ -166,7 +170,7 @@ func (p *PoolMember) keepAlive(ctx context.Context) {
 				return
 			}
 			b.reset()
-			wait = p.interval()
+			wait = 0 // the new session is placed once renewed
 		default:
 			p.log.Warn("keyshard: tenant pool keep-alive failed; retrying", "err", err)
 			wait = min(b.next(), max(ttl/6, time.Millisecond))

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -56,8 +57,12 @@ type poolPub struct {
 	snap      *tenantpool.Snapshot
 	assign    map[string]*v1.TenantAssignment
 
+	// full is every assignment sorted by tenant, built once on demand
+	// (fullOnce) or taken from the previous pub of the same version;
+	// atomic because a rebuild reads the previous pub's while a call may
+	// be building it.
 	fullOnce sync.Once
-	full     []*v1.TenantAssignment // sorted by tenant
+	full     atomic.Pointer[[]*v1.TenantAssignment]
 }
 
 // tpTouch says what of a pool an update changed.
@@ -202,9 +207,10 @@ func (tv *tpView) newPub(name string, ps *store.TenantPoolState, snap *tenantpoo
 		}
 		p.members = append(p.members, mem)
 	}
-	if keep != nil && keep.full != nil {
-		p.full = keep.full
-		p.fullOnce.Do(func() {})
+	if keep != nil {
+		if full := keep.full.Load(); full != nil {
+			p.full.Store(full)
+		}
 	}
 	return p
 }
@@ -253,14 +259,21 @@ func tsProto(t time.Time) *timestamppb.Timestamp {
 
 // fullList returns every tenant's assignment, sorted by tenant.
 func (p *poolPub) fullList() []*v1.TenantAssignment {
+	if full := p.full.Load(); full != nil {
+		return *full
+	}
 	p.fullOnce.Do(func() {
-		ids := slices.Sorted(maps.Keys(p.assign))
-		p.full = make([]*v1.TenantAssignment, len(ids))
-		for i, id := range ids {
-			p.full[i] = p.assign[id]
+		if p.full.Load() != nil {
+			return
 		}
+		ids := slices.Sorted(maps.Keys(p.assign))
+		full := make([]*v1.TenantAssignment, len(ids))
+		for i, id := range ids {
+			full[i] = p.assign[id]
+		}
+		p.full.Store(&full)
 	})
-	return p.full
+	return *p.full.Load()
 }
 
 // snapshotProto is the full snapshot.
