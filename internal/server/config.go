@@ -45,9 +45,9 @@ type Config struct {
 	// existing pool keeps its stored settings (change them with
 	// `keyshard hotkeys pool put`).
 	HotKeyPools []HotKeyPoolConfig `yaml:"hotkey_pools"`
-	// TenantPools are created at start if they do not exist yet; an
-	// existing pool keeps its stored settings (change them with
-	// PutTenantPool).
+	// TenantPools are created at start, or updated to these settings if
+	// they exist with others: the config file declares them. Pools not
+	// listed are left alone.
 	TenantPools []TenantPoolConfig `yaml:"tenant_pools"`
 	// AdvertiseURL is the URL other replicas reach this one's API at, to
 	// forward tenant-pool calls to it while it leads. Default:

@@ -547,10 +547,16 @@ func (s *Server) createTenantPools(ctx context.Context) error {
 			if gerr != nil {
 				return fmt.Errorf("read tenant pool %q: %w", p.Name, gerr)
 			}
-			if fmt.Sprintf("%+v", have) != fmt.Sprintf("%+v", p) {
-				s.log.Warn("tenant pool exists with other settings than the config; keeping the stored ones (change them with PutTenantPool)",
-					"pool", p.Name, "stored", fmt.Sprintf("%+v", have), "config", fmt.Sprintf("%+v", p))
+			if fmt.Sprintf("%+v", have) == fmt.Sprintf("%+v", p) {
+				continue
 			}
+			// The config file declares the pool: its settings win at start
+			// over changes made through the API since.
+			if _, err := s.store.PutTenantPool(ctx, p); err != nil {
+				return fmt.Errorf("update tenant pool %q from the config: %w", p.Name, err)
+			}
+			s.log.Info("updated tenant pool from config (it had other settings, perhaps changed through the API since)",
+				"pool", p.Name, "was", fmt.Sprintf("%+v", have), "now", fmt.Sprintf("%+v", p))
 		default:
 			return fmt.Errorf("create tenant pool %q: %w", p.Name, err)
 		}

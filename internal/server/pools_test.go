@@ -603,3 +603,37 @@ func TestTenantPoolChunkWrites(t *testing.T) {
 	}
 	t.Logf("bytes written: all %d tenants %d; one tenant's change %d (%d keys)", full.Tenants, full.Bytes, one.Bytes, one.Writes)
 }
+
+// TestTenantPoolsFromConfig: the config file declares pools: created at
+// start, and set back to the config's settings at the next start after a
+// change through the API.
+func TestTenantPoolsFromConfig(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv := keyshardtest.NewServer(t, keyshardtest.Options{AdminToken: adminToken, MemberToken: memberToken,
+		Internal: &kitseam.Options{Config: func(c *server.Config) {
+			c.TenantPools = []server.TenantPoolConfig{{Name: "gw", Policy: server.TenantPoolPolicyConfig{CapacityPerMember: 10, MaxSize: 8}}}
+		}}})
+	admin := keyshardv1connect.NewTenantPoolServiceClient(http.DefaultClient, srv.URL(), connect.WithInterceptors(bearerToken(adminToken)))
+	policy := func() *v1.TenantPoolPolicy {
+		t.Helper()
+		l, err := admin.ListTenantPools(ctx, connect.NewRequest(&v1.ListTenantPoolsRequest{}))
+		if err != nil || len(l.Msg.Pools) != 1 || l.Msg.Pools[0].Pool.Name != "gw" {
+			t.Fatalf("pools %v, %v; want gw", l, err)
+		}
+		return l.Msg.Pools[0].Pool.Policy
+	}
+	if p := policy(); p.CapacityPerMember != 10 || p.MaxSize != 8 {
+		t.Fatalf("created from config: %v; want capacity 10, max 8", p)
+	}
+	if _, err := admin.PutTenantPool(ctx, connect.NewRequest(&v1.PutTenantPoolRequest{Pool: &v1.TenantPool{Name: "gw", Policy: &v1.TenantPoolPolicy{CapacityPerMember: 20}}})); err != nil {
+		t.Fatal(err)
+	}
+	if p := policy(); p.CapacityPerMember != 20 || p.MaxSize != 0 {
+		t.Fatalf("after PutTenantPool: %v; want capacity 20, no max", p)
+	}
+	srv.Restart()
+	if p := policy(); p.CapacityPerMember != 10 || p.MaxSize != 8 {
+		t.Fatalf("after a restart: %v; want the config's capacity 10, max 8 again", p)
+	}
+}
