@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/store"
 )
 
 // leaveEnv is a pool of six members with one tenant "t" of size 3,
@@ -190,5 +192,108 @@ func TestTenantPoolLeavingCrash(t *testing.T) {
 	_, err := e.r.member.LeavePool(e.ctx, connect.NewRequest(&v1.LeavePoolRequest{Session: e.sessions[gone]}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("LeavePool of the expired session: %v; want not_found", err)
+	}
+}
+
+// TestTenantPoolSDKLeave: the Go SDK's Leave against a real server: the
+// member drains (a removed read target for the lookback, keep-alives
+// going), then Leave ends the session.
+func TestTenantPoolSDKLeave(t *testing.T) {
+	e := newTPEnv(t, 1)
+	r := e.rs[0]
+	l := e.leader()
+	p := basicPool("gw")
+	p.Policy.Lookback = durationpb.New(10 * time.Second)
+	p.Policy.MinSize = 4 // every member serves "t"
+	e.putPool(r, p)
+	for i := 1; i < 4; i++ {
+		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
+	}
+	c := r.Client(client.Token(memberToken), client.Clock(e.clk))
+	events := make(chan client.PoolEvent, 64)
+	m, err := c.JoinPool(e.ctx, "gw", client.Member{ID: "m0", Address: "m0:80"}, client.OnPoolEvent(func(ev client.PoolEvent) {
+		if ev.Kind == client.PoolDraining || ev.Kind == client.PoolLeft {
+			events <- ev
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	load := func(d time.Duration) {
+		for range int(d / time.Second) {
+			seq++
+			e.report(r, "gw", "c1", seq, map[string]int64{"t": 1})
+			e.step(l, time.Second)
+		}
+	}
+	// m0 is placed once its first keep-alive (a third of the TTL) made it
+	// active.
+	for !slices.Contains(subset(e.tenant(r, "gw", "t").Assignment), "m0") {
+		if e.clk.Now().Sub(tpT0) > time.Minute {
+			t.Fatal("m0 is not placed after a minute")
+		}
+		load(time.Second)
+	}
+	if err := m.Follower().WaitVersion(e.ctx, e.tenantVersion(r)); err != nil {
+		t.Fatal(err)
+	}
+
+	res := make(chan error, 1)
+	go func() { res <- m.Leave(e.ctx) }()
+	if ev := <-events; ev.Kind != client.PoolDraining || ev.Tenants != 1 {
+		t.Fatalf("event %+v; want draining, 1 tenant", ev)
+	}
+	load(time.Second)
+	a := e.waitTenant(r, "gw", "t", func(s *v1.TenantStatus) bool { return len(s.Assignment.Removed) > 0 }).Assignment
+	if a.Removed[0].Member != "m0" || !slices.Contains(targetsAt(a, e.clk.Now()), "m0") {
+		t.Fatalf("after Leave began: %v; want m0 removed, still a target", a)
+	}
+	// The lookback passes, the member's keep-alives going (two thirds of
+	// the TTL at a time would have lost it otherwise).
+	for {
+		load(time.Second)
+		select {
+		case err := <-res:
+			if err != nil {
+				t.Fatalf("Leave: %v", err)
+			}
+			if ev := lastEvent(events); ev.Kind != client.PoolLeft || ev.Err != nil {
+				t.Fatalf("last event %+v; want left", ev)
+			}
+			if e.clk.Now().Sub(a.Removed[0].At.AsTime()) < 10*time.Second {
+				t.Fatalf("Leave returned %v after the removal; want the lookback of 10s", e.clk.Now().Sub(a.Removed[0].At.AsTime()))
+			}
+			if err := r.srv.WaitView(e.ctx, func(snap *store.Snapshot) bool { _, ok := snap.TenantPools["gw"].Members["m0"]; return !ok }); err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+		}
+		if e.clk.Now().Sub(a.Removed[0].At.AsTime()) > time.Minute {
+			t.Fatal("Leave has not returned a minute after the removal")
+		}
+	}
+}
+
+// tenantVersion returns r's current snapshot version of pool gw.
+func (e *tpEnv) tenantVersion(r *tpReplica) uint64 {
+	e.t.Helper()
+	resp, err := r.member.GetPoolSnapshot(e.ctx, connect.NewRequest(&v1.GetPoolSnapshotRequest{Pool: "gw"}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.Msg.Snapshot.Version
+}
+
+// lastEvent drains events and returns the last one.
+func lastEvent(events chan client.PoolEvent) client.PoolEvent {
+	var ev client.PoolEvent
+	for {
+		select {
+		case ev = <-events:
+		default:
+			return ev
+		}
 	}
 }
