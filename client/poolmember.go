@@ -308,7 +308,9 @@ func (p *PoolMember) Leave(ctx context.Context) error {
 	done := resp.GetDone()
 	for !done {
 		snap := p.f.cur.Load()
-		if snap.drained(id) {
+		// A snapshot older than the server's answer may not place the
+		// member yet: judge from that version on.
+		if snap.version >= resp.GetVersion() && snap.drained(id) {
 			break
 		}
 		if n, u := len(snap.byMem[id]), snap.readUntil(id); n != tenants || !u.Equal(until) {

@@ -359,6 +359,7 @@ func (h tenantPoolService) LeavePool(_ context.Context, r *connect.Request[keysh
 		}
 	}
 	resp.Done = !placed && resp.Tenants == 0
+	resp.Version = snap.GetVersion()
 	if r.Msg.GetEndSession() {
 		x.gone = true
 	} else {

@@ -243,7 +243,7 @@ func (s *Server) leaveProgress(sess poolSession) *v1.LeavePoolResponse {
 		}
 	}
 	snap := tv.pub.snap
-	resp := &v1.LeavePoolResponse{Tenants: uint32(len(snap.Tenants(sess.member)))}
+	resp := &v1.LeavePoolResponse{Tenants: uint32(len(snap.Tenants(sess.member))), Version: tv.pub.version}
 	resp.Done = !placed && resp.Tenants == 0
 	if until, ok := snap.ReadUntil(sess.member); ok && !placed && !resp.Done {
 		resp.ReadUntil = tsProto(until)

@@ -134,8 +134,8 @@ func TestTenantPoolGracefulLeave(t *testing.T) {
 		e.load(5 * time.Second)
 	}
 	e.waitTenant(e.r, "gw", "t", func(s *v1.TenantStatus) bool { return len(s.Assignment.Removed) == 0 })
-	if done := e.leave(gone, false); !done.Done || done.Tenants != 0 || done.ReadUntil != nil {
-		t.Fatalf("LeavePool after the lookback = %v; want done", done)
+	if done := e.leave(gone, false); !done.Done || done.Tenants != 0 || done.ReadUntil != nil || done.Version != e.tenantVersion(e.r) {
+		t.Fatalf("LeavePool after the lookback = %v; want done at version %d", done, e.tenantVersion(e.r))
 	}
 	if end := e.leave(gone, true); !end.Done {
 		t.Fatalf("end_session after the drain = %v; want done", end)

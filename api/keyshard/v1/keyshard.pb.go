@@ -4815,7 +4815,11 @@ type LeavePoolResponse struct {
 	// replacement may bring it earlier; a later change of a tenant's subset
 	// may move it later); the leader drops it at its first round after.
 	// Unset while it is still in a subset, and when done.
-	ReadUntil     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=read_until,json=readUntil,proto3" json:"read_until,omitempty"`
+	ReadUntil *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=read_until,json=readUntil,proto3" json:"read_until,omitempty"`
+	// The snapshot version this progress is read from (0 when the session
+	// has ended): a client following the snapshot judges the drain from
+	// this version on.
+	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4869,6 +4873,13 @@ func (x *LeavePoolResponse) GetReadUntil() *timestamppb.Timestamp {
 		return x.ReadUntil
 	}
 	return nil
+}
+
+func (x *LeavePoolResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 // MarkReadyRequest tells the leader the member has loaded what it needs
@@ -6213,12 +6224,13 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x10LeavePoolRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1f\n" +
 	"\vend_session\x18\x02 \x01(\bR\n" +
-	"endSession\"|\n" +
+	"endSession\"\x96\x01\n" +
 	"\x11LeavePoolResponse\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x12\x18\n" +
 	"\atenants\x18\x02 \x01(\rR\atenants\x129\n" +
 	"\n" +
-	"read_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\treadUntil\"F\n" +
+	"read_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\treadUntil\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"F\n" +
 	"\x10MarkReadyRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x18\n" +
 	"\atenants\x18\x02 \x03(\tR\atenants\"E\n" +
