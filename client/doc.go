@@ -183,7 +183,10 @@
 //	m, err := c.JoinPool(ctx, "index-gateways", client.Member{ID: id, Address: addr, Zone: zone})
 //	for _, t := range m.Tenants() { prefetch(t) } // a server: what to load
 //	_, err = m.MarkReady(ctx, loaded...)          // read me before the warm-up ends
-//	defer m.Leave(context.Background())
+//	// at shutdown: drain (read targets until the lookback ends), then end the session
+//	lctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+//	err = m.Leave(lctx) // ctx's error if it had to end early: reads may miss
+//	cancel()
 //
 //	r, err := c.NewLoadReporter("index-gateways", hostname)
 //	r.Add(tenant, 1) // per request, where requests enter; cheap from any goroutine
@@ -196,6 +199,13 @@
 // so (Stale, a PoolStale event, a warning), and recovers by itself. A
 // LoadReporter retries a failed report with the same seq and counts, so
 // the leader never counts a report twice, and counts what it drops.
+//
+// A PoolMember's Leave is graceful: the member leaves every subset at the
+// leader's next round but stays a read target of its tenants for the
+// pool's lookback, its session kept alive, and Leave returns once no
+// tenant lists it any more (PoolDraining events show the progress). A
+// process that stops without Leave (Close, a crash) is dropped from every
+// subset and read target when its session expires.
 //
 // # Admin
 //

@@ -271,7 +271,14 @@ func ExampleClient_FollowPool() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer m.Leave(context.Background())
+	defer func() {
+		// Drain: clients keep reading this member for the pool's lookback.
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := m.Leave(lctx); err != nil {
+			log.Print(err) // ended early: reads of its data may miss
+		}
+	}()
 	tenants := m.Tenants()
 	// ... load the recent data of tenants ...
 	if _, err := m.MarkReady(ctx, tenants...); err != nil {

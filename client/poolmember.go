@@ -17,8 +17,8 @@ import (
 // the lease TTL), re-joining by itself when the session is lost, and a
 // PoolFollower of the pool that says which tenants the server serves
 // (Serves, Tenants), so that it can prefetch their data and then report
-// them ready (MarkReady). Leave ends the session. Its methods are safe
-// for concurrent use.
+// them ready (MarkReady). Leave drains the member and then ends the
+// session. Its methods are safe for concurrent use.
 type PoolMember struct {
 	c      *Client
 	pool   string
@@ -31,11 +31,14 @@ type PoolMember struct {
 	cancel context.CancelFunc // stops the keep-alive goroutine
 	done   chan struct{}      // closed when it exited
 
+	lost chan struct{} // closed when the session is lost while leaving
+
 	mu      sync.Mutex
 	session string
 	ttl     time.Duration
 	renewed time.Time // when the session was last known alive
-	left    bool
+	left    bool      // stopped
+	leaving bool      // Leave has begun: a lost session is not re-joined
 }
 
 // JoinPool joins tenant pool pool as member m (its ID, Address and Zone
@@ -64,14 +67,14 @@ func (c *Client) JoinPool(ctx context.Context, pool string, m Member, opts ...Po
 	p := &PoolMember{
 		c: c, pool: pool, member: pm, clock: o.clock,
 		log: o.log.With("tenant_pool", pool, "member", m.ID), ev: &emitter{f: o.onEvent},
-		done: make(chan struct{}),
+		done: make(chan struct{}), lost: make(chan struct{}),
 	}
 	if err := p.join(ctx, o.replace, true); err != nil {
 		return nil, err
 	}
 	p.f, err = c.followPool(ctx, pool, o, p.ev) // one emitter: events stay serialized
 	if err != nil {
-		p.leaveCall(context.WithoutCancel(ctx))
+		p.endSession(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	kctx, cancel := context.WithCancel(context.Background())
@@ -164,6 +167,13 @@ func (p *PoolMember) keepAlive(ctx context.Context) {
 			return
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrSessionLost), p.clock.Since(renewed) >= ttl:
 			lost := fmt.Errorf("%w: session %s of tenant pool %q: %w", ErrSessionLost, session, p.pool, err)
+			if p.isLeaving() {
+				// Dropped as after a crash: no re-join, Leave returns.
+				p.log.Error("keyshard: tenant pool session lost while leaving", "err", lost)
+				p.ev.emit(PoolEvent{Kind: PoolSessionLost, Pool: p.pool, Session: session, Err: lost})
+				close(p.lost)
+				return
+			}
 			p.log.Error("keyshard: tenant pool session lost; re-joining", "err", lost)
 			p.ev.emit(PoolEvent{Kind: PoolSessionLost, Pool: p.pool, Session: session, Err: lost})
 			if p.join(ctx, true, false) != nil {
@@ -239,28 +249,143 @@ func (p *PoolMember) MarkReady(ctx context.Context, tenants ...string) (PoolRead
 	return out, nil
 }
 
-// Leave ends the session (the member leaves every subset at the leader's
-// next round, and stays a read target for the pool's lookback), stops the
-// keep-alives and the follower. A session already gone is not an error.
-// Later calls return nil.
-func (p *PoolMember) Leave(ctx context.Context) error {
-	if !p.stop() {
-		return nil
-	}
-	return p.leaveCall(ctx)
+func (p *PoolMember) isLeaving() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leaving
 }
 
-func (p *PoolMember) leaveCall(ctx context.Context) error {
-	_, err := call(ctx, p.c, poolAPI.LeavePool, &keyshardv1.LeavePoolRequest{Session: p.Session()})
+// Leave leaves the pool without losing reads (a graceful leave). It asks
+// the control plane to drain the member (LeavePool): at the leader's next
+// round the member leaves every subset, each place taken by another
+// member, and stays a read target of its tenants for the pool's lookback
+// (and until the members that took its places are read). Meanwhile Leave
+// keeps the session alive and follows the pool's snapshot, until no
+// tenant lists the member any more (or the control plane says it is
+// done); then it ends the session, and stops the keep-alives and the
+// follower. Progress is logged and sent as PoolDraining events; the end
+// as a PoolLeft event.
+//
+// ctx bounds the wait: when it ends first, Leave ends the session at once
+// and returns an error wrapping ctx's error (reads of data only this
+// member held may miss). If the session is lost (it expired) before or
+// during the drain, the member was dropped as after a crash: Leave
+// returns an error wrapping ErrSessionLost. If Close or the Client's Close
+// stops the member meanwhile, Leave ends the session at once and returns
+// an error wrapping ErrClosed. Later calls, and calls after Close, return
+// nil.
+func (p *PoolMember) Leave(ctx context.Context) error {
+	p.mu.Lock()
+	if p.left || p.leaving {
+		p.mu.Unlock()
+		return nil
+	}
+	p.leaving = true
+	p.mu.Unlock()
+	id := p.member.GetId()
+	var resp *keyshardv1.LeavePoolResponse
+	var b backoff
+	for {
+		var err error
+		resp, err = call(ctx, p.c, poolAPI.LeavePool, &keyshardv1.LeavePoolRequest{Session: p.Session()})
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrNotFound):
+			return p.end(ctx, fmt.Errorf("%w: the session had ended before the drain: the member was dropped as after a crash (%w)", ErrSessionLost, err), -1)
+		case ctx.Err() != nil, errors.Is(err, ErrClosed), permanent(err, false):
+			return p.end(ctx, err, -1)
+		default:
+			p.log.Warn("keyshard: cannot start draining; retrying", "err", err)
+			if !sleep(ctx, p.clock, b.next()) {
+				return p.end(ctx, ctx.Err(), -1)
+			}
+			continue
+		}
+		break
+	}
+	tenants, until := int(resp.GetTenants()), time.Time{}
+	if resp.GetReadUntil() != nil {
+		until = resp.GetReadUntil().AsTime()
+	}
+	p.log.Info("keyshard: leaving the tenant pool: draining (in no subset from the leader's next round, read while the lookback keeps it)", "tenants", tenants)
+	p.ev.emit(PoolEvent{Kind: PoolDraining, Pool: p.pool, Session: p.Session(), Tenants: tenants, Until: until})
+	done := resp.GetDone()
+	for !done {
+		snap := p.f.cur.Load()
+		// A snapshot older than the server's answer may not place the
+		// member yet: judge from that version on.
+		if snap.version >= resp.GetVersion() && snap.drained(id) {
+			break
+		}
+		if n, u := len(snap.byMem[id]), snap.readUntil(id); n != tenants || !u.Equal(until) {
+			tenants, until = n, u
+			p.log.Info("keyshard: draining from the tenant pool", "tenants", n, "read_until", u, "version", snap.version)
+			p.ev.emit(PoolEvent{Kind: PoolDraining, Pool: p.pool, Session: p.Session(), Version: snap.version, Tenants: n, Until: u})
+		}
+		lost := fmt.Errorf("%w: the session expired while draining: the member was dropped as after a crash", ErrSessionLost)
+		select {
+		case <-snap.next:
+		case <-ctx.Done():
+			return p.end(ctx, ctx.Err(), tenants)
+		case <-p.lost:
+			return p.end(ctx, lost, tenants)
+		case <-p.done: // Close, or the Client's Close; or the session lost
+			if isClosedChan(p.lost) {
+				return p.end(ctx, lost, tenants)
+			}
+			return p.end(ctx, ErrClosed, tenants)
+		}
+	}
+	return p.end(ctx, nil, 0)
+}
+
+// end stops the member and ends its session at once; cause is why it
+// ends before the drain finished (nil: it finished), with tenants still
+// listing it (-1: not known).
+func (p *PoolMember) end(ctx context.Context, cause error, tenants int) error {
+	session := p.Session()
+	p.stop()
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.sessionTTL())
+	defer cancel()
+	err := p.endSession(ectx)
+	if cause == nil && err != nil {
+		cause = err
+	}
+	if cause == nil {
+		p.log.Info("keyshard: left the tenant pool: drained, session ended")
+		p.ev.emit(PoolEvent{Kind: PoolLeft, Pool: p.pool, Session: session})
+		return nil
+	}
+	left := "an unknown number of"
+	if tenants >= 0 {
+		left = fmt.Sprint(tenants)
+	}
+	werr := fmt.Errorf("leave tenant pool %q: session ended before the drain finished (%s tenants still read this member; reads of data only it held may miss): %w", p.pool, left, cause)
+	p.log.Warn("keyshard: left the tenant pool before the drain finished", "err", werr)
+	p.ev.emit(PoolEvent{Kind: PoolLeft, Pool: p.pool, Session: session, Tenants: max(tenants, 0), Err: werr})
+	return werr
+}
+
+func (p *PoolMember) sessionTTL() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(p.ttl, time.Second)
+}
+
+// endSession ends the session at once (LeavePool with end_session). A
+// session already gone is not an error.
+func (p *PoolMember) endSession(ctx context.Context) error {
+	_, err := call(ctx, p.c, poolAPI.LeavePool, &keyshardv1.LeavePoolRequest{Session: p.Session(), EndSession: true})
 	if err != nil && !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("leave tenant pool %q: %w", p.pool, err)
+		return fmt.Errorf("end the session: %w", err)
 	}
 	return nil
 }
 
 // Close stops the keep-alives and the follower without leaving: the
-// session ends when its lease runs out. Use Leave to leave at once. Close
-// is idempotent and returns nil.
+// session ends when its lease runs out, and the member is dropped then as
+// after a crash. Use Leave to leave without losing reads. Close is
+// idempotent and returns nil.
 func (p *PoolMember) Close() error {
 	p.stop()
 	return nil

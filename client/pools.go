@@ -102,6 +102,14 @@ const (
 	// why it failed (the report is retried, or dropped with a
 	// PoolReportDropped event).
 	PoolReported
+	// PoolDraining: the member's Leave is draining it (Tenants still list
+	// it; Until, once set, is when the last stops reading it), at the
+	// start of the drain and at each change of Tenants.
+	PoolDraining
+	// PoolLeft: Leave ended the member's session (Session): Err is nil
+	// after a full drain, else why it ended before (reads of data only
+	// the member held may miss).
+	PoolLeft
 )
 
 func (k PoolEventKind) String() string {
@@ -120,6 +128,10 @@ func (k PoolEventKind) String() string {
 		return "report dropped"
 	case PoolReported:
 		return "reported"
+	case PoolDraining:
+		return "draining"
+	case PoolLeft:
+		return "left"
 	}
 	return fmt.Sprintf("PoolEventKind(%d)", int(k))
 }
@@ -131,10 +143,19 @@ type PoolEvent struct {
 	Pool string
 	// Version is the snapshot version held (follower events).
 	Version uint64
-	// Session is the member's session (PoolJoined, PoolSessionLost).
+	// Session is the member's session (PoolJoined, PoolSessionLost,
+	// PoolDraining, PoolLeft).
 	Session string
-	// Err says why, for PoolStale, PoolSessionLost, PoolReportDropped.
+	// Err says why, for PoolStale, PoolSessionLost, PoolReportDropped,
+	// PoolLeft.
 	Err error
+	// Tenants is the number of tenants of the snapshot that still list
+	// the member, in their subset or as a read target (PoolDraining,
+	// PoolLeft).
+	Tenants int
+	// Until is when the last of them stops reading the member, by the
+	// snapshot (PoolDraining once the member is in no subset; else zero).
+	Until time.Time
 	// Dropped is the sum of the counts dropped (PoolReportDropped).
 	Dropped int64
 	// Seq is the load report's number (PoolReported, PoolReportDropped).
@@ -565,8 +586,8 @@ type poolSnap struct {
 	version uint64
 	policy  poolPolicy
 	raw     []*keyshardv1.Member
-	members []placement.Member // sorted; weight 0 read as 1; zones blanked unless zone-aware
-	zones   int                // distinct zones of the members (1 unless zone-aware)
+	members []placement.Member // sorted; weight 0: draining; zones blanked unless zone-aware
+	zones   int                // distinct zones of the members of weight > 0 (1 unless zone-aware)
 	tenants map[string]*poolTenant
 	byMem   map[string][]string // member -> tenants it serves, sorted
 	next    chan struct{}       // closed when a newer snapshot replaces this one
@@ -614,6 +635,43 @@ func (s *poolSnap) serves(member, tenant string) bool {
 	}
 	_, found := slices.BinarySearch(t.serves, member)
 	return found
+}
+
+// drained reports whether member may stop: the snapshot places it with
+// weight 0 or not at all, and no tenant lists it.
+func (s *poolSnap) drained(member string) bool {
+	if len(s.byMem[member]) > 0 {
+		return false
+	}
+	i, ok := slices.BinarySearchFunc(s.members, member, func(m placement.Member, id string) int { return strings.Compare(m.ID, id) })
+	return !ok || s.members[i].Weight == 0
+}
+
+// readUntil is when the last tenant that lists member stops reading it,
+// by the snapshot's spans; zero if one reads it with no end (it is in a
+// subset) or none reads it.
+func (s *poolSnap) readUntil(member string) time.Time {
+	var end int64 = math.MinInt64
+	for _, id := range s.byMem[member] {
+		spans := s.tenants[id].spans
+		last := -1
+		for i, sp := range spans {
+			if _, ok := slices.BinarySearch(sp.targets, member); ok {
+				last = i
+			}
+		}
+		switch {
+		case last < 0:
+		case last == len(spans)-1:
+			return time.Time{}
+		default:
+			end = max(end, spans[last+1].from)
+		}
+	}
+	if end == math.MinInt64 {
+		return time.Time{}
+	}
+	return time.Unix(0, end)
 }
 
 // fallback is the stateless subset of a tenant the snapshot does not
@@ -670,16 +728,17 @@ func buildPoolSnap(prev *poolSnap, m *keyshardv1.PoolSnapshot) (*poolSnap, error
 			return nil, fmt.Errorf("members[%d]: id %q is empty or repeated", i, pm.GetId())
 		}
 		w := pm.GetWeight()
-		switch {
-		case math.IsNaN(w) || math.IsInf(w, 0) || w < 0:
+		if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
 			return nil, fmt.Errorf("member %q: weight %v", pm.GetId(), w)
-		case w == 0:
-			w = 1
 		}
+		// Weight 0 is a draining (leaving) member: in no stateless subset,
+		// as the control plane computes them.
 		pm2 := placement.Member{ID: pm.GetId(), Weight: w}
 		if s.policy.zoneAware {
 			pm2.Zone = pm.GetZone()
-			zones[pm2.Zone] = true
+			if w > 0 {
+				zones[pm2.Zone] = true
+			}
 		}
 		s.members = append(s.members, pm2)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -261,7 +262,7 @@ func TestPoolUnknownTenantFallback(t *testing.T) {
 			fk := newFake(t)
 			c := fk.dial(t)
 			members := poolMembers(9, tc.zones)
-			members[4].Weight = 0 // read as 1
+			members[4].Weight = 0 // draining: in no stateless subset
 			fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 1, Members: members,
 				Policy: &keyshardv1.TenantPoolPolicy{CapacityPerMember: 1, MinSize: tc.min, MaxSize: tc.max, ZoneAware: tc.zoneAware, Overrides: tc.overrides}})
 			f := followPool(t, c, "gw")
@@ -271,7 +272,7 @@ func TestPoolUnknownTenantFallback(t *testing.T) {
 				if tc.zoneAware {
 					z = m.GetZone()
 				}
-				pm = append(pm, placement.Member{ID: m.GetId(), Weight: 1, Zone: z})
+				pm = append(pm, placement.Member{ID: m.GetId(), Weight: m.GetWeight(), Zone: z})
 			}
 			want, err := placement.Subset(tc.tenant, pm, tc.size)
 			if err != nil {
@@ -564,8 +565,120 @@ func TestPoolMemberRejoinsAndMarksReady(t *testing.T) {
 	if got := fk.PoolSessions("gw"); got["m0"] != "ps2" || m.Session() != "ps2" {
 		t.Errorf("sessions %v, member's %q; want ps2", got, m.Session())
 	}
+	// Drained already (weight 0, no tenant): Leave ends the session.
+	drained := poolMembers(2, 1)
+	drained[0].Weight = 0
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 2, Members: drained})
 	if err := m.Leave(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	if got := fk.PoolSessions("gw"); len(got) != 0 {
+		t.Errorf("sessions %v after Leave", got)
+	}
+}
+
+// leaveMember joins m0 to a pool where it serves tenant "a" (with m1)
+// and starts its Leave with ctx; it returns the fake, the member, its
+// events and Leave's result.
+func leaveMember(t *testing.T, ctx context.Context) (fake, *PoolMember, chan PoolEvent, chan error) {
+	fk := newFake(t)
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 1, Members: poolMembers(3, 1),
+		Tenants: []*keyshardv1.TenantAssignment{assignment("a", "m0", "m1"), assignment("b", "m1", "m2")}})
+	c := fk.dial(t)
+	events := make(chan PoolEvent, 16)
+	m, err := c.JoinPool(t.Context(), "gw", Member{ID: "m0"}, OnPoolEvent(func(e PoolEvent) {
+		switch e.Kind {
+		case PoolDraining, PoolLeft, PoolSessionLost, PoolJoined:
+			events <- e
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, events, "joined")
+	res := make(chan error, 1)
+	go func() { res <- m.Leave(ctx) }()
+	if e := recv(t, events, "draining"); e.Kind != PoolDraining || e.Tenants != 1 || e.Session != "ps1" {
+		t.Fatalf("event %+v; want draining, 1 tenant", e)
+	}
+	if !fk.PoolLeaving("ps1") || fk.PoolSessions("gw")["m0"] != "ps1" {
+		t.Fatalf("after LeavePool: leaving %v, sessions %v; want ps1 leaving and alive", fk.PoolLeaving("ps1"), fk.PoolSessions("gw"))
+	}
+	return fk, m, events, res
+}
+
+// TestPoolMemberLeaveDrains: Leave keeps the session while the snapshot
+// still lists the member, reports the progress, and ends the session
+// once no tenant lists it.
+func TestPoolMemberLeaveDrains(t *testing.T) {
+	fk, _, events, res := leaveMember(t, t.Context())
+	t0 := fk.Clock().Now()
+	members := poolMembers(3, 1)
+	members[0].Weight = 0
+	moved := &keyshardv1.TenantAssignment{Tenant: "a", Size: 2,
+		Members: []*keyshardv1.TenantPlacement{{Member: "m0"}, {Member: "m1"}, {Member: "m2", Added: timestamppb.New(t0)}},
+		Removed: []*keyshardv1.TenantRemoval{{Member: "m0", At: timestamppb.New(t0)}},
+		Targets: []*keyshardv1.TargetSpan{{Members: []string{"m0", "m1", "m2"}}, {From: timestamppb.New(t0.Add(20 * time.Second)), Members: []string{"m1", "m2"}}},
+	}
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 2, Members: members, Tenants: []*keyshardv1.TenantAssignment{moved, assignment("b", "m1", "m2")}})
+	if e := recv(t, events, "draining"); e.Kind != PoolDraining || e.Tenants != 1 || !e.Until.Equal(t0.Add(20*time.Second)) || e.Version != 2 {
+		t.Fatalf("event %+v; want draining, 1 tenant until t0+20s at version 2", e)
+	}
+	select {
+	case err := <-res:
+		t.Fatalf("Leave returned %v while a tenant still reads the member", err)
+	default:
+	}
+	if fk.PoolSessions("gw")["m0"] != "ps1" {
+		t.Fatalf("the session ended while draining")
+	}
+	fk.SetPoolSnapshot(&keyshardv1.PoolSnapshot{Pool: "gw", Version: 3, Members: members, Tenants: []*keyshardv1.TenantAssignment{assignment("a", "m1", "m2"), assignment("b", "m1", "m2")}})
+	if err := recv(t, res, "Leave"); err != nil {
+		t.Fatalf("Leave: %v", err)
+	}
+	if e := recv(t, events, "left"); e.Kind != PoolLeft || e.Err != nil {
+		t.Fatalf("event %+v; want left, no error", e)
+	}
+	if got := fk.PoolSessions("gw"); len(got) != 0 {
+		t.Errorf("sessions %v after Leave", got)
+	}
+}
+
+// TestPoolMemberLeaveCtx: when ctx ends before the drain, Leave ends the
+// session at once and says reads may miss.
+func TestPoolMemberLeaveCtx(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	fk, m, events, res := leaveMember(t, ctx)
+	cancel()
+	err := recv(t, res, "Leave")
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "may miss") || !strings.Contains(err.Error(), "1 tenants") {
+		t.Fatalf("Leave = %v; want context.Canceled, saying reads may miss for 1 tenant", err)
+	}
+	if e := recv(t, events, "left"); e.Kind != PoolLeft || !errors.Is(e.Err, context.Canceled) {
+		t.Fatalf("event %+v; want left with ctx's error", e)
+	}
+	if got := fk.PoolSessions("gw"); len(got) != 0 {
+		t.Errorf("sessions %v after Leave", got)
+	}
+	if err := m.Leave(t.Context()); err != nil {
+		t.Errorf("second Leave: %v", err)
+	}
+}
+
+// TestPoolMemberLeaveLost: a session lost while draining is not joined
+// again; Leave returns ErrSessionLost.
+func TestPoolMemberLeaveLost(t *testing.T) {
+	fk, _, events, res := leaveMember(t, t.Context())
+	fk.EndPoolSession("ps1")
+	fk.Clock().MustBlockUntil(t, 1) // the keep-alive's sleep
+	fk.Clock().Advance(4 * time.Second)
+	if err := recv(t, res, "Leave"); !errors.Is(err, ErrSessionLost) {
+		t.Fatalf("Leave = %v; want ErrSessionLost", err)
+	}
+	for e := recv(t, events, "lost"); e.Kind != PoolLeft; e = recv(t, events, "left") {
+		if e.Kind == PoolJoined {
+			t.Fatalf("re-joined while leaving: %+v", e)
+		}
 	}
 	if got := fk.PoolSessions("gw"); len(got) != 0 {
 		t.Errorf("sessions %v after Leave", got)

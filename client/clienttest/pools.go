@@ -25,6 +25,14 @@ import (
 // MarkReady per session, and counts load reports with the server's seq
 // rule: a report whose seq is not above the reporter's last counted one
 // is answered REPLAYED and not counted again.
+//
+// A LeavePool without end_session marks the session leaving
+// (PoolLeaving) and keeps it; the fake plans nothing, so the test
+// publishes the drain itself: snapshots where the member has weight 0,
+// then leaves the tenants' subsets and targets. LeavePool answers done
+// once the current snapshot lists the member in no tenant (members,
+// removed or targets) and with weight 0 or not at all, as the server
+// does; read_until is not set.
 
 const tenantPools = "/keyshard.v1.TenantPoolService/"
 
@@ -39,11 +47,12 @@ type tenantPool struct {
 }
 
 type poolSession struct {
-	id     string
-	pool   string
-	member *keyshardv1.Member
-	ready  []string // tenants marked ready, in order
-	gone   bool
+	id      string
+	pool    string
+	member  *keyshardv1.Member
+	ready   []string // tenants marked ready, in order
+	leaving bool
+	gone    bool
 }
 
 // PutTenantPool creates tenant pool name (or replaces its settings) with
@@ -157,6 +166,15 @@ func (s *Server) ReadyTenants(session string) []string {
 		return slices.Clone(x.ready)
 	}
 	return nil
+}
+
+// PoolLeaving reports whether session was marked leaving by a LeavePool
+// without end_session (it stays so after the session ends).
+func (s *Server) PoolLeaving(session string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x := s.psessions[session]
+	return x != nil && x.leaving
 }
 
 // EndPoolSession ends a pool member's session, as the server does when
@@ -320,11 +338,56 @@ func (h tenantPoolService) LeavePool(_ context.Context, r *connect.Request[keysh
 	defer s.mu.Unlock()
 	x, err := h.liveLocked(r.Msg.GetSession())
 	if err != nil {
+		if r.Msg.GetEndSession() && s.psessions[r.Msg.GetSession()] != nil {
+			return connect.NewResponse(&keyshardv1.LeavePoolResponse{Done: true}), nil // ended already
+		}
 		return nil, err
 	}
-	x.gone = true
+	resp := &keyshardv1.LeavePoolResponse{}
+	id := x.member.GetId()
+	var snap *keyshardv1.PoolSnapshot
+	if p := s.tpools[x.pool]; p != nil {
+		snap = p.snap
+	}
+	placed := false
+	for _, m := range snap.GetMembers() {
+		placed = placed || m.GetId() == id && m.GetWeight() > 0
+	}
+	for _, a := range snap.GetTenants() {
+		if listsMember(a, id) {
+			resp.Tenants++
+		}
+	}
+	resp.Done = !placed && resp.Tenants == 0
+	resp.Version = snap.GetVersion()
+	if r.Msg.GetEndSession() {
+		x.gone = true
+	} else {
+		x.leaving = true
+	}
 	s.notifyLocked()
-	return connect.NewResponse(&keyshardv1.LeavePoolResponse{}), nil
+	return connect.NewResponse(resp), nil
+}
+
+// listsMember reports whether a lists member in its subset, its removed
+// members or its targets.
+func listsMember(a *keyshardv1.TenantAssignment, member string) bool {
+	for _, m := range a.GetMembers() {
+		if m.GetMember() == member {
+			return true
+		}
+	}
+	for _, m := range a.GetRemoved() {
+		if m.GetMember() == member {
+			return true
+		}
+	}
+	for _, sp := range a.GetTargets() {
+		if slices.Contains(sp.GetMembers(), member) {
+			return true
+		}
+	}
+	return false
 }
 
 func (h tenantPoolService) MarkReady(_ context.Context, r *connect.Request[keyshardv1.MarkReadyRequest]) (*connect.Response[keyshardv1.MarkReadyResponse], error) {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -24,4 +25,26 @@ func (s *Server) WaitView(ctx context.Context, cond func(*store.Snapshot) bool) 
 			return ctx.Err()
 		}
 	}
+}
+
+// ExpirePoolSession ends the session of member id of tenant pool pool as
+// etcd does when its lease expires (a crashed process): its lease is
+// revoked and its record vanishes, with no LeavePool.
+func (s *Server) ExpirePoolSession(ctx context.Context, pool, id string) error {
+	var lease int64
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ps := snap.TenantPools[pool]; ps != nil {
+			lease = int64(ps.Members[id].Value.Session)
+		}
+	})
+	if lease == 0 {
+		return store.ErrNotFound
+	}
+	if err := s.store.Revoke(ctx, shard.LeaseID(lease)); err != nil {
+		return err
+	}
+	return s.WaitView(ctx, func(snap *store.Snapshot) bool {
+		ps := snap.TenantPools[pool]
+		return ps == nil || ps.Members[id].Value.Session != shard.LeaseID(lease)
+	})
 }

@@ -179,22 +179,76 @@ func (h *tenantPoolService) PoolKeepAlive(ctx context.Context, req *connect.Requ
 	return connect.NewResponse(&v1.PoolKeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
 }
 
+// LeavePool marks the member leaving (a drain: the leader plans it with
+// weight 0 while its session lives) and answers the drain's progress, or
+// with end_session ends the session at once.
 func (h *tenantPoolService) LeavePool(ctx context.Context, req *connect.Request[v1.LeavePoolRequest]) (*connect.Response[v1.LeavePoolResponse], error) {
 	s := h.s
 	sess, err := s.sessions.parsePool(req.Msg.GetSession())
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.Revoke(ctx, sess.lease)
+	if req.Msg.GetEndSession() {
+		resp := s.leaveProgress(sess)
+		err = s.store.Revoke(ctx, sess.lease)
+		switch {
+		case errors.Is(err, store.ErrLeaseNotFound):
+			// Already ended: leaving twice is not an error.
+			return connect.NewResponse(&v1.LeavePoolResponse{Done: true}), nil
+		case err != nil:
+			return nil, apiError(err)
+		case resp.Done:
+			s.log.Info("tenant pool member left", "pool", sess.pool, "member", sess.member)
+		default:
+			s.log.Warn("tenant pool member ended its session before its drain finished: it is dropped at the next round, and reads of data only it held may miss",
+				"pool", sess.pool, "member", sess.member, "tenants", resp.Tenants)
+		}
+		return connect.NewResponse(resp), nil
+	}
+	rev, err := s.store.MarkTenantMemberLeaving(ctx, sess.pool, sess.member, sess.lease)
 	switch {
-	case errors.Is(err, store.ErrLeaseNotFound):
-		// Already ended: leaving twice is not an error.
+	case errors.Is(err, store.ErrLeaseNotFound), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrFenced):
+		return nil, poolSessionEnded(sess)
 	case err != nil:
 		return nil, apiError(err)
-	default:
-		s.log.Info("tenant pool member left", "pool", sess.pool, "member", sess.member)
 	}
-	return connect.NewResponse(&v1.LeavePoolResponse{}), nil
+	if rev != 0 {
+		s.view.waitRev(ctx, rev)
+	}
+	resp := s.leaveProgress(sess)
+	if rev != 0 {
+		s.log.Info("tenant pool member leaving: draining, in no subset from the leader's next round, read while the lookback keeps it",
+			"pool", sess.pool, "member", sess.member, "tenants", resp.Tenants)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// leaveProgress is a leaving member's progress by this replica's view:
+// done once the published state plans it with weight 0 (or not at all)
+// and no tenant lists it. A session that has ended is done.
+func (s *Server) leaveProgress(sess poolSession) *v1.LeavePoolResponse {
+	s.view.mu.RLock()
+	defer s.view.mu.RUnlock()
+	tv := s.view.tpools[sess.pool]
+	if tv == nil {
+		return &v1.LeavePoolResponse{Done: true}
+	}
+	if r, ok := tv.records[sess.member]; !ok || r.Session != sess.lease {
+		return &v1.LeavePoolResponse{Done: true}
+	}
+	placed := false
+	for _, m := range tv.state.Members {
+		if m.ID == sess.member && m.Weight > 0 {
+			placed = true
+		}
+	}
+	snap := tv.pub.snap
+	resp := &v1.LeavePoolResponse{Tenants: uint32(len(snap.Tenants(sess.member))), Version: tv.pub.version}
+	resp.Done = !placed && resp.Tenants == 0
+	if until, ok := snap.ReadUntil(sess.member); ok && !placed && !resp.Done {
+		resp.ReadUntil = tsProto(until)
+	}
+	return resp
 }
 
 // checkTenant checks one tenant id: 1 to store.MaxTenantLen bytes.

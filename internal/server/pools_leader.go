@@ -240,7 +240,7 @@ func (s *Server) answer(ctx context.Context, pools map[string]*leaderPool, r tpR
 type tenantPoolWork struct {
 	cfg     store.TenantPool
 	cfgRev  int64
-	members []placement.Member // live, active, sorted by ID
+	members []placement.Member // live, active, sorted by ID; leaving ones of weight 0
 }
 
 func (s *Server) tenantPoolWork() []tenantPoolWork {
@@ -253,7 +253,11 @@ func (s *Server) tenantPoolWork() []tenantPoolWork {
 			w := tenantPoolWork{cfg: ps.Config.Value, cfgRev: ps.Config.ModRevision}
 			for _, e := range ps.Members {
 				if e.Value.Active {
-					w.members = append(w.members, placement.Member{ID: e.Value.ID, Weight: e.Value.Weight, Zone: e.Value.Zone})
+					m := placement.Member{ID: e.Value.ID, Weight: e.Value.Weight, Zone: e.Value.Zone}
+					if e.Value.Leaving {
+						m.Weight = 0 // draining: in no subset, read while the core keeps it
+					}
+					w.members = append(w.members, m)
 				}
 			}
 			sort.Slice(w.members, func(i, j int) bool { return w.members[i].ID < w.members[j].ID })

@@ -19,6 +19,7 @@ import (
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
+	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/keyshardtest"
 )
 
@@ -258,7 +259,30 @@ func TestTenantPoolAPI(t *testing.T) {
 	wantCode(t, err, connect.CodeInvalidArgument, "malformed")
 	_, err = r.member.PoolKeepAlive(e.ctx, connect.NewRequest(&v1.PoolKeepAliveRequest{Session: "ks/m1/1a/00112233445566778899aabbccddeeff"}))
 	wantCode(t, err, connect.CodeInvalidArgument, "not a tenant-pool session")
-	if _, err := r.member.LeavePool(e.ctx, connect.NewRequest(&v1.LeavePoolRequest{Session: s2})); err != nil {
+	// A drain keeps the session (a member of no tenant is done at once);
+	// end_session ends it.
+	if lv, err := r.member.LeavePool(e.ctx, connect.NewRequest(&v1.LeavePoolRequest{Session: s2})); err != nil || !lv.Msg.Done {
+		t.Fatalf("LeavePool = %v, %v; want done", lv, err)
+	}
+	if _, err := r.member.PoolKeepAlive(e.ctx, connect.NewRequest(&v1.PoolKeepAliveRequest{Session: s2})); err != nil {
+		t.Fatalf("keep-alive of a leaving member: %v", err)
+	}
+	if err := r.srv.WaitView(e.ctx, func(snap *store.Snapshot) bool { return snap.TenantPools["gw"].Members["m1"].Value.Leaving }); err != nil {
+		t.Fatal(err)
+	}
+	// A re-join with replace starts a session that is not leaving.
+	rj, err = r.member.JoinPool(e.ctx, connect.NewRequest(&v1.JoinPoolRequest{Pool: "gw", Member: &v1.Member{Id: "m1"}, Replace: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 = rj.Msg.Session
+	if err := r.srv.WaitView(e.ctx, func(snap *store.Snapshot) bool {
+		m := snap.TenantPools["gw"].Members["m1"].Value
+		return m.Session != 0 && !m.Leaving
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.member.LeavePool(e.ctx, connect.NewRequest(&v1.LeavePoolRequest{Session: s2, EndSession: true})); err != nil {
 		t.Fatal(err)
 	}
 	_, err = r.member.PoolKeepAlive(e.ctx, connect.NewRequest(&v1.PoolKeepAliveRequest{Session: s2}))

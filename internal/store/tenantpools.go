@@ -87,7 +87,11 @@ type TenantMember struct {
 	JoinedAt time.Time
 	// Active is set by the session's first keep-alive: only active
 	// members are placed.
-	Active  bool
+	Active bool
+	// Leaving is set by a graceful leave (MarkTenantMemberLeaving): the
+	// leader places the member with weight 0 (draining) while its session
+	// lives. A new session (a re-join) starts without it.
+	Leaving bool
 	Session shard.LeaseID
 }
 
@@ -321,6 +325,7 @@ type tenantMemberWire struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	JoinedAt int64             `json:"joined_at"`
 	Active   bool              `json:"active,omitempty"`
+	Leaving  bool              `json:"leaving,omitempty"`
 	Session  int64             `json:"session"`
 }
 
@@ -333,7 +338,7 @@ func EncodeTenantMember(m TenantMember) ([]byte, error) {
 		return nil, ferr("weight", "%v is not a finite number >= 0", m.Weight).invalid("tenant pool member")
 	}
 	return json.Marshal(tenantMemberWire{ID: m.ID, Address: m.Address, Zone: m.Zone, Weight: m.Weight, Metadata: m.Metadata,
-		JoinedAt: nanos(m.JoinedAt), Active: m.Active, Session: int64(m.Session)})
+		JoinedAt: nanos(m.JoinedAt), Active: m.Active, Leaving: m.Leaving, Session: int64(m.Session)})
 }
 
 // DecodeTenantMember decodes the value stored at key.
@@ -349,7 +354,7 @@ func DecodeTenantMember(key string, data []byte) (TenantMember, error) {
 		return TenantMember{}, corruptf(key, "weight", "%v is not a finite number >= 0", w.Weight)
 	}
 	return TenantMember{ID: w.ID, Address: w.Address, Zone: w.Zone, Weight: w.Weight, Metadata: w.Metadata,
-		JoinedAt: fromNanos(w.JoinedAt), Active: w.Active, Session: shard.LeaseID(w.Session)}, nil
+		JoinedAt: fromNanos(w.JoinedAt), Active: w.Active, Leaving: w.Leaving, Session: shard.LeaseID(w.Session)}, nil
 }
 
 type memberWire struct {
@@ -662,8 +667,9 @@ func (s *Store) DeleteTenantPool(ctx context.Context, pool string) (int64, error
 // JoinTenantPool writes member m of pool on lease, inactive until
 // ActivateTenantMember. If the id is held by another live session it
 // fails with ErrExists unless replace is set: then it takes the id over
-// and returns the old session's lease, which the caller revokes. Joining
-// again on the same lease updates the record and keeps it active.
+// and returns the old session's lease, which the caller revokes (the new
+// record is not leaving). Joining again on the same lease updates the
+// record and keeps it active and leaving as it was.
 // Errors: ErrNotFound (no such pool), ErrExists, ErrLeaseNotFound,
 // ErrInvalid, ErrInvalidName, ErrUnavailable.
 func (s *Store) JoinTenantPool(ctx context.Context, pool string, m TenantMember, lease shard.LeaseID, replace bool) (old shard.LeaseID, rev int64, err error) {
@@ -686,13 +692,13 @@ func (s *Store) JoinTenantPool(ctx context.Context, pool string, m TenantMember,
 			return 0, 0, fmt.Errorf("store: %s: tenant pool %q: %w", op, pool, ErrNotFound)
 		}
 		var curRev int64
-		old, m.Active = 0, false
+		old, m.Active, m.Leaving = 0, false, false
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			curRev = kvs[0].ModRevision
 			switch cur := shard.LeaseID(kvs[0].Lease); {
 			case cur == lease:
 				if prev, err := DecodeTenantMember(key, kvs[0].Value); err == nil {
-					m.Active = prev.Active
+					m.Active, m.Leaving = prev.Active, prev.Leaving
 				}
 			case !replace:
 				return 0, 0, fmt.Errorf("store: %s: %w: member id %q is held by live session %v", op, ErrExists, m.ID, cur)
@@ -723,10 +729,37 @@ func (s *Store) JoinTenantPool(ctx context.Context, pool string, m TenantMember,
 // Errors: ErrNotFound (no record), ErrFenced (another session holds the
 // id), ErrConflict, ErrUnavailable.
 func (s *Store) ActivateTenantMember(ctx context.Context, pool, id string, lease shard.LeaseID) (int64, error) {
+	return s.updateTenantMember(ctx, "activate", pool, id, lease, func(m *TenantMember) bool {
+		if m.Active {
+			return false
+		}
+		m.Active = true
+		return true
+	})
+}
+
+// MarkTenantMemberLeaving marks member id of pool, held by lease, leaving
+// (see TenantMember.Leaving); the record stays on the lease. It returns
+// the revision of the write, or 0 if it was already leaving. Errors as
+// ActivateTenantMember.
+func (s *Store) MarkTenantMemberLeaving(ctx context.Context, pool, id string, lease shard.LeaseID) (int64, error) {
+	return s.updateTenantMember(ctx, "mark leaving", pool, id, lease, func(m *TenantMember) bool {
+		if m.Leaving {
+			return false
+		}
+		m.Leaving = true
+		return true
+	})
+}
+
+// updateTenantMember rewrites member id of pool if it is held by lease
+// and change reports a change; it returns the revision of the write, or 0
+// if nothing changed.
+func (s *Store) updateTenantMember(ctx context.Context, what, pool, id string, lease shard.LeaseID, change func(*TenantMember) bool) (int64, error) {
 	if s.closed() {
-		return 0, errClosed("activate tenant pool member")
+		return 0, errClosed(what + " tenant pool member")
 	}
-	op := fmt.Sprintf("activate tenant pool member %s/%s", pool, id)
+	op := fmt.Sprintf("%s tenant pool member %s/%s", what, pool, id)
 	key := TenantMemberKey(pool, id)
 	for range maxRetries {
 		resp, err := s.client.Get(ctx, key)
@@ -744,10 +777,9 @@ func (s *Store) ActivateTenantMember(ctx context.Context, pool, id string, lease
 		if err != nil {
 			return 0, err
 		}
-		if m.Active {
+		if !change(&m) {
 			return 0, nil
 		}
-		m.Active = true
 		val, err := EncodeTenantMember(m)
 		if err != nil {
 			return 0, err

@@ -277,3 +277,35 @@ func (s *Snapshot) Tenants(member string) []string { return s.byMem[member] }
 
 // Known reports whether the snapshot holds tenant.
 func (s *Snapshot) Known(tenant string) bool { _, ok := s.tenants[tenant]; return ok }
+
+// ReadUntil returns, for a member that is in no tenant's current subset,
+// the time from which no tenant of the snapshot has it among its read
+// targets (zero if none has it now; ok true), by the removals' lookback
+// and the warm-up of the members that replaced it. ok is false while a
+// tenant still has member in its subset: it is read with no end. A later
+// State may move the time (a replacement's readiness, a change of the
+// subset). Tenants the snapshot does not know are not looked at: a member
+// of weight 0 is in no stateless subset.
+func (s *Snapshot) ReadUntil(member string) (until time.Time, ok bool) {
+	var end int64 = math.MinInt64
+	for _, id := range s.byMem[member] {
+		vs := s.tenants[id].views
+		last := -1
+		for i, v := range vs {
+			if _, found := slices.BinarySearch(v.targets, member); found {
+				last = i
+			}
+		}
+		switch {
+		case last < 0:
+		case last == len(vs)-1:
+			return time.Time{}, false
+		default:
+			end = max(end, vs[last+1].from)
+		}
+	}
+	if end == math.MinInt64 {
+		return time.Time{}, true
+	}
+	return time.Unix(0, end).UTC(), true
+}

@@ -222,3 +222,68 @@ func cmpString(a, b string) int {
 	}
 	return 0
 }
+
+// TestSnapshotReadUntil: a member drained (weight 0) leaves its subsets,
+// each place taken by another member; it is read until the lookback ends,
+// or until its replacement warms up if that is later, and then no more.
+func TestSnapshotReadUntil(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		lookback, warmUp time.Duration
+		want             time.Duration // after the drain
+	}{
+		{"lookback", time.Minute, 30 * time.Second, time.Minute},
+		{"warm-up", 10 * time.Second, 30 * time.Second, 30 * time.Second},
+		{"neither", 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goodPolicy()
+			p.Lookback, p.WarmUp = tc.lookback, tc.warmUp
+			ms := pool(8, 1)
+			rates := map[string]float64{"a": 30, "b": 30, "c": 5}
+			st, _ := mustPlan(t, State{}, ms, rates, p, t0)
+			now := t0.Add(time.Hour) // everyone warm
+			st, _ = mustPlan(t, st, ms, rates, p, now)
+			gone := st.Tenants["a"].Members[0].ID
+			if until, ok := NewSnapshot(st).ReadUntil(gone); ok {
+				t.Fatalf("ReadUntil(%s) = %v, true while in a subset", gone, until)
+			}
+			held := NewSnapshot(st).Tenants(gone)
+			drained := slices.Clone(ms)
+			for i := range drained {
+				if drained[i].ID == gone {
+					drained[i].Weight = 0
+				}
+			}
+			now = now.Add(time.Second)
+			st, _ = mustPlan(t, st, drained, rates, p, now)
+			snap := NewSnapshot(st)
+			for _, id := range held {
+				ts := st.Tenants[id]
+				if slices.ContainsFunc(ts.Members, func(m Placement) bool { return m.ID == gone }) {
+					t.Fatalf("tenant %s keeps %s in its subset", id, gone)
+				}
+				if want := map[string]int{"a": 3, "b": 3, "c": 1}[id]; len(ts.Members) != want {
+					t.Fatalf("tenant %s has %d members; want %d (one for one)", id, len(ts.Members), want)
+				}
+			}
+			until, ok := snap.ReadUntil(gone)
+			want := now.Add(tc.want)
+			if tc.want == 0 {
+				want = time.Time{}
+			}
+			if !ok || !until.Equal(want) {
+				t.Fatalf("ReadUntil(%s) = %v, %v; want %v", gone, until, ok, want)
+			}
+			if tc.want > 0 {
+				if !slices.Contains(snap.Targets(held[0], until.Add(-time.Nanosecond)), gone) || slices.Contains(snap.Targets(held[0], until), gone) {
+					t.Fatalf("targets of %s do not end at %v", held[0], until)
+				}
+			}
+			st, _ = mustPlan(t, st, drained, rates, p, now.Add(tc.want))
+			if ts := NewSnapshot(st).Tenants(gone); len(ts) != 0 {
+				t.Fatalf("%s still serves %v after %v", gone, ts, tc.want)
+			}
+		})
+	}
+}

@@ -14,7 +14,7 @@
 //   MapService    (role member or admin) routers: the map, lookups
 //   HotKeyService (role member or admin) producers: report heavy hitters,
 //                                        watch the cluster-wide overflow set
-//   TenantPoolService                    tenant pools: shuffle-sharded subsets
+//   TenantPoolService (see below)        tenant pools: shuffle-sharded subsets
 //                                        sized from each tenant's own load.
 //                                        Put/Delete need admin; Join,
 //                                        KeepAlive, Leave, MarkReady need
@@ -4723,12 +4723,34 @@ func (x *PoolKeepAliveResponse) GetTtl() *durationpb.Duration {
 	return nil
 }
 
-// LeavePoolRequest ends the session: the member leaves every subset at
-// the leader's next round and stays a read target of its tenants for the
-// lookback (a leave is a shrink of every subset it was in).
+// LeavePoolRequest starts a graceful leave (a drain), or ends the session.
+//
+// Without end_session the member is marked leaving and its session stays:
+// keep sending PoolKeepAlive. At the leader's next round it is planned
+// with weight 0 (draining, as PoolSnapshot.members then shows): it leaves
+// every subset it is in, each place taken by another member (one for
+// one; the tenants' sizes are those the remaining members allow), and
+// leaves every stateless subset. Of each tenant it was a read target of,
+// it stays a read target (TenantAssignment.removed) for the lookback, and
+// for as long as the member that took its place is not a read target yet
+// (neither ready nor warmed up); a member that was not read yet is
+// dropped at once. Call LeavePool again (it is idempotent) or follow the
+// snapshot to see the drain progress; once done, end the session with
+// end_session. A leaving member whose session expires (a crash) is
+// dropped from every subset and read target at the next round, as any
+// crashed member: a process that is gone serves no reads. A re-join with
+// replace starts a new session, which is not leaving. Marking a session
+// that has ended answers NOT_FOUND.
+//
+// With end_session the session ends at once (its lease is revoked): the
+// member is dropped at the leader's next round as after a crash, and reads
+// of data only it held may miss if it was not done. Use it once done, or
+// when the process cannot wait. Ending a session that has ended already
+// is not an error (done is then true).
 type LeavePoolRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	EndSession    bool                   `protobuf:"varint,2,opt,name=end_session,json=endSession,proto3" json:"end_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4770,8 +4792,34 @@ func (x *LeavePoolRequest) GetSession() string {
 	return ""
 }
 
+func (x *LeavePoolRequest) GetEndSession() bool {
+	if x != nil {
+		return x.EndSession
+	}
+	return false
+}
+
+// LeavePoolResponse is the drain progress as the published snapshot shows
+// it (with end_session: as it was just before the session ended).
 type LeavePoolResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The snapshot plans the member with weight 0 (or not at all), and no
+	// tenant lists it any more, in its subset or as a read target: the
+	// member may stop. Also true when the session has ended.
+	Done bool `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	// Tenants of the snapshot that still list the member: in their subset
+	// (before the leader's next round) or as a removed member still read.
+	Tenants uint32 `protobuf:"varint,2,opt,name=tenants,proto3" json:"tenants,omitempty"`
+	// Once the member is in no subset: the time its last tenant stops
+	// reading it, by the snapshot's lookback and warm-up (a MarkReady of a
+	// replacement may bring it earlier; a later change of a tenant's subset
+	// may move it later); the leader drops it at its first round after.
+	// Unset while it is still in a subset, and when done.
+	ReadUntil *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=read_until,json=readUntil,proto3" json:"read_until,omitempty"`
+	// The snapshot version this progress is read from (0 when the session
+	// has ended): a client following the snapshot judges the drain from
+	// this version on.
+	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4804,6 +4852,34 @@ func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use LeavePoolResponse.ProtoReflect.Descriptor instead.
 func (*LeavePoolResponse) Descriptor() ([]byte, []int) {
 	return file_keyshard_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *LeavePoolResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *LeavePoolResponse) GetTenants() uint32 {
+	if x != nil {
+		return x.Tenants
+	}
+	return 0
+}
+
+func (x *LeavePoolResponse) GetReadUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadUntil
+	}
+	return nil
+}
+
+func (x *LeavePoolResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 // MarkReadyRequest tells the leader the member has loaded what it needs
@@ -5394,7 +5470,8 @@ type PoolSnapshot struct {
 	Version uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	// The policy the snapshot was planned with.
 	Policy *TenantPoolPolicy `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
-	// The members as placed, sorted by id.
+	// The members as placed, sorted by id; a leaving member (LeavePool)
+	// has weight 0: it is in no subset and only read as a removed member.
 	Members []*Member `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
 	// full: every tenant of the snapshot; else only tenants that changed
 	// since the previous message of the stream, with removed_tenants.
@@ -6143,10 +6220,17 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x14PoolKeepAliveRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"D\n" +
 	"\x15PoolKeepAliveResponse\x12+\n" +
-	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\",\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"M\n" +
 	"\x10LeavePoolRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"\x13\n" +
-	"\x11LeavePoolResponse\"F\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x1f\n" +
+	"\vend_session\x18\x02 \x01(\bR\n" +
+	"endSession\"\x96\x01\n" +
+	"\x11LeavePoolResponse\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x12\x18\n" +
+	"\atenants\x18\x02 \x01(\rR\atenants\x129\n" +
+	"\n" +
+	"read_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\treadUntil\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"F\n" +
 	"\x10MarkReadyRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x18\n" +
 	"\atenants\x18\x02 \x03(\tR\atenants\"E\n" +
@@ -6452,101 +6536,102 @@ var file_keyshard_proto_depIdxs = []int32{
 	99,  // 59: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
 	67,  // 60: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
 	99,  // 61: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	100, // 62: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
-	83,  // 63: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
-	1,   // 64: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
-	100, // 65: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
-	100, // 66: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
-	100, // 67: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
-	87,  // 68: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
-	88,  // 69: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
-	86,  // 70: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
-	100, // 71: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
-	66,  // 72: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	11,  // 73: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
-	89,  // 74: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
-	99,  // 75: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
-	90,  // 76: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
-	89,  // 77: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
-	94,  // 78: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
-	65,  // 79: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
-	3,   // 80: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	5,   // 81: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	7,   // 82: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	9,   // 83: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	13,  // 84: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	15,  // 85: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	26,  // 86: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	53,  // 87: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	19,  // 88: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
-	21,  // 89: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
-	23,  // 90: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
-	55,  // 91: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	31,  // 92: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	33,  // 93: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	35,  // 94: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	37,  // 95: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	38,  // 96: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	40,  // 97: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	42,  // 98: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
-	45,  // 99: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	47,  // 100: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	48,  // 101: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	58,  // 102: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	62,  // 103: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	64,  // 104: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	68,  // 105: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
-	70,  // 106: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
-	72,  // 107: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
-	75,  // 108: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
-	77,  // 109: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
-	79,  // 110: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
-	81,  // 111: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
-	84,  // 112: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
-	91,  // 113: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
-	93,  // 114: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
-	95,  // 115: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
-	4,   // 116: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	6,   // 117: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	8,   // 118: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	10,  // 119: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	14,  // 120: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	16,  // 121: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	27,  // 122: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	54,  // 123: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	20,  // 124: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
-	22,  // 125: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
-	25,  // 126: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
-	56,  // 127: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	32,  // 128: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	34,  // 129: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	36,  // 130: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	36,  // 131: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	39,  // 132: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	41,  // 133: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	43,  // 134: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
-	46,  // 135: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	44,  // 136: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	50,  // 137: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	59,  // 138: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	63,  // 139: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	61,  // 140: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	69,  // 141: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
-	71,  // 142: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
-	73,  // 143: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
-	76,  // 144: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
-	78,  // 145: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
-	80,  // 146: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
-	82,  // 147: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
-	85,  // 148: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
-	92,  // 149: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
-	90,  // 150: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
-	96,  // 151: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
-	116, // [116:152] is the sub-list for method output_type
-	80,  // [80:116] is the sub-list for method input_type
-	80,  // [80:80] is the sub-list for extension type_name
-	80,  // [80:80] is the sub-list for extension extendee
-	0,   // [0:80] is the sub-list for field type_name
+	100, // 62: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
+	100, // 63: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
+	83,  // 64: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
+	1,   // 65: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
+	100, // 66: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
+	100, // 67: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
+	100, // 68: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
+	87,  // 69: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
+	88,  // 70: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
+	86,  // 71: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
+	100, // 72: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
+	66,  // 73: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	11,  // 74: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
+	89,  // 75: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
+	99,  // 76: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
+	90,  // 77: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
+	89,  // 78: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
+	94,  // 79: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
+	65,  // 80: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
+	3,   // 81: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	5,   // 82: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	7,   // 83: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	9,   // 84: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	13,  // 85: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	15,  // 86: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	26,  // 87: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	53,  // 88: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	19,  // 89: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	21,  // 90: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	23,  // 91: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	55,  // 92: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	31,  // 93: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	33,  // 94: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	35,  // 95: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	37,  // 96: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	38,  // 97: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	40,  // 98: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	42,  // 99: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	45,  // 100: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	47,  // 101: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	48,  // 102: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	58,  // 103: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	62,  // 104: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	64,  // 105: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	68,  // 106: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
+	70,  // 107: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
+	72,  // 108: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
+	75,  // 109: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
+	77,  // 110: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
+	79,  // 111: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
+	81,  // 112: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
+	84,  // 113: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
+	91,  // 114: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
+	93,  // 115: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
+	95,  // 116: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
+	4,   // 117: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	6,   // 118: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	8,   // 119: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	10,  // 120: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	14,  // 121: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	16,  // 122: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	27,  // 123: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	54,  // 124: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	20,  // 125: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	22,  // 126: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	25,  // 127: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	56,  // 128: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	32,  // 129: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	34,  // 130: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	36,  // 131: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	36,  // 132: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	39,  // 133: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	41,  // 134: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	43,  // 135: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	46,  // 136: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	44,  // 137: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	50,  // 138: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	59,  // 139: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	63,  // 140: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	61,  // 141: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	69,  // 142: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
+	71,  // 143: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
+	73,  // 144: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
+	76,  // 145: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
+	78,  // 146: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
+	80,  // 147: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
+	82,  // 148: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
+	85,  // 149: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
+	92,  // 150: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
+	90,  // 151: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
+	96,  // 152: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
+	117, // [117:153] is the sub-list for method output_type
+	81,  // [81:117] is the sub-list for method input_type
+	81,  // [81:81] is the sub-list for extension type_name
+	81,  // [81:81] is the sub-list for extension extendee
+	0,   // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }

@@ -14,7 +14,7 @@
 //   MapService    (role member or admin) routers: the map, lookups
 //   HotKeyService (role member or admin) producers: report heavy hitters,
 //                                        watch the cluster-wide overflow set
-//   TenantPoolService                    tenant pools: shuffle-sharded subsets
+//   TenantPoolService (see below)        tenant pools: shuffle-sharded subsets
 //                                        sized from each tenant's own load.
 //                                        Put/Delete need admin; Join,
 //                                        KeepAlive, Leave, MarkReady need
