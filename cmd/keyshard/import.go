@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -171,7 +173,7 @@ func (f importFlags) request(name string) (client.KeyspaceImport, error) {
 		}
 		imp.Instances = append(imp.Instances, client.ImportInstance{Member: in.id, Position: in.pos})
 	}
-	for id := range filePos {
+	for _, id := range slices.Sorted(maps.Keys(filePos)) { // the first in order: the same error every run
 		if _, ok := seen[id]; !ok {
 			return imp, fmt.Errorf("--positions-file %s: %q is not one of the instances", f.positionsFile, id)
 		}

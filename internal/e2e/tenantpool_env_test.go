@@ -108,6 +108,8 @@ func (e *tpEnv) sdk(rs ...*keyshardtest.Server) *client.Client {
 	return c
 }
 
+// putPool creates the pool through r, the leader, and steps the clock
+// through the pool's first window.
 func (e *tpEnv) putPool(r *keyshardtest.Server, p *keyshardv1.TenantPool) {
 	e.t.Helper()
 	if p.LeaseTtl == nil {
@@ -115,6 +117,16 @@ func (e *tpEnv) putPool(r *keyshardtest.Server, p *keyshardv1.TenantPool) {
 	}
 	if _, err := e.api(r).PutTenantPool(e.ctx, connect.NewRequest(&keyshardv1.PutTenantPoolRequest{Pool: p})); err != nil {
 		e.t.Fatal(err)
+	}
+	// The leader sizes nobody before it has measured the pool for a
+	// window (tenantpool.Planner.Hold): let a window pass, so that the
+	// tests' reports are sized at the next round.
+	window := time.Minute
+	if w := p.GetPolicy().GetWindow(); w != nil {
+		window = w.AsDuration()
+	}
+	for range int(window / time.Second) {
+		e.step(r)
 	}
 }
 

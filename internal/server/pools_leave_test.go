@@ -227,9 +227,9 @@ func TestTenantPoolSDKLeave(t *testing.T) {
 			e.step(l, time.Second)
 		}
 	}
-	// m0 is placed once its first keep-alive (a third of the TTL) made it
-	// active.
-	for !slices.Contains(subset(e.tenant(r, "gw", "t").Assignment), "m0") {
+	// m0 is placed once its first keep-alive made it active.
+	// The leader sizes "t" once it has measured a window.
+	for s := e.tenant(r, "gw", "t"); !s.Known || !slices.Contains(subset(s.Assignment), "m0"); s = e.tenant(r, "gw", "t") {
 		if e.clk.Now().Sub(tpT0) > time.Minute {
 			t.Fatal("m0 is not placed after a minute")
 		}
