@@ -130,12 +130,12 @@ leaving, and Planner rounds over 100,000 tenants. Takes about two minutes.`,
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "measure\tvalue\ttarget")
-			fmt.Fprintf(tw, "aggregation, %d tenants, %d reporters/s (process)\t%.3f cores, %.0f etcd bytes/s\t< 1 core\n", rep.Tenants, rep.Reporters, rep.AggregateCPU, rep.EtcdBytesPerS)
-			fmt.Fprintf(tw, "  of which the pure core (aggregate, rates, round)\t%.3f cores\t\n", rep.AggregateCoreCPU)
+			fmt.Fprintf(tw, "aggregation, %d tenants, %d reporters/s (process)\t%.3f cores, %.0f etcd bytes/s\t< 1 core\n", rep.ServerTenants, rep.Reporters, rep.AggregateCPU, rep.EtcdBytesPerS)
+			fmt.Fprintf(tw, "pure core, %d tenants (aggregate, rates, round)\t%.3f cores\t\n", rep.Tenants, rep.AggregateCoreCPU)
 			fmt.Fprintf(tw, "PoolFollower.Targets / Serves\t%.1f ns, %d allocs / %.1f ns\t≤ 100 ns, 0 allocs\n", rep.TargetsNs, rep.TargetsAllocs, rep.ServesNs)
 			fmt.Fprintf(tw, "growth 10 → 100 members, %d tenants\t%d sizes changed, %d moved (minimum %d, ×%.2f)\t0 sizes\n", rep.GrowthTenants, rep.GrowthSizeChanges, rep.GrowthMoved, rep.GrowthMinimum, rep.GrowthMovedOverMin)
 			fmt.Fprintf(tw, "one member of 100 leaves\t%d of %d holders changed by one; %d changed; %d sizes\tholders only, by one\n", rep.LeaveChangedByOne, rep.LeaveHolders, rep.LeaveChanged, rep.LeaveSizeChanges)
-			fmt.Fprintf(tw, "one tenant's change, %d tenants\t%d bytes, %d keys, %d tenants\tone chunk\n", rep.Tenants, rep.BytesWrittenPerTenantChange, rep.WritesPerTenantChange, rep.TenantsRewritten)
+			fmt.Fprintf(tw, "one tenant's change, %d tenants\t%d bytes, %d keys, %d tenants\tone chunk\n", rep.ServerTenants, rep.BytesWrittenPerTenantChange, rep.WritesPerTenantChange, rep.TenantsRewritten)
 			fmt.Fprintf(tw, "plan round, %d tenants\tsteady %.1f ms, after a leave %.1f ms\t\n", rep.PlanTenants, rep.PlanSteadyMs, rep.PlanLeaveMs)
 			return tw.Flush()
 		},
