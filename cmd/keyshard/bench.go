@@ -22,7 +22,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants())
 	return cmd
 }
 
@@ -96,6 +96,53 @@ following new maps. Takes under two minutes.`,
 	f.register(cmd)
 	cmd.Flags().BoolVar(&quick, "quick", false, "small keyspaces and few routers: a smoke test, not comparable with the targets")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "also print the server's, etcd's and workers' logs")
+	return cmd
+}
+
+func newBenchTenants() *cobra.Command {
+	var f benchFlags
+	var quick, verbose bool
+	cmd := &cobra.Command{
+		Use:   "tenants",
+		Short: "Tenant pools: aggregation CPU and etcd bytes, Targets cost, growth and leave moves, bytes per change, plan rounds",
+		Long: `Measure tenant pools against their targets: a real server on an embedded
+etcd with 100 reporters reporting 100,000 tenants every second (each tenant
+by 3 reporters): the process's CPU and the etcd bytes written per second;
+PoolFollower.Targets and Serves on that snapshot; the bytes one tenant's
+change writes; and, on the pure core, a pool growing from 10 to 100
+members (sizes changed, placements moved against the minimum), one member
+leaving, and Planner rounds over 100,000 tenants. Takes about two minutes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.apply(); err != nil {
+				return err
+			}
+			opts := bench.TenantsOptions{Runs: f.runs, Quick: quick}
+			if verbose {
+				opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			}
+			rep, err := bench.Tenants(cmd.Context(), opts, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "measure\tvalue\ttarget")
+			fmt.Fprintf(tw, "aggregation, %d tenants, %d reporters/s (process)\t%.3f cores, %.0f etcd bytes/s\t< 1 core\n", rep.ServerTenants, rep.Reporters, rep.AggregateCPU, rep.EtcdBytesPerS)
+			fmt.Fprintf(tw, "pure core, %d tenants (aggregate, rates, round)\t%.3f cores\t\n", rep.Tenants, rep.AggregateCoreCPU)
+			fmt.Fprintf(tw, "PoolFollower.Targets / Serves\t%.1f ns, %d allocs / %.1f ns\t≤ 100 ns, 0 allocs\n", rep.TargetsNs, rep.TargetsAllocs, rep.ServesNs)
+			fmt.Fprintf(tw, "growth 10 → 100 members, %d tenants\t%d sizes changed, %d moved (minimum %d, ×%.2f)\t0 sizes\n", rep.GrowthTenants, rep.GrowthSizeChanges, rep.GrowthMoved, rep.GrowthMinimum, rep.GrowthMovedOverMin)
+			fmt.Fprintf(tw, "one member of 100 leaves\t%d of %d holders changed by one; %d changed; %d sizes\tholders only, by one\n", rep.LeaveChangedByOne, rep.LeaveHolders, rep.LeaveChanged, rep.LeaveSizeChanges)
+			fmt.Fprintf(tw, "one tenant's change, %d tenants\t%d bytes, %d keys, %d tenants\tone chunk\n", rep.ServerTenants, rep.BytesWrittenPerTenantChange, rep.WritesPerTenantChange, rep.TenantsRewritten)
+			fmt.Fprintf(tw, "plan round, %d tenants\tsteady %.1f ms, after a leave %.1f ms\t\n", rep.PlanTenants, rep.PlanSteadyMs, rep.PlanLeaveMs)
+			return tw.Flush()
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&quick, "quick", false, "10,000 tenants and 10 reporters: a smoke test, not comparable with the targets")
+	cmd.Flags().BoolVar(&verbose, "verbose", false, "also print the server's logs")
 	return cmd
 }
 

@@ -112,3 +112,51 @@ func TestBenchStreamJSON(t *testing.T) {
 		t.Errorf("expected progress lines, got:\n%s", progress)
 	}
 }
+
+func TestBenchTenantsJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd and reports load for a few seconds")
+	}
+	out, progress, err := runCLI(t, "bench", "tenants", "--json", "--quick", "--runs", "1", "--benchtime", "100000x")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress)
+	}
+	var rep map[string]float64
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	for _, field := range []string{"tenants", "reporters", "reporters_per_tenant", "aggregate_100k_tenants_100_reporters_cpu", "aggregate_core_cpu", "measure_s",
+		"targets_ns", "serves_ns", "growth_tenants", "growth_moved", "growth_minimum", "growth_rounds", "leave_holders", "leave_changed", "leave_changed_by_one",
+		"bytes_written_per_tenant_change", "writes_per_tenant_change", "tenants_rewritten", "plan_tenants", "plan_steady_ms", "plan_leave_ms"} {
+		if v, ok := rep[field]; !ok || v <= 0 {
+			t.Errorf("%s = %v, want a measured value", field, v)
+		}
+	}
+	for _, field := range []string{"etcd_bytes_per_s", "targets_allocs", "growth_size_changes", "leave_size_changes"} {
+		if _, ok := rep[field]; !ok {
+			t.Errorf("no %s", field)
+		}
+	}
+	// Counts, not timings.
+	if rep["targets_allocs"] != 0 {
+		t.Errorf("Targets allocates %v times", rep["targets_allocs"])
+	}
+	if rep["growth_size_changes"] != 0 || rep["leave_size_changes"] != 0 {
+		t.Errorf("sizes changed: %v on growth, %v on a leave", rep["growth_size_changes"], rep["leave_size_changes"])
+	}
+	if rep["growth_moved"] < rep["growth_minimum"] {
+		t.Errorf("moved %v placements, below the minimum %v: the count or the bound is wrong", rep["growth_moved"], rep["growth_minimum"])
+	}
+	if rep["leave_changed"] != rep["leave_holders"] || rep["leave_changed_by_one"] != rep["leave_holders"] {
+		t.Errorf("a leave changed %v subsets, %v by one member; %v held the leaver", rep["leave_changed"], rep["leave_changed_by_one"], rep["leave_holders"])
+	}
+	if rep["tenants_rewritten"] != 1 {
+		t.Errorf("one tenant's change rewrote %v tenants", rep["tenants_rewritten"])
+	}
+	if rep["aggregate_100k_tenants_100_reporters_cpu"] > 4 {
+		t.Errorf("%v cores on a quick run", rep["aggregate_100k_tenants_100_reporters_cpu"])
+	}
+	if strings.Count(progress, "\n") < 5 {
+		t.Errorf("expected progress lines, got:\n%s", progress)
+	}
+}

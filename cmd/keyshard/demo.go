@@ -32,7 +32,16 @@ a producer appends keyed events to, commit a position per bucket, and hand
 positions over with their buckets. The demo checks that every event was
 handled by a holder of its bucket, each key in stream order within each
 holder's tenure, with no duplicate after a graceful move and duplicates
-after a crash only after that bucket's last commit.`,
+after a crash only after that bucket's last commit.
+
+With --mode tenants, a tenant pool of 10 gateways in 3 zones serves 200
+tenants under Zipf load from 3 clients (PoolFollower and LoadReporter
+each); one tenant's load steps up tenfold and back, the pool grows to 20
+gateways and its first 10 leave. The demo checks that clients and
+gateways agreed at every snapshot version, that every read went to a
+gateway serving its tenant, and that no steady tenant's size followed the
+pool's. Its pace follows --duration (default 90s): window duration/9,
+shrink cooldown twice that.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Out = cmd.ErrOrStderr()
@@ -73,8 +82,18 @@ after a crash only after that bucket's last commit.`,
 					return err
 				}
 				rep, ok = r, r.OK
+			case "tenants":
+				topts := demo.TenantsOptions{Duration: opts.Duration, Out: opts.Out, Logger: opts.Logger}
+				if !cmd.Flags().Changed("duration") {
+					topts.Duration = 0 // the mode's own default
+				}
+				r, err := demo.RunTenants(cmd.Context(), topts)
+				if err != nil {
+					return err
+				}
+				rep, ok = r, r.OK
 			default:
-				return fmt.Errorf("--mode %q: want exclusive, stream or hotkeys", mode)
+				return fmt.Errorf("--mode %q: want exclusive, stream, hotkeys or tenants", mode)
 			}
 			if asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
@@ -92,7 +111,7 @@ after a crash only after that bucket's last commit.`,
 	fl.IntVar(&opts.Workers, "workers", 3, "workers at the start")
 	fl.IntVar(&opts.Buckets, "buckets", 256, "buckets of the demo keyspace")
 	fl.IntVar(&opts.Rate, "rate", 2000, "keyed events per second")
-	fl.StringVar(&mode, "mode", "exclusive", `"exclusive" (workers owning buckets), "stream" (stream workers reading one Kafka partition on kfake, positions per bucket) or "hotkeys" (Kafka overflow router on kfake)`)
+	fl.StringVar(&mode, "mode", "exclusive", `"exclusive" (workers owning buckets), "stream" (stream workers reading one Kafka partition on kfake, positions per bucket) or "hotkeys" (Kafka overflow router on kfake) or "tenants" (a shuffle-sharded tenant pool that grows and shrinks)`)
 	fl.BoolVar(&asJSON, "json", false, "end with one JSON object of the checked figures on stdout")
 	fl.BoolVar(&verbose, "verbose", false, "also print the server's and workers' logs")
 	return cmd

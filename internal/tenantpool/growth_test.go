@@ -1,7 +1,6 @@
 package tenantpool
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -56,41 +55,6 @@ func memberLoads(st State, rates map[string]float64) map[string]float64 {
 	return load
 }
 
-// minMoves is a lower bound on the placements any plan with the same
-// sizes must move, starting from st, so that no member of members (all of
-// weight 1) carries more than (1+tol) × its fair share (the total load
-// over the number of members). A member above that must shed the excess;
-// moving one of its placements sheds that tenant's rate/size, so the
-// fewest moves shed its largest pieces first. The bound ignores where the
-// pieces go, so it is at most the true minimum.
-func minMoves(st State, members []placement.Member, rates map[string]float64, tol float64) int {
-	pieces := map[string][]float64{}
-	total := 0.0
-	for id, ts := range st.Tenants {
-		total += rates[id]
-		for _, m := range ts.Members {
-			pieces[m.ID] = append(pieces[m.ID], rates[id]/float64(len(ts.Members)))
-		}
-	}
-	limit := (1 + tol) * total / float64(len(members))
-	n := 0
-	for _, ps := range pieces {
-		load := 0.0
-		for _, p := range ps {
-			load += p
-		}
-		slices.SortFunc(ps, func(a, b float64) int { return cmp.Compare(b, a) })
-		for _, p := range ps {
-			if load <= limit {
-				break
-			}
-			load -= p
-			n++
-		}
-	}
-	return n
-}
-
 type growthResult struct {
 	moved, net, minimum int
 	maxOverShare        float64
@@ -127,7 +91,7 @@ func growPool(tb testing.TB, tenants, rebalance int) growthResult {
 		}
 	}
 	tol := placement.DefaultTolerance
-	res := growthResult{minimum: minMoves(start, pool(100, 3), rates, tol)}
+	res := growthResult{minimum: MinMoves(start, pool(100, 3), rates, tol)}
 	count := func(ch Changes) int {
 		if len(ch.Sizes) != 0 {
 			tb.Fatalf("the pool's growth changed sizes: %+v", ch.Sizes[0])
