@@ -50,9 +50,10 @@ type LoadReporter struct {
 	shards []loadShard
 	closed atomic.Bool
 
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	loopCtx context.Context // ends at Close (or the Client's)
+	cancel  context.CancelFunc
+	done    chan struct{}
+	once    sync.Once
 
 	flushMu sync.Mutex // one report at a time
 	seq     uint64     // the last seq given to a report; under flushMu
@@ -135,7 +136,7 @@ func (c *Client) NewLoadReporter(pool, reporterID string, opts ...PoolOption) (*
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(c.ctx, cancel)
-	r.cancel = func() { stop(); cancel() }
+	r.loopCtx, r.cancel = ctx, func() { stop(); cancel() }
 	go func() {
 		defer close(r.done)
 		r.loop(ctx)
@@ -189,11 +190,63 @@ func (r *LoadReporter) Close() error {
 			err = r.dropAll(ErrClosed)
 			return
 		}
-		if ferr := r.flush(ctx); ferr != nil {
+		if ferr := r.flush(ctx, nil); ferr != nil {
 			err = r.dropAll(ferr)
 		}
 	})
 	return err
+}
+
+// Flush sends now the counts added so far, after the reports pending,
+// one report at a time with the numbering and retry rules of the
+// interval's reports, and returns once the control plane has answered
+// every one: nil if it took them all (counted, or recognized as
+// replays). A call that fails with an error that may pass is retried with
+// the same seq and counts, after a backoff on the reporter's clock, until
+// ctx ends; then Flush returns ctx's error (with the last failure) and
+// the reports not answered stay pending, sent again at the next
+// interval, Flush or Close. A failure retrying cannot fix (ErrNotFound,
+// ErrUnauthenticated, ErrPermissionDenied) is returned at once, the
+// report kept pending. A report the control plane refuses as
+// invalid or too old is dropped as at any interval, and Flush returns an
+// error saying how many requests were dropped (wrapping ErrInvalid for an
+// invalid one). Counts added while Flush runs may go in its reports too.
+// Flush returns ErrClosed once Close (or the Client's Close) has begun;
+// Close sends what is left.
+func (r *LoadReporter) Flush(ctx context.Context) error {
+	if r.closed.Load() || r.c.closed() {
+		return ErrClosed
+	}
+	// Close cancels the loop's context: stop too, leaving it the rest.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(r.loopCtx, cancel)
+	defer stop()
+	var (
+		b       backoff
+		dropped []error
+	)
+	for {
+		err := r.flush(ctx, &dropped)
+		switch {
+		case err == nil:
+			return errors.Join(dropped...)
+		case r.closed.Load() || r.c.closed():
+			return ErrClosed
+		case ctx.Err() != nil:
+			return fmt.Errorf("load reporter %q of tenant pool %q: flush: %w (last attempt: %w)", r.id, r.pool, ctx.Err(), err)
+		case permanent(err, false):
+			// Retrying will not help (the pool is gone, the token refused):
+			// the report stays pending, as at an interval.
+			return fmt.Errorf("load reporter %q of tenant pool %q: flush: %w", r.id, r.pool, err)
+		}
+		if !sleep(ctx, r.clock, b.next()) {
+			if r.closed.Load() || r.c.closed() {
+				return ErrClosed
+			}
+			return fmt.Errorf("load reporter %q of tenant pool %q: flush: %w (last attempt: %w)", r.id, r.pool, ctx.Err(), err)
+		}
+	}
 }
 
 // dropAll gives up the reports pending and the counts not taken yet,
@@ -204,7 +257,7 @@ func (r *LoadReporter) dropAll(cause error) error {
 	r.take()
 	var total int64
 	for _, rep := range r.pending {
-		r.drop(rep, cause)
+		r.drop(rep, cause, nil)
 		total += rep.total
 	}
 	r.pending = nil
@@ -220,22 +273,23 @@ func (r *LoadReporter) loop(ctx context.Context) {
 		if !sleep(ctx, r.clock, r.interval) {
 			return
 		}
-		_ = r.flush(ctx)
+		_ = r.flush(ctx, nil)
 	}
 }
 
 // flush sends the reports pending, in order, then, if all went through,
 // the counts added since as new reports. It stops at the first failure,
-// which it returns (that report and those after it stay pending).
-func (r *LoadReporter) flush(ctx context.Context) error {
+// which it returns (that report and those after it stay pending). The
+// errors of the reports it drops are appended to dropped, if not nil.
+func (r *LoadReporter) flush(ctx context.Context, dropped *[]error) error {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
 	defer r.setPending()
-	if err := r.sendPending(ctx); err != nil {
+	if err := r.sendPending(ctx, dropped); err != nil {
 		return err
 	}
 	r.take()
-	return r.sendPending(ctx)
+	return r.sendPending(ctx, dropped)
 }
 
 // take moves the counts added so far into new reports. flushMu is held.
@@ -276,7 +330,7 @@ func (r *LoadReporter) take() {
 }
 
 // sendPending sends the pending reports one at a time. flushMu is held.
-func (r *LoadReporter) sendPending(ctx context.Context) error {
+func (r *LoadReporter) sendPending(ctx context.Context, dropped *[]error) error {
 	for len(r.pending) > 0 {
 		rep := r.pending[0]
 		req := &keyshardv1.ReportLoadRequest{Pool: r.pool, Reporter: r.id, Seq: rep.seq, Time: timestamppb.New(rep.time), Counts: rep.counts}
@@ -287,7 +341,7 @@ func (r *LoadReporter) sendPending(ctx context.Context) error {
 		retry := false
 		switch {
 		case err == nil && resp.GetOutcome() == keyshardv1.ReportOutcome_REPORT_OUTCOME_STALE:
-			r.drop(rep, fmt.Errorf("report %d is older than the pool's window", rep.seq))
+			r.drop(rep, fmt.Errorf("report %d is older than the pool's window", rep.seq), dropped)
 		case err == nil:
 			r.mu.Lock()
 			r.stats.Reports++
@@ -297,7 +351,7 @@ func (r *LoadReporter) sendPending(ctx context.Context) error {
 			r.stats.LastErr = nil
 			r.mu.Unlock()
 		case errors.Is(err, ErrInvalid):
-			r.drop(rep, err)
+			r.drop(rep, err, dropped)
 		default:
 			retry = true
 			r.mu.Lock()
@@ -318,8 +372,9 @@ func (r *LoadReporter) sendPending(ctx context.Context) error {
 	return nil
 }
 
-// drop gives up rep, counting and reporting it.
-func (r *LoadReporter) drop(rep *loadReport, cause error) {
+// drop gives up rep, counting and reporting it, and appends the error to
+// dropped if not nil.
+func (r *LoadReporter) drop(rep *loadReport, cause error, dropped *[]error) {
 	r.mu.Lock()
 	r.stats.DroppedReports++
 	r.stats.DroppedCounts += rep.total
@@ -328,6 +383,9 @@ func (r *LoadReporter) drop(rep *loadReport, cause error) {
 	err := fmt.Errorf("load report %d of tenant pool %q dropped, %d requests not counted: %w", rep.seq, r.pool, rep.total, cause)
 	r.log.Error("keyshard: load report dropped", "seq", rep.seq, "dropped", rep.total, "err", cause)
 	r.ev.emit(PoolEvent{Kind: PoolReportDropped, Pool: r.pool, Err: err, Dropped: rep.total, Seq: rep.seq})
+	if dropped != nil {
+		*dropped = append(*dropped, err)
+	}
 }
 
 func (r *LoadReporter) setPending() {

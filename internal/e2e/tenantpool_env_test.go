@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,13 +31,21 @@ var tpT0 = time.Date(2026, 5, 6, 7, 0, 0, 0, time.UTC)
 // rounds, report times, long-poll waits, followers' backoffs and
 // members' keep-alive intervals move only when the test advances it.
 // Sessions are etcd leases, on the real clock: pools get a lease TTL far
-// longer than a test runs.
+// longer than a test runs. The leader renews its election lease on the
+// fake clock, though, and stops leading if no renewal was acknowledged
+// (by the real etcd) within the TTL on that clock: a test that steps
+// fast on a loaded machine could outrun the renewals, and the next step
+// would wait for a round forever. The longest TTL, a minute, leaves each
+// renewal 20 steps to be answered.
 type tpEnv struct {
 	t   *testing.T
 	ctx context.Context
 	clk *keyshardtest.FakeClock
 	rs  []*keyshardtest.Server
 	st  *store.Store
+
+	mu   sync.Mutex
+	srvs map[string]*server.Server // each replica's current run, by URL
 }
 
 func newTPEnv(t *testing.T, replicas int) *tpEnv {
@@ -53,9 +62,16 @@ func newTPEnv(t *testing.T, replicas int) *tpEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &tpEnv{t: t, ctx: ctx, clk: keyshardtest.NewFakeClock(tpT0), st: st}
-	opts := keyshardtest.Options{Clock: e.clk, ElectionTTL: 30 * time.Second,
-		Internal: &kitseam.Options{Config: func(c *server.Config) { c.Etcd = server.EtcdConfig{Endpoints: emb.Endpoints()} }}}
+	e := &tpEnv{t: t, ctx: ctx, clk: keyshardtest.NewFakeClock(tpT0), st: st, srvs: map[string]*server.Server{}}
+	opts := keyshardtest.Options{Clock: e.clk, ElectionTTL: server.MaxElectionTTL,
+		Internal: &kitseam.Options{
+			Config: func(c *server.Config) { c.Etcd = server.EtcdConfig{Endpoints: emb.Endpoints()} },
+			Started: func(srv *server.Server) {
+				e.mu.Lock()
+				e.srvs["http://"+srv.Addr()] = srv
+				e.mu.Unlock()
+			},
+		}}
 	if replicas == 1 {
 		e.rs = []*keyshardtest.Server{keyshardtest.NewServer(t, opts)}
 	} else {
@@ -131,12 +147,43 @@ func (e *tpEnv) putPool(r *keyshardtest.Server, p *keyshardv1.TenantPool) {
 }
 
 // step advances the clock by a second and waits for the leader's round
-// at the new time: what the leader publishes then is in etcd.
+// at the new time: what the leader publishes then is in etcd. The round
+// reads every write made before step (a member's keep-alive, say): the
+// leader's view has applied them before the clock moves.
 func (e *tpEnv) step(l *keyshardtest.Server) {
 	e.t.Helper()
+	e.sync(l)
 	e.clk.Advance(time.Second)
 	if err := l.WaitTenantPoolRound(e.ctx, e.clk.Now()); err != nil {
 		e.t.Fatalf("no tenant-pool round at %v: %v", e.clk.Now().Sub(tpT0), err)
+	}
+}
+
+// pastHold steps through window, the pool's: a new pool, as a new
+// leader, sizes nobody until it has measured a whole window (see
+// tenantpool.Planner.Hold).
+func (e *tpEnv) pastHold(l *keyshardtest.Server, window time.Duration) {
+	e.t.Helper()
+	for range window / time.Second {
+		e.step(l)
+	}
+}
+
+// sync waits until replica r's view holds every write in etcd so far.
+func (e *tpEnv) sync(r *keyshardtest.Server) {
+	e.t.Helper()
+	rev, err := e.st.Rev(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.mu.Lock()
+	srv := e.srvs[r.URL()]
+	e.mu.Unlock()
+	if srv == nil {
+		e.t.Fatalf("no run of replica %s", r.URL())
+	}
+	if err := srv.WaitViewRev(e.ctx, rev); err != nil {
+		e.t.Fatalf("replica %s: view not at etcd revision %d: %v", r.URL(), rev, err)
 	}
 }
 

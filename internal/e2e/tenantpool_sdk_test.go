@@ -49,14 +49,16 @@ func TestTenantPoolSDKMatchesCore(t *testing.T) {
 		members = append(members, m)
 	}
 	e.stepUntilState(l, "gw", "all nine members placed", 20, func(st tenantpool.State) bool { return len(st.Members) == 9 })
+	e.pastHold(l, 10*time.Second)
 
 	var reps []*client.LoadReporter
 	for j := range reporters {
-		// Reports go at Close: the interval never passes on the clock.
+		// Reports go at Flush: the interval never passes on the clock.
 		r, err := e.sdk(l).NewLoadReporter("gw", fmt.Sprintf("c%d", j), client.ReportInterval(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer r.Close()
 		reps = append(reps, r)
 	}
 	// Heavy-tailed: tenant i gets about 4000/(i+1) requests; the 30
@@ -73,10 +75,10 @@ func TestTenantPoolSDKMatchesCore(t *testing.T) {
 		}
 		mustAdd(t, reps[i%reporters], tn, n)
 	}
-	// Close sends what was added, and a report is answered once the
-	// leader has counted it: the next round sizes every tenant.
+	// Flush sends what was added and returns once the leader has counted
+	// it: the next round sizes every tenant.
 	for _, r := range reps {
-		if err := r.Close(); err != nil {
+		if err := r.Flush(e.ctx); err != nil {
 			t.Fatal(err)
 		}
 		if s := r.Stats(); s.Reports == 0 || s.Pending != 0 || s.DroppedReports != 0 || s.Replayed != 0 {
@@ -159,29 +161,31 @@ func TestTenantPoolMarkReadySDK(t *testing.T) {
 		members[id] = m
 	}
 	e.stepUntilState(l, "gw", "all five members placed", 20, func(st tenantpool.State) bool { return len(st.Members) == 5 })
+	e.pastHold(l, 10*time.Second)
 	cf, err := e.sdk(l).FollowPool(e.ctx, "gw")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cf.Close()
 
-	report := func(reporter string, n int64) {
-		r, err := e.sdk(l).NewLoadReporter("gw", reporter, client.ReportInterval(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
+	r, err := e.sdk(l).NewLoadReporter("gw", "c1", client.ReportInterval(time.Hour)) // Flush sends
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	report := func(n int64) {
 		mustAdd(t, r, "t", n)
-		if err := r.Close(); err != nil { // sends the counts
+		if err := r.Flush(e.ctx); err != nil {
 			t.Fatal(err)
 		}
 		e.step(l)
 	}
-	report("c1", 5)
+	report(5)
 	first := e.state("gw")
 	if len(first.Tenants["t"].Members) != 1 {
 		t.Fatalf("t at 5 requests: %+v; want one member", first.Tenants["t"])
 	}
-	report("c2", 300)
+	report(300)
 	grown := e.state("gw")
 	if len(grown.Tenants["t"].Members) < 3 {
 		t.Fatalf("t at 300 requests more: %+v; want at least 3 members", grown.Tenants["t"])
