@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -49,11 +48,10 @@ type TenantsOptions struct {
 type TenantsReport struct {
 	Tenants int `json:"tenants"`
 	// ServerTenants is the number of tenants of the real server's figures
-	// (aggregation CPU, etcd bytes, Targets, bytes per change): 40,000,
-	// not Tenants, because the leader writes a round in one etcd
-	// transaction, and the rounds that list tens of thousands of new
-	// tenants (growing past about 50,000 in steps of 10,000) exceed etcd's
-	// request size and fail at every retry.
+	// (aggregation CPU, etcd bytes, Targets, bytes per change): Tenants,
+	// every one reporting from the start, so that the leader's first
+	// sizing rewrites every chunk in one round (published in several
+	// transactions under the budget: store.StateWrites).
 	ServerTenants      int `json:"server_tenants"`
 	Reporters          int `json:"reporters"`
 	ReportersPerTenant int `json:"reporters_per_tenant"`
@@ -126,14 +124,10 @@ func tenantsSizesFor(quick bool) tenantsSizes {
 	if quick {
 		return tenantsSizes{tenants: 10_000, serverTenants: 10_000, reporters: 10, perTenant: 3, members: 10, window: 2 * time.Second, measure: 2 * time.Second, growthTenants: 2_000, planTenants: 10_000}
 	}
-	return tenantsSizes{tenants: 100_000, serverTenants: 40_000, reporters: 100, perTenant: 3, members: 10, window: 5 * time.Second, measure: 10 * time.Second, growthTenants: 10_000, planTenants: 100_000}
+	return tenantsSizes{tenants: 100_000, serverTenants: 100_000, reporters: 100, perTenant: 3, members: 10, window: 5 * time.Second, measure: 10 * time.Second, growthTenants: 10_000, planTenants: 100_000}
 }
 
 const tbPool = "bench-gateways"
-
-// tbRamp is how many more tenants start reporting once the leader has
-// sized those reporting.
-const tbRamp = 10_000
 
 // tbChangeTries bounds the tenants marked ready to see a round that
 // rewrote only that tenant.
@@ -477,10 +471,6 @@ func tbServer(ctx context.Context, sz tenantsSizes, opts TenantsOptions, rep *Te
 	srvSz.tenants = sz.serverTenants
 	rates := tbRates(sz.serverTenants, 5)
 	reports := tbReports(srvSz, rates)
-	// The tenants start reporting in steps of tbRamp: one round writing
-	// every new tenant of 100,000 at once exceeds etcd's request size.
-	var active atomic.Int64
-	active.Store(int64(min(tbRamp, sz.serverTenants)))
 	rctx, stopReporters := context.WithCancel(ctx)
 	var rwg sync.WaitGroup
 	reporters := make([]*client.LoadReporter, sz.reporters)
@@ -503,11 +493,7 @@ func tbServer(ctx context.Context, sz tenantsSizes, opts TenantsOptions, rep *Te
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
-				cut := tbTenant(int(active.Load()))
-				for _, c := range cs { // sorted by tenant
-					if c.Tenant >= cut {
-						break
-					}
+				for _, c := range cs {
 					r.Add(c.Tenant, c.N)
 				}
 				select {
@@ -529,10 +515,6 @@ func tbServer(ctx context.Context, sz tenantsSizes, opts TenantsOptions, rep *Te
 		}
 		if len(st) == 1 && st[0].Tenants >= sz.serverTenants {
 			break
-		}
-		if n := active.Load(); len(st) == 1 && st[0].Tenants >= int(n) && n < int64(sz.serverTenants) {
-			active.Store(min(n+tbRamp, int64(sz.serverTenants)))
-			say("server: %d tenants sized; %d reporting", st[0].Tenants, active.Load())
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the leader did not size the %d tenants in time", sz.serverTenants)

@@ -58,6 +58,11 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// Limits bound request sizes, lookups and long polls.
 	Limits Limits `yaml:"limits"`
+	// TenantPoolTxnBytes bounds the keys and values of each transaction
+	// of a tenant pool's publication; 0: store.DefaultTenantTxnBytes
+	// (1 MiB, below etcd's default 1.5 MiB request limit). Not read from
+	// the config file: Keyshard's tests set it small.
+	TenantPoolTxnBytes int `yaml:"-"`
 }
 
 // TLSFiles names PEM files.

@@ -48,3 +48,18 @@ func (s *Server) ExpirePoolSession(ctx context.Context, pool, id string) error {
 		return ps == nil || ps.Members[id].Value.Session != shard.LeaseID(lease)
 	})
 }
+
+// Replica returns the replica's name.
+func (s *Server) Replica() string { return s.cfg.Replica }
+
+// HoldTenantPoolBatches makes the leader call f after each transaction of
+// a publication's chunks but the last, with the term's context, the
+// batches and the chunks written so far: a test blocks in f to hold a
+// publication half written. nil removes it.
+func (s *Server) HoldTenantPoolBatches(f func(ctx context.Context, pool string, batch, chunks int)) {
+	if f == nil {
+		s.tpBatchHook.Store(nil)
+		return
+	}
+	s.tpBatchHook.Store(&f)
+}

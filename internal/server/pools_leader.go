@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyshard/keyshard/internal/store"
@@ -20,7 +21,9 @@ import (
 // replica's handlers or forwarded by the others, and every second it runs
 // a round per pool: the live active members, the aggregator's rates and
 // the pending readiness marks go through tenantpool.Plan, and what changed
-// is written in one fenced transaction (store.StateWrites).
+// is published (store.StateWrites): the rewritten chunks in fenced
+// transactions under a byte budget, then the meta in a last one, which is
+// what makes the new version visible to every replica's view.
 
 // tenantPoolInterval is how often the leader runs each pool's round.
 const tenantPoolInterval = time.Second
@@ -90,6 +93,7 @@ type TenantPoolWrite struct {
 	Tenants int // tenants whose state changed
 	Writes  int // keys written (meta and chunks)
 	Bytes   int // bytes of keys and values written
+	Txns    int // transactions the write took (store.Publication)
 }
 
 // LastTenantPoolWrite returns the last write this replica made, as
@@ -191,6 +195,13 @@ func (s *Server) loadPool(ctx context.Context, name string, lp *leaderPool) erro
 		lp.meta = &meta
 	}
 	lp.ix = store.NewChunkIndex(st)
+	if st.Version > meta.Version {
+		// A publication stopped part way (a leader gone, a failed
+		// transaction): its chunks are taken as they are, and this
+		// round's meta, of st.Version or above, publishes them.
+		s.log.Info("tenant pool state loaded with chunks ahead of the published meta; the next round publishes them", "pool", name, "published", meta.Version, "version", st.Version, "tenants", len(st.Tenants))
+		return nil
+	}
 	s.log.Info("tenant pool state loaded", "pool", name, "version", st.Version, "tenants", len(st.Tenants))
 	return nil
 }
@@ -317,27 +328,28 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 		tenants = append(tenants, t)
 	}
 	sort.Strings(tenants)
-	writes, bytes, err := store.StateWrites(name, next, now, lp.meta, tenants, lp.ix)
-	if err == nil && len(writes) > 0 {
-		_, err = s.store.Commit(ctx, fence, writes, []store.Expect{{Key: store.TenantPoolKey(name), ModRevision: w.cfgRev}})
+	pub, err := store.StateWrites(name, next, now, lp.meta, tenants, lp.ix, store.StateBudget{Bytes: s.cfg.TenantPoolTxnBytes, Writes: s.store.MaxTxnWrites()})
+	if err == nil {
+		err = s.publish(ctx, fence, name, w.cfgRev, pub)
 	}
 	if err != nil {
-		// The Planner has moved on to a state that was not stored: reload
-		// the stored one at the next round and plan again from it (pending
-		// readiness marks are kept).
+		// The Planner has moved on to a state that was not stored, or
+		// stored in part: reload the stored one at the next round (chunks
+		// written ahead of the meta included: see store.LoadTenantState)
+		// and plan again from it (pending readiness marks are kept).
 		lp.loaded = false
 		return fmt.Errorf("write the state: %w", err)
 	}
 	lp.pending = nil
-	if len(writes) > 0 {
+	if pub.Writes > 0 {
 		published := now
 		if lp.meta != nil && lp.meta.Version == next.Version {
 			published = lp.meta.Published
 		}
 		lp.meta = &store.TenantMeta{Version: next.Version, Members: next.Members, Policy: next.Policy, Published: published}
-		s.metrics.tpBytes.WithLabelValues(name).Add(float64(bytes))
+		s.metrics.tpBytes.WithLabelValues(name).Add(float64(pub.Bytes))
 		s.tpMu.Lock()
-		s.tpWrites[name] = TenantPoolWrite{Version: next.Version, Tenants: len(tenants), Writes: len(writes), Bytes: bytes}
+		s.tpWrites[name] = TenantPoolWrite{Version: next.Version, Tenants: len(tenants), Writes: pub.Writes, Bytes: pub.Bytes, Txns: len(pub.Batches) + min(len(pub.Last), 1)}
 		s.tpMu.Unlock()
 	}
 	lp.st = next
@@ -356,8 +368,38 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 	return nil
 }
 
+// publish commits pub's transactions in order, each fenced and expecting
+// the pool's settings at cfgRev. A failure part way leaves chunks ahead
+// of the meta, which readers hold aside and the next round's reload
+// takes in (store.LoadTenantState).
+func (s *Server) publish(ctx context.Context, fence store.Fence, pool string, cfgRev int64, pub store.Publication) error {
+	expect := []store.Expect{{Key: store.TenantPoolKey(pool), ModRevision: cfgRev}}
+	written := 0
+	for i, b := range pub.Batches {
+		if _, err := s.store.Commit(ctx, fence, b, expect); err != nil {
+			return fmt.Errorf("chunks, transaction %d of %d: %w", i+1, len(pub.Batches), err)
+		}
+		written += len(b)
+		if hook := s.tpBatchHook.Load(); hook != nil && (i+1 < len(pub.Batches) || len(pub.Last) > 0) {
+			(*hook)(ctx, pool, i+1, written)
+		}
+	}
+	if len(pub.Last) == 0 {
+		return nil
+	}
+	if _, err := s.store.Commit(ctx, fence, pub.Last, expect); err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
+	return nil
+}
+
 // tpState is the server's tenant-pool leadership state.
 type tpState struct {
 	tpMu     sync.Mutex
 	tpWrites map[string]TenantPoolWrite
+	// tpBatchHook, if set, is called by the leader after each transaction
+	// of a publication's chunks that is not the last transaction, with
+	// the term's context, the batches and the chunks written so far
+	// (tests hold a publication half written in it).
+	tpBatchHook atomic.Pointer[func(ctx context.Context, pool string, batch, chunks int)]
 }

@@ -40,7 +40,11 @@ type tpReplica struct {
 	member keyshardv1connect.TenantPoolServiceClient
 }
 
-func newTPEnv(t *testing.T, replicas int) *tpEnv {
+func newTPEnv(t *testing.T, replicas int) *tpEnv { return newTPEnvConfig(t, replicas, nil) }
+
+// newTPEnvConfig is newTPEnv with cfg, if set, editing every replica's
+// configuration.
+func newTPEnvConfig(t *testing.T, replicas int, cfg func(*server.Config)) *tpEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	e := &tpEnv{t: t, ctx: ctx, clk: keyshardtest.NewFakeClock(tpT0)}
@@ -48,14 +52,24 @@ func newTPEnv(t *testing.T, replicas int) *tpEnv {
 	for i := range e.rs {
 		e.rs[i] = &tpReplica{}
 	}
-	opts := func(r *tpReplica) keyshardtest.Options {
-		return keyshardtest.Options{AdminToken: adminToken, MemberToken: memberToken, Clock: e.clk, ElectionTTL: 30 * time.Second,
-			Internal: &kitseam.Options{Started: func(s *server.Server) { r.srv = s }}}
+	// Every start (NewReplicas's, a Restart) reports its *server.Server
+	// on the goroutine that started it; replica ri is e.rs[i-1].
+	started := func(s *server.Server) {
+		var i int
+		if replicas == 1 {
+			i = 1
+		} else if _, err := fmt.Sscanf(s.Replica(), "r%d", &i); err != nil {
+			t.Errorf("replica %q: %v", s.Replica(), err)
+			return
+		}
+		e.rs[i-1].srv = s
 	}
+	opts := keyshardtest.Options{AdminToken: adminToken, MemberToken: memberToken, Clock: e.clk, ElectionTTL: 30 * time.Second,
+		Internal: &kitseam.Options{Config: cfg, Started: started}}
 	if replicas == 1 {
-		e.rs[0].Server = keyshardtest.NewServer(t, opts(e.rs[0]))
+		e.rs[0].Server = keyshardtest.NewServer(t, opts)
 	} else {
-		all := keyshardtest.NewReplicas(t, replicas, keyshardtest.Options{AdminToken: adminToken, MemberToken: memberToken, Clock: e.clk, ElectionTTL: 30 * time.Second})
+		all := keyshardtest.NewReplicas(t, replicas, opts)
 		for i, s := range all {
 			e.rs[i].Server = s
 		}

@@ -22,6 +22,15 @@ import (
 // the view compares each rewritten chunk with the one it had, and
 // rebuilds only the tenants that differ: their tenantpool.Snapshot views
 // (Snapshot.Update) and their API assignments.
+//
+// A round's chunks may take several transactions, with the meta last
+// (store.StateWrites). A chunk written for a version above the meta's
+// (store.TenantPoolState.Ahead) is kept aside, unapplied, until a meta of
+// its version or above arrives: the watch delivers changes in revision
+// order, so by then every chunk of that version has arrived, and the
+// version is published whole. A replica that starts part way through a
+// publication reads the chunks ahead the same way, with their published
+// value read at the meta's revision (store.TenantPoolState.Published).
 
 // maxPoolDeltas is how many versions' changed tenants a pool keeps, so a
 // watch that fell behind by fewer versions gets only what changed.
@@ -32,6 +41,7 @@ type tpView struct {
 	cfg     store.TenantPool
 	state   tenantpool.State              // the published state, joined from the chunks
 	chunks  map[int]store.TenantChunk     // the chunks as last applied
+	ahead   map[int]bool                  // chunks stored ahead of the meta, not applied yet
 	records map[string]store.TenantMember // live member records
 	dirty   map[string]bool               // tenants changed since pub's version
 	deltas  []poolDelta                   // the latest versions' changed tenants, oldest first
@@ -107,9 +117,14 @@ func (v *view) rebuildTenantPool(name string, t *tpTouch) {
 		records[id] = e.Value
 	}
 	if tv == nil || t == nil {
-		tv = &tpView{cfg: ps.Config.Value, state: ps.State(), chunks: map[int]store.TenantChunk{}, records: records, dirty: map[string]bool{}}
-		for c, e := range ps.Chunks {
-			tv.chunks[c] = e.Value
+		tv = &tpView{cfg: ps.Config.Value, state: ps.State(), chunks: map[int]store.TenantChunk{}, ahead: map[int]bool{}, records: records, dirty: map[string]bool{}}
+		for c := range ps.Chunks {
+			if ps.Ahead(c) {
+				tv.ahead[c] = true
+			}
+			if pc, ok := ps.Published(c); ok {
+				tv.chunks[c] = pc
+			}
 		}
 		snap := tenantpool.NewSnapshot(tv.state)
 		tv.pub = tv.newPub(name, ps, snap, nil, nil)
@@ -118,12 +133,24 @@ func (v *view) rebuildTenantPool(name string, t *tpTouch) {
 		return
 	}
 	tv.cfg, tv.records = ps.Config.Value, records
+	apply := map[int]bool{}
 	for c := range t.chunks {
-		old := tv.chunks[c]
-		var cur store.TenantChunk
-		if e, ok := ps.Chunks[c]; ok {
-			cur = e.Value
+		if ps.Ahead(c) {
+			tv.ahead[c] = true
+		} else {
+			apply[c] = true
 		}
+	}
+	for c := range tv.ahead {
+		if !ps.Ahead(c) { // the meta of its version arrived
+			delete(tv.ahead, c)
+			apply[c] = true
+		}
+	}
+	for c := range apply {
+		old := tv.chunks[c].Tenants
+		e, ok := ps.Chunks[c]
+		cur := e.Value.Tenants
 		for id, ts := range old {
 			if nts, ok := cur[id]; !ok {
 				delete(tv.state.Tenants, id)
@@ -138,10 +165,10 @@ func (v *view) rebuildTenantPool(name string, t *tpTouch) {
 			}
 			tv.state.Tenants[id] = nts
 		}
-		if cur == nil {
-			delete(tv.chunks, c)
+		if ok {
+			tv.chunks[c] = e.Value
 		} else {
-			tv.chunks[c] = cur
+			delete(tv.chunks, c)
 		}
 	}
 	m := ps.Meta.Value

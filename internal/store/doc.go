@@ -48,15 +48,20 @@
 //	tpools/<pool>         TenantPool, JSON                      admin (API), config   none
 //	tpmembers/<pool>/<id> TenantMember, JSON                    the member (API)      member's session
 //	tpstate/<pool>/meta   TenantMeta, JSON                      leader Commit         none
-//	tpstate/<pool>/t/<c>  TenantChunk, JSON: the tenants whose  leader Commit         none
-//	                        xxh64 mod 256 is c
+//	tpstate/<pool>/t/<c>  TenantChunk, JSON {"v":<version>,     leader Commit         none
+//	                        "t":{<tenant>:...}}: the tenants
+//	                        whose xxh64 mod 256 is c
 //	replicas/<replica>    the replica's advertised API URL      the replica           replica's session
 //
 // The tenant-pool kinds (Kind.TenantPool) belong to a tenant pool: a
 // Snapshot keeps them in TenantPools (and replicas/ in Replicas). A
-// leader's round rewrites, in one Commit, the meta only if it changed and
-// only the chunks of the tenants that changed (StateWrites); a chunk
-// above MaxTenantChunkBytes is refused with ErrTooLarge.
+// leader's round rewrites the meta only if it changed and only the chunks
+// of the tenants that changed (StateWrites): the chunks in Commits under
+// a byte budget (DefaultTenantTxnBytes), each chunk recording the round's
+// version, then the meta (and the deletes of emptied chunks) in a last
+// Commit. A chunk whose version is above the meta's is not published yet
+// (TenantPoolState.Ahead, State); a chunk above MaxTenantChunkBytes is
+// refused with ErrTooLarge.
 //
 // The hot-key kinds (Kind.HotKey) belong to a pool, not a keyspace: a
 // Snapshot keeps them in Pools, and Change.Keyspace holds the pool's name.

@@ -400,7 +400,8 @@ func (s *Store) LoadKeyspace(ctx context.Context, ks string) (*Snapshot, int64, 
 }
 
 // LoadAll reads every key under Prefix (except the election's) at one
-// revision: keyspaces and hot-key pools.
+// revision: keyspaces, hot-key pools and tenant pools (with the published
+// value of chunks ahead of their meta: TenantPoolState.Prev).
 func (s *Store) LoadAll(ctx context.Context) (*Snapshot, error) {
 	if s.closed() {
 		return nil, errClosed("load all")
@@ -409,5 +410,9 @@ func (s *Store) LoadAll(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, s.err("load all", err)
 	}
-	return snapshotFrom(resp.Header.Revision, resp.Kvs), nil
+	snap := snapshotFrom(resp.Header.Revision, resp.Kvs)
+	if err := s.loadPublished(ctx, snap); err != nil {
+		return nil, err
+	}
+	return snap, nil
 }

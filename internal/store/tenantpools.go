@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/keyshard/keyshard/internal/shard"
@@ -24,7 +26,15 @@ import (
 // leader publishes at tpstate/<pool>/meta (version, members, policy, when
 // published) and tpstate/<pool>/t/<chunk> (the tenants whose
 // TenantChunkOf is chunk). A round rewrites meta only when it changed and
-// only the chunks that hold a changed tenant, in one fenced Commit.
+// only the chunks that hold a changed tenant.
+//
+// A round that rewrites many chunks is larger than etcd takes in one
+// request, so it is published in several transactions (StateWrites): the
+// chunks first, in batches under a byte budget, then the meta last. Each
+// chunk records the version it was written for; a reader applies a chunk
+// whose version is above the meta's only once a meta of that version or
+// above arrives (TenantPoolState.State), so that readers never see a
+// version half applied.
 
 // TenantChunks is the number of chunks a pool's tenants are spread over.
 const TenantChunks = 256
@@ -104,7 +114,14 @@ type TenantMeta struct {
 }
 
 // TenantChunk is the tenants of one chunk of a pool's state.
-type TenantChunk map[string]tenantpool.TenantState
+type TenantChunk struct {
+	// Version is the State.Version of the round that wrote the chunk: the
+	// chunk belongs to the published state once the meta's version is at
+	// least Version. 0 for a chunk stored before chunks carried their
+	// version (it was written with its meta, in one transaction).
+	Version uint64
+	Tenants map[string]tenantpool.TenantState
+}
 
 // TenantPoolState is every key of one tenant pool, as of one revision.
 type TenantPoolState struct {
@@ -113,6 +130,11 @@ type TenantPoolState struct {
 	Members map[string]Entry[TenantMember]
 	Meta    Entry[TenantMeta]
 	Chunks  map[int]Entry[TenantChunk]
+	// Prev holds, for chunks ahead of the meta when LoadAll read the
+	// store, their value as of the meta's revision: what is published of
+	// them (absent: the chunk did not exist then). An entry is dropped
+	// when its chunk or the meta changes.
+	Prev map[int]TenantChunk
 }
 
 func newTenantPoolState(pool string) *TenantPoolState {
@@ -123,16 +145,59 @@ func (p *TenantPoolState) empty() bool {
 	return !p.Config.Exists() && !p.Meta.Exists() && len(p.Members) == 0 && len(p.Chunks) == 0
 }
 
-// State joins the stored meta and chunks into a tenantpool.State (version
-// 0 and no tenants when nothing was published). The tenants map is new;
-// the TenantStates share storage with the snapshot's.
+// State joins the stored meta and the chunks it publishes into a
+// tenantpool.State (version 0 and no tenants when nothing was published):
+// a chunk ahead of the meta (Ahead) is left out, and the previous value
+// of its tenants is not known here (a reader keeps what it applied). The
+// tenants map is new; the TenantStates share storage with the snapshot's.
 func (p *TenantPoolState) State() tenantpool.State {
 	m := p.Meta.Value
 	st := tenantpool.State{Version: m.Version, Members: m.Members, Policy: m.Policy, Tenants: map[string]tenantpool.TenantState{}}
-	for _, c := range p.Chunks {
-		maps.Copy(st.Tenants, c.Value)
+	for c := range p.Chunks {
+		if pc, ok := p.Published(c); ok {
+			maps.Copy(st.Tenants, pc.Tenants)
+		}
 	}
 	return st
+}
+
+// Published returns chunk as the meta publishes it: the stored chunk, or
+// for one ahead of the meta its value as of the meta's revision when
+// LoadAll found it (Prev). ok false: the chunk is not published, or it is
+// ahead and its published value is unknown (then a reader keeps what it
+// had applied).
+func (p *TenantPoolState) Published(chunk int) (TenantChunk, bool) {
+	e, ok := p.Chunks[chunk]
+	if !ok {
+		return TenantChunk{}, false
+	}
+	if e.Value.Version <= p.Meta.Value.Version {
+		return e.Value, true
+	}
+	pc, ok := p.Prev[chunk]
+	return pc, ok
+}
+
+// Ahead reports whether chunk is stored for a version above the meta's:
+// written by a round whose meta is not written yet.
+func (p *TenantPoolState) Ahead(chunk int) bool {
+	c, ok := p.Chunks[chunk]
+	return ok && c.Value.Version > p.Meta.Value.Version
+}
+
+// stored joins the meta and every stored chunk, ahead of the meta or
+// not, at the version of the latest of them: see LoadTenantState.
+func (p *TenantPoolState) stored() (tenantpool.State, bool) {
+	m := p.Meta.Value
+	st := tenantpool.State{Version: m.Version, Members: m.Members, Policy: m.Policy, Tenants: map[string]tenantpool.TenantState{}}
+	ahead := false
+	for _, c := range p.Chunks {
+		maps.Copy(st.Tenants, c.Value.Tenants)
+		if c.Value.Version > st.Version {
+			st.Version, ahead = c.Value.Version, true
+		}
+	}
+	return st, ahead
 }
 
 // TenantMetaKey returns the key of pool's published meta.
@@ -190,6 +255,11 @@ func (s *Snapshot) applyTenantPool(c Change) {
 		setEntry(p.Members, c, c.Lease)
 	case KindTenantState:
 		chunk, _ := parseTenantStateID(c.ID) // ParseKey checked it
+		if chunk < 0 {
+			p.Prev = nil
+		} else {
+			delete(p.Prev, chunk)
+		}
 		switch {
 		case chunk < 0:
 			p.Meta = entry[TenantMeta](c)
@@ -441,12 +511,22 @@ func tenantFromWire(w tenantStateWire) tenantpool.TenantState {
 	return ts
 }
 
+// tenantChunkWire is a chunk's stored form: {"v":<version>,"t":{<tenant>:
+// <state>,...}}. A chunk stored before chunks carried their version is the
+// bare map of tenants; DecodeTenantChunk reads it as version 0. The two
+// cannot be mistaken: in the bare map every value is an object, where "v"
+// here is a number.
+type tenantChunkWire struct {
+	Version uint64                     `json:"v"`
+	Tenants map[string]tenantStateWire `json:"t"`
+}
+
 // EncodeTenantChunk returns the stored form of c: ErrTooLarge past
 // MaxTenantChunkBytes.
 func EncodeTenantChunk(c TenantChunk) ([]byte, error) {
-	w := make(map[string]tenantStateWire, len(c))
-	for id, ts := range c {
-		w[id] = tenantToWire(ts)
+	w := tenantChunkWire{Version: c.Version, Tenants: make(map[string]tenantStateWire, len(c.Tenants))}
+	for id, ts := range c.Tenants {
+		w.Tenants[id] = tenantToWire(ts)
 	}
 	b, err := json.Marshal(w)
 	if err != nil {
@@ -454,43 +534,84 @@ func EncodeTenantChunk(c TenantChunk) ([]byte, error) {
 	}
 	if len(b) > MaxTenantChunkBytes {
 		return nil, fmt.Errorf("%w: a chunk of %d tenants is %d bytes, above the %d bytes one chunk may hold: the pool has too many tenants (about %d); set forget_after so that idle tenants leave the state",
-			ErrTooLarge, len(c), len(b), MaxTenantChunkBytes, len(c)*TenantChunks)
+			ErrTooLarge, len(c.Tenants), len(b), MaxTenantChunkBytes, len(c.Tenants)*TenantChunks)
 	}
 	return b, nil
 }
 
-// DecodeTenantChunk decodes the value stored at key.
+// DecodeTenantChunk decodes the value stored at key, in either form (see
+// tenantChunkWire).
 func DecodeTenantChunk(key string, data []byte) (TenantChunk, error) {
-	var w map[string]tenantStateWire
-	if err := json.Unmarshal(data, &w); err != nil {
-		return nil, corruptf(key, "", "%v", err)
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return TenantChunk{}, corruptf(key, "", "%v", err)
+	}
+	var w tenantChunkWire
+	if v, ok := raw["v"]; ok && len(v) > 0 && v[0] != '{' {
+		if err := json.Unmarshal(data, &w); err != nil {
+			return TenantChunk{}, corruptf(key, "", "%v", err)
+		}
+	} else if err := json.Unmarshal(data, &w.Tenants); err != nil {
+		return TenantChunk{}, corruptf(key, "", "%v", err)
 	}
 	_, _, id, _ := ParseKey(key)
 	chunk, _ := parseTenantStateID(id)
-	c := make(TenantChunk, len(w))
-	for t, tw := range w {
+	c := TenantChunk{Version: w.Version, Tenants: make(map[string]tenantpool.TenantState, len(w.Tenants))}
+	for t, tw := range w.Tenants {
 		if t == "" || len(t) > MaxTenantLen {
-			return nil, corruptf(key, "tenant", "%.40q is not 1-%d bytes", t, MaxTenantLen)
+			return TenantChunk{}, corruptf(key, "tenant", "%.40q is not 1-%d bytes", t, MaxTenantLen)
 		}
 		if chunk >= 0 && TenantChunkOf(t) != chunk {
-			return nil, corruptf(key, "tenant", "%.40q belongs to chunk %d", t, TenantChunkOf(t))
+			return TenantChunk{}, corruptf(key, "tenant", "%.40q belongs to chunk %d", t, TenantChunkOf(t))
 		}
-		c[t] = tenantFromWire(tw)
+		c.Tenants[t] = tenantFromWire(tw)
 	}
 	return c, nil
 }
 
+// DefaultTenantTxnBytes is the default budget of one transaction of a
+// tenant pool's publication (keys and values), below etcd's default 1.5
+// MiB request limit.
+const DefaultTenantTxnBytes = 1 << 20
+
+// StateBudget bounds each transaction of a publication.
+type StateBudget struct {
+	// Bytes of keys and values; 0: DefaultTenantTxnBytes. A chunk larger
+	// than Bytes on its own still goes, alone (up to
+	// MaxTenantChunkBytes).
+	Bytes int
+	// Writes per transaction; 0: no bound beyond Bytes. Use
+	// Store.MaxTxnWrites.
+	Writes int
+}
+
+// Publication is the writes that publish a round's state, in the order
+// they must be committed, each slice one transaction: Batches (the
+// rewritten chunks, each recording the round's version), then Last (the
+// meta if it changed, and the deletes of chunks left empty). Readers apply
+// a chunk ahead of the meta only with a meta of its version, which Last
+// carries, so the publication is atomic for them however many
+// transactions it takes.
+type Publication struct {
+	Batches [][]Write
+	Last    []Write
+	Bytes   int // keys and values of every write
+	Writes  int // keys written or deleted
+}
+
 // StateWrites returns the writes that persist st after a round whose
 // changed tenants are tenants (Changes.Tenants plus any MarkReady applied),
-// with chunks the index of st's tenants by chunk (ChunkIndex), and the
-// bytes they carry (keys and values). meta is written only if it differs
-// from prev (nil: not stored yet).
-func StateWrites(pool string, st tenantpool.State, published time.Time, prev *TenantMeta, tenants []string, chunks *ChunkIndex) ([]Write, int, error) {
+// with chunks the index of st's tenants by chunk (ChunkIndex). meta is
+// written only if it differs from prev (nil: not stored yet). The chunks
+// are split into batches under budget.
+func StateWrites(pool string, st tenantpool.State, published time.Time, prev *TenantMeta, tenants []string, chunks *ChunkIndex, budget StateBudget) (Publication, error) {
+	var pub Publication
 	if err := ValidateName(KindTenantPool, pool); err != nil {
-		return nil, 0, err
+		return pub, err
 	}
-	var writes []Write
-	bytes := 0
+	if budget.Bytes <= 0 {
+		budget.Bytes = DefaultTenantTxnBytes
+	}
 	meta := TenantMeta{Version: st.Version, Members: st.Members, Policy: st.Policy, Published: published}
 	if prev != nil && prev.Version == st.Version {
 		meta.Published = prev.Published
@@ -498,35 +619,52 @@ func StateWrites(pool string, st tenantpool.State, published time.Time, prev *Te
 	if prev == nil || !metaEqual(*prev, meta) {
 		b, err := EncodeTenantMeta(meta)
 		if err != nil {
-			return nil, 0, err
+			return pub, err
 		}
-		writes = append(writes, Write{key: TenantMetaKey(pool), val: b})
-		bytes += len(TenantMetaKey(pool)) + len(b)
+		pub.Last = append(pub.Last, Write{key: TenantMetaKey(pool), val: b})
+		pub.Bytes += len(TenantMetaKey(pool)) + len(b)
 	}
 	touched := map[int]bool{}
 	for _, t := range tenants {
 		touched[TenantChunkOf(t)] = true
 	}
+	var batch []Write
+	batchBytes := 0
 	for _, c := range slices.Sorted(maps.Keys(touched)) {
 		ids := chunks.Tenants(c)
 		key := TenantChunkKey(pool, c)
 		if len(ids) == 0 {
-			writes = append(writes, Write{key: key, del: true})
-			bytes += len(key)
+			// Deleted with the meta: a delete carries no version, so it
+			// must not reach readers before the meta does.
+			pub.Last = append(pub.Last, Write{key: key, del: true})
+			pub.Bytes += len(key)
 			continue
 		}
-		chunk := make(TenantChunk, len(ids))
+		chunk := TenantChunk{Version: st.Version, Tenants: make(map[string]tenantpool.TenantState, len(ids))}
 		for id := range ids {
-			chunk[id] = st.Tenants[id]
+			chunk.Tenants[id] = st.Tenants[id]
 		}
 		b, err := EncodeTenantChunk(chunk)
 		if err != nil {
-			return nil, 0, fmt.Errorf("store: tenant pool %q: chunk %d: %w", pool, c, err)
+			return Publication{}, fmt.Errorf("store: tenant pool %q: chunk %d: %w", pool, c, err)
 		}
-		writes = append(writes, Write{key: key, val: b})
-		bytes += len(key) + len(b)
+		n := len(key) + len(b)
+		if len(batch) > 0 && (batchBytes+n > budget.Bytes || (budget.Writes > 0 && len(batch) >= budget.Writes)) {
+			pub.Batches = append(pub.Batches, batch)
+			batch, batchBytes = nil, 0
+		}
+		batch = append(batch, Write{key: key, val: b})
+		batchBytes += n
+		pub.Bytes += n
 	}
-	return writes, bytes, nil
+	if len(batch) > 0 {
+		pub.Batches = append(pub.Batches, batch)
+	}
+	pub.Writes = len(pub.Last)
+	for _, b := range pub.Batches {
+		pub.Writes += len(b)
+	}
+	return pub, nil
 }
 
 func metaEqual(a, b TenantMeta) bool {
@@ -798,9 +936,25 @@ func (s *Store) updateTenantMember(ctx context.Context, what, pool, id string, l
 	return 0, fmt.Errorf("store: %s: %w: the member key kept changing", op, ErrConflict)
 }
 
-// LoadTenantState reads pool's published state at one revision, for a
-// new leader. A pool with nothing published yet gives version 0 and
-// ok false. Errors: ErrCorrupt (a chunk or the meta does not decode),
+// LoadTenantState reads pool's stored state at one revision, for a new
+// leader: meta is the stored meta (ok false if there is none yet: version
+// 0) and st joins it with every stored chunk.
+//
+// A leader stopped part way through a publication leaves chunks ahead of
+// the meta (TenantPoolState.Ahead), which readers do not apply yet. st
+// takes them as they are, at the version of the latest of them, above
+// meta.Version: the leader's next round then writes a meta of that
+// version or above, which publishes them. That is safe because every
+// chunk holds whole tenants, each tenant's state is independent of the
+// others', and each was a Plan output from the published state: a state
+// where only some tenants moved on is one that Plan could have produced
+// from the same input had fewer of them changed, and the next round
+// plans from it as from any other (members gone since are removed from
+// the subsets that name them). Chunks that the stopped round would have
+// deleted (left empty) are still there, with tenants the next rounds
+// forget again.
+//
+// Errors: ErrCorrupt (a chunk or the meta does not decode),
 // ErrInvalidName, ErrUnavailable.
 func (s *Store) LoadTenantState(ctx context.Context, pool string) (st tenantpool.State, meta TenantMeta, ok bool, err error) {
 	if s.closed() {
@@ -822,7 +976,8 @@ func (s *Store) LoadTenantState(ctx context.Context, pool string) (st tenantpool
 		snap := &Snapshot{TenantPools: map[string]*TenantPoolState{pool: ps}}
 		snap.applyTenantPool(c)
 	}
-	return ps.State(), ps.Meta.Value, ps.Meta.Exists(), nil
+	st, _ = ps.stored()
+	return st, ps.Meta.Value, ps.Meta.Exists(), nil
 }
 
 // PutReplica advertises replica's API URL on lease (the replica's
@@ -856,3 +1011,43 @@ func (s *Store) ReplicaURL(ctx context.Context, replica string) (string, error) 
 	}
 	return string(resp.Kvs[0].Value), nil
 }
+
+// loadPublished fills the Prev of snap's tenant pools whose chunks are
+// ahead of their meta, reading those chunks at the meta's revision. A
+// revision compacted away leaves them unknown: logged, and left out of
+// State.
+func (s *Store) loadPublished(ctx context.Context, snap *Snapshot) error {
+	for name, ps := range snap.TenantPools {
+		for c := range ps.Chunks {
+			if !ps.Ahead(c) || !ps.Meta.Exists() {
+				continue
+			}
+			key := TenantChunkKey(name, c)
+			resp, err := s.client.Get(ctx, key, clientv3.WithRev(ps.Meta.ModRevision))
+			if err != nil {
+				if errors.Is(err, rpctypes.ErrCompacted) {
+					s.log.Warn("store: a chunk ahead of its tenant pool's meta has no published value left (compacted); its tenants are left out until the next meta", "key", key, "meta_revision", ps.Meta.ModRevision)
+					continue
+				}
+				return s.err("load the published chunks of tenant pool "+name, err)
+			}
+			if ps.Prev == nil {
+				ps.Prev = map[int]TenantChunk{}
+			}
+			if len(resp.Kvs) == 0 {
+				ps.Prev[c] = TenantChunk{}
+				continue
+			}
+			pc, err := DecodeTenantChunk(key, resp.Kvs[0].Value)
+			if err != nil {
+				return err
+			}
+			ps.Prev[c] = pc
+		}
+	}
+	return nil
+}
+
+// MaxTxnWrites is the most writes one Commit of this store takes
+// (Config.MaxTxnOps - 1): a StateBudget's Writes.
+func (s *Store) MaxTxnWrites() int { return s.maxOps - 1 }

@@ -37,11 +37,12 @@ func TestTenantStateRoundTrip(t *testing.T) {
 	for id := range st.Tenants {
 		all = append(all, id)
 	}
-	writes, bytes, err := StateWrites("gw", st, tpAt, nil, all, NewChunkIndex(st))
+	pub, err := StateWrites("gw", st, tpAt, nil, all, NewChunkIndex(st), StateBudget{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bytes == 0 || len(writes) < 200 {
+	writes, bytes := pub.all(), pub.Bytes
+	if bytes == 0 || len(writes) < 200 || pub.Writes != len(writes) {
 		t.Fatalf("%d writes of %d bytes for 1000 tenants; want meta and most of the 256 chunks", len(writes), bytes)
 	}
 	snap := NewSnapshot(0)
@@ -59,10 +60,11 @@ func TestTenantStateRoundTrip(t *testing.T) {
 	// One tenant's change rewrites its chunk, and the meta only if it
 	// changed.
 	meta := snap.TenantPools["gw"].Meta.Value
-	one, _, err := StateWrites("gw", st, tpAt.Add(time.Second), &meta, []string{"tenant-00042"}, NewChunkIndex(st))
+	onePub, err := StateWrites("gw", st, tpAt.Add(time.Second), &meta, []string{"tenant-00042"}, NewChunkIndex(st), StateBudget{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	one := onePub.all()
 	if len(one) != 1 || one[0].Key() != TenantChunkKey("gw", TenantChunkOf("tenant-00042")) {
 		t.Fatalf("writes for one tenant: %d, first %s; want its chunk only", len(one), one[0].Key())
 	}
@@ -71,11 +73,11 @@ func TestTenantStateRoundTrip(t *testing.T) {
 // TestTenantChunkTooLarge: a chunk past MaxTenantChunkBytes is refused
 // with ErrTooLarge, saying what to do.
 func TestTenantChunkTooLarge(t *testing.T) {
-	c := TenantChunk{}
+	c := TenantChunk{Tenants: map[string]tenantpool.TenantState{}}
 	ts := tpState(1).Tenants["tenant-00000"]
 	ts.Why = strings.Repeat("x", 2000)
 	for i := range 600 {
-		c[fmt.Sprintf("t%d", i)] = ts
+		c.Tenants[fmt.Sprintf("t%d", i)] = ts
 	}
 	_, err := EncodeTenantChunk(c)
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "forget_after") {
