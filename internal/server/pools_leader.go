@@ -28,6 +28,11 @@ import (
 // tenantPoolInterval is how often the leader runs each pool's round.
 const tenantPoolInterval = time.Second
 
+// tenantPoolBookkeepingFlush bounds how long a tenant's bookkeeping-only
+// change (see tenantpool.Changes.Bookkeeping) waits to be stored: a new
+// leader continues a cooldown from at most this far back.
+const tenantPoolBookkeepingFlush = 10 * time.Second
+
 // tpLeader is this replica's tenant-pool leadership during one term.
 type tpLeader struct {
 	reqs chan tpReq
@@ -84,6 +89,10 @@ type leaderPool struct {
 	meta    *store.TenantMeta // as stored; nil: nothing stored yet
 	ix      *store.ChunkIndex
 	pending []tenantpool.Ready
+	// deferred are tenants whose bookkeeping-only changes are not stored
+	// yet, and flushed when they last all were.
+	deferred map[string]bool
+	flushed  time.Time
 }
 
 // TenantPoolWrite describes the last write of a pool's round, for tests
@@ -94,6 +103,8 @@ type TenantPoolWrite struct {
 	Writes  int // keys written (meta and chunks)
 	Bytes   int // bytes of keys and values written
 	Txns    int // transactions the write took (store.Publication)
+	// Round is the time of the round that wrote.
+	Round time.Time
 }
 
 // LastTenantPoolWrite returns the last write this replica made, as
@@ -191,6 +202,7 @@ func (s *Server) loadPool(ctx context.Context, name string, lp *leaderPool) erro
 		return fmt.Errorf("load the state of tenant pool %q: %w", name, err)
 	}
 	lp.st, lp.pl, lp.loaded, lp.meta = st, tenantpool.NewPlanner(st), true, nil
+	clear(lp.deferred) // the stored state is what the Planner has now
 	if ok {
 		lp.meta = &meta
 	}
@@ -315,8 +327,28 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 		lp.loaded = false // the Planner may be part way: reload at the next round
 		return fmt.Errorf("plan: %w", err)
 	}
+	// Bookkeeping-only changes (cooldown timers, wanted sizes) wait: they
+	// go with the next write of their chunk, or at the latest
+	// tenantPoolBookkeepingFlush later. Rates near a size's boundary
+	// flip them every round, and rewriting a 100 KB chunk each time for
+	// nothing a reader sees cost megabytes a second.
+	if lp.deferred == nil {
+		lp.deferred = map[string]bool{}
+	}
+	for _, t := range ch.Bookkeeping {
+		if !touched[t] {
+			lp.deferred[t] = true
+		}
+	}
 	for _, t := range ch.Tenants {
-		touched[t] = true
+		if !lp.deferred[t] {
+			touched[t] = true
+		}
+	}
+	if len(lp.deferred) > 0 && now.Sub(lp.flushed) >= tenantPoolBookkeepingFlush {
+		for t := range lp.deferred {
+			touched[t] = true
+		}
 	}
 	tenants := make([]string, 0, len(touched))
 	for t := range touched {
@@ -341,6 +373,21 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 		return fmt.Errorf("write the state: %w", err)
 	}
 	lp.pending = nil
+	if len(lp.deferred) > 0 {
+		// Whatever chunk was written carries its deferred tenants too.
+		written := make(map[int]bool, len(tenants))
+		for _, t := range tenants {
+			written[store.TenantChunkOf(t)] = true
+		}
+		for t := range lp.deferred {
+			if written[store.TenantChunkOf(t)] {
+				delete(lp.deferred, t)
+			}
+		}
+	}
+	if len(lp.deferred) == 0 || now.Sub(lp.flushed) >= tenantPoolBookkeepingFlush {
+		lp.flushed = now
+	}
 	if pub.Writes > 0 {
 		published := now
 		if lp.meta != nil && lp.meta.Version == next.Version {
@@ -349,7 +396,7 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 		lp.meta = &store.TenantMeta{Version: next.Version, Members: next.Members, Policy: next.Policy, Published: published}
 		s.metrics.tpBytes.WithLabelValues(name).Add(float64(pub.Bytes))
 		s.tpMu.Lock()
-		s.tpWrites[name] = TenantPoolWrite{Version: next.Version, Tenants: len(tenants), Writes: pub.Writes, Bytes: pub.Bytes, Txns: len(pub.Batches) + min(len(pub.Last), 1)}
+		s.tpWrites[name] = TenantPoolWrite{Version: next.Version, Tenants: len(tenants), Writes: pub.Writes, Bytes: pub.Bytes, Txns: len(pub.Batches) + min(len(pub.Last), 1), Round: now}
 		s.tpMu.Unlock()
 	}
 	lp.st = next

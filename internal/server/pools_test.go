@@ -675,3 +675,52 @@ func TestTenantPoolsFromConfig(t *testing.T) {
 		t.Fatalf("after a restart: %v; want the config's capacity 10, max 8 again", p)
 	}
 }
+
+// TestTenantPoolBookkeepingDeferred: a change a reader cannot see (a
+// shrink's cooldown starting) is not written at once, but within
+// tenantPoolBookkeepingFlush (10 s), and the cooldown then runs as stored.
+func TestTenantPoolBookkeepingDeferred(t *testing.T) {
+	e := newTPEnv(t, 1)
+	r := e.rs[0]
+	l := e.leader()
+	p := basicPool("gw")
+	p.Policy.ShrinkCooldown = durationpb.New(time.Minute)
+	e.putPool(r, p)
+	for i := range 8 {
+		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
+	}
+	e.step(l, 12*time.Second) // the leader's first window
+	seq := uint64(0)
+	load := func(n int64) {
+		seq++
+		e.report(r, "gw", "c1", seq, map[string]int64{"t": n})
+		e.step(l, time.Second)
+	}
+	for range 14 {
+		load(50)
+	}
+	if s := e.tenant(r, "gw", "t"); s.Assignment.Size != 5 {
+		t.Fatalf("size %d; want 5", s.Assignment.Size)
+	}
+	// Load drops: the wanted size falls (the cooldown starts), a change
+	// only of bookkeeping. Rounds without a visible change write nothing
+	// for a while, then the bookkeeping at most 10 s later.
+	before := l.srv.LastTenantPoolWrite("gw")
+	var wrote []time.Duration
+	start := e.clk.Now()
+	for range 20 {
+		load(10)
+		if w := l.srv.LastTenantPoolWrite("gw"); w.Round.After(before.Round) {
+			if w.Version != before.Version {
+				t.Fatalf("write %+v changed the version %d: the drop is not visible before the cooldown", w, before.Version)
+			}
+			wrote = append(wrote, w.Round.Sub(start))
+			before = w
+		}
+	}
+	// The rate falls below 40/s (wanted 4) about 3 s into the 12 s
+	// window, so the first write comes 10 s after that.
+	if len(wrote) == 0 || len(wrote) > 2 || wrote[0] < 10*time.Second || wrote[0] > 15*time.Second {
+		t.Fatalf("bookkeeping writes at %v after the drop; want one or two, the first 10 s after the cooldown started, not one at every round", wrote)
+	}
+}

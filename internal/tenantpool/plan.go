@@ -82,6 +82,12 @@ type Changes struct {
 	// Tenants lists, sorted, the tenants whose TenantState changed in any
 	// way, including tenants added and dropped: what the store rewrites.
 	Tenants []string
+	// Bookkeeping lists, sorted, the tenants of Tenants whose change is
+	// cooldown bookkeeping only (SizeState's Wanted and BelowSince,
+	// IdleSince): nothing a client or server reads. A store may write
+	// them later, at the price of a new leader continuing from an older
+	// cooldown.
+	Bookkeeping []string
 	// Dropped lists the tenants forgotten (see Policy.ForgetAfter).
 	Dropped []string
 	// Sizes lists the size changes, by tenant.
@@ -439,12 +445,14 @@ func (pl *Planner) plan(members []placement.Member, rates map[string]float64, p 
 			ch.Tenants = append(ch.Tenants, id)
 		case ts.Size != old.Size || !ts.IdleSince.Equal(old.IdleSince):
 			ch.Tenants = append(ch.Tenants, id)
+			ch.Bookkeeping = append(ch.Bookkeeping, id)
 		default:
 			continue
 		}
 		tm[id] = ts
 	}
 	slices.Sort(ch.Tenants)
+	slices.Sort(ch.Bookkeeping)
 	version := prev.Version
 	if visible {
 		version++

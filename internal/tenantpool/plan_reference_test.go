@@ -121,9 +121,11 @@ func planReference(prev State, members []placement.Member, rates map[string]floa
 			ch.Tenants = append(ch.Tenants, id)
 		case ts.Size != old.Size || !ts.IdleSince.Equal(old.IdleSince):
 			ch.Tenants = append(ch.Tenants, id)
+			ch.Bookkeeping = append(ch.Bookkeeping, id)
 		}
 	}
 	slices.Sort(ch.Tenants)
+	slices.Sort(ch.Bookkeeping)
 	if visible {
 		next.Version++
 	}
