@@ -127,6 +127,12 @@ const (
 	tpMinDuration   = 20 * time.Second
 	tpDefaultLength = 90 * time.Second
 	tpMaxNoted      = 5
+	// tpLinger is how long a gateway's process outlives its drain: a
+	// client whose follower is a version behind the gateway's may still
+	// read it (a removal the gateway saw dropped, once the members that
+	// took its places were marked ready, is still a target there until
+	// their warm-up ends).
+	tpLinger = time.Second
 )
 
 // RunTenants starts an embedded Keyshard server with a tenant pool of
@@ -383,7 +389,7 @@ func (d *tenantsDemo) script(ctx, gctx context.Context, gwg *sync.WaitGroup, f *
 				d.say("%s: leave: %v", g.id, err)
 				return
 			}
-			d.say("%s left: drained, its process ends", g.id)
+			d.say("%s left: drained, its process ends in %v", g.id, tpLinger)
 		})
 		if err := pause(ctx, w/5); err != nil {
 			lwg.Wait()
@@ -453,8 +459,9 @@ type gateway struct {
 	id   string
 	m    *client.PoolMember
 	mu   sync.Mutex
-	left time.Time // when its Leave began (by the demo's clock); zero while a member
-	gone bool      // its Leave returned: the process ended
+	left time.Time       // when its Leave began (by the demo's clock); zero while a member
+	held map[string]bool // the tenants it served when its Leave began
+	done time.Time       // when its Leave returned; the process ends tpLinger later
 	// draining closes when the control plane has taken its Leave (the
 	// first PoolDraining event); until is when the drain said, at the
 	// latest, the last tenant stops reading it.
@@ -548,12 +555,16 @@ func (g *gateway) prefetch(ctx context.Context, changed <-chan struct{}) {
 // for the lookback from then on (and until the members that took its
 // places are read), so the gateway answers until Leave returns.
 func (g *gateway) leave(ctx context.Context) error {
+	held := map[string]bool{}
+	for _, t := range g.m.Tenants() { // a draining member gains no tenant
+		held[t] = true
+	}
 	g.mu.Lock()
-	g.left = g.d.clock.Now()
+	g.left, g.held = g.d.clock.Now(), held
 	g.mu.Unlock()
 	err := g.m.Leave(ctx)
 	g.mu.Lock()
-	g.gone = true
+	g.done = g.d.clock.Now()
 	g.mu.Unlock()
 	return err
 }
@@ -573,17 +584,25 @@ func (g *gateway) drained(ev client.PoolEvent) {
 }
 
 // serves answers a read: does this gateway serve tenant now, by its own
-// follower? While it drains it answers from its follower as before; once
-// its Leave returned, not at all.
+// follower? While it drains it also answers for the tenants it held when
+// its Leave began (it still has their data, and a client a version behind
+// its follower may still read it), and for tpLinger after its Leave
+// returned only for those; then not at all.
 func (g *gateway) serves(tenant string) bool {
-	return !g.isGone() && g.m.Serves(tenant)
+	g.mu.Lock()
+	done, held := g.done, g.held[tenant]
+	g.mu.Unlock()
+	if !done.IsZero() {
+		return held && g.d.clock.Since(done) < tpLinger
+	}
+	return held || g.m.Serves(tenant)
 }
 
 // isGone reports whether the gateway's Leave returned.
 func (g *gateway) isGone() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.gone
+	return !g.done.IsZero()
 }
 
 func (d *tenantsDemo) gateway(id string) *gateway {

@@ -184,8 +184,16 @@ func TestTenantsGatewayAnswersUntilDrained(t *testing.T) {
 		t.Fatalf("the client never read %s later than the lookback after its Leave call: the test did not cover the drain", leaver.id)
 	}
 	v := synced()
-	if slices.Contains(f.Targets(tenant), leaver.id) || leaver.serves(tenant) {
-		t.Fatalf("after Leave returned, version %d: targets %v, the leaver answers %v; want neither", v, f.Targets(tenant), leaver.serves(tenant))
+	if slices.Contains(f.Targets(tenant), leaver.id) {
+		t.Fatalf("after Leave returned, version %d: targets %v; want no %s", v, f.Targets(tenant), leaver.id)
 	}
 	checkReads(v)
+	// Its process lingers for a client a version behind, then ends.
+	if !leaver.serves(tenant) {
+		t.Fatalf("%s stopped answering for %s at the end of its drain; want %v later", leaver.id, tenant, tpLinger)
+	}
+	clk.Advance(tpLinger)
+	if leaver.serves(tenant) {
+		t.Fatalf("%s answers for %s %v after its drain", leaver.id, tenant, tpLinger)
+	}
 }
