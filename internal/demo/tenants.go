@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/clock"
 	"github.com/keyshard/keyshard/internal/kitseam"
 	"github.com/keyshard/keyshard/internal/server"
 	"github.com/keyshard/keyshard/keyshardtest"
@@ -126,6 +127,12 @@ const (
 	tpMinDuration   = 20 * time.Second
 	tpDefaultLength = 90 * time.Second
 	tpMaxNoted      = 5
+	// tpLinger is how long a gateway's process outlives its drain: a
+	// client whose follower is a version behind the gateway's may still
+	// read it (a removal the gateway saw dropped, once the members that
+	// took its places were marked ready, is still a target there until
+	// their warm-up ends).
+	tpLinger = time.Second
 )
 
 // RunTenants starts an embedded Keyshard server with a tenant pool of
@@ -152,7 +159,7 @@ func RunTenants(ctx context.Context, opts TenantsOptions) (TenantsReport, error)
 	}
 	w := max(2*time.Second, (opts.Duration / 9).Truncate(time.Second))
 	d := &tenantsDemo{
-		opts: opts, start: time.Now(), window: w,
+		opts: opts, clock: clock.Real{}, start: time.Now(), window: w,
 		gateways: map[string]*gateway{}, versions: map[uint64]*versionRecord{},
 		rates: tenantRates(),
 	}
@@ -184,6 +191,7 @@ func tenantID(i int) string { return fmt.Sprintf("tenant-%03d", i) }
 
 type tenantsDemo struct {
 	opts   TenantsOptions
+	clock  clock.Clock // the SDK's and the gateways' clock
 	start  time.Time
 	window time.Duration
 	outMu  sync.Mutex
@@ -233,7 +241,7 @@ func (d *tenantsDemo) run(ctx context.Context) (TenantsReport, error) {
 		return TenantsReport{}, fmt.Errorf("start the embedded server: %w", err)
 	}
 	defer srv.Close()
-	d.cl, err = client.Dial(srv.URL(), client.Logger(d.opts.Logger))
+	d.cl, err = client.Dial(srv.URL(), client.Logger(d.opts.Logger), client.Clock(d.clock))
 	if err != nil {
 		return TenantsReport{}, err
 	}
@@ -371,17 +379,24 @@ func (d *tenantsDemo) script(ctx, gctx context.Context, gwg *sync.WaitGroup, f *
 	if err := pause(ctx, w); err != nil {
 		return err
 	}
-	d.say("the pool shrinks back: the first %d gateways leave, one every %v", tpMembers, w/5)
+	d.say("the pool shrinks back: the first %d gateways leave, one every %v (each drains: read for the lookback, %v, after the leader's next round)", tpMembers, w/5, w)
+	var lwg sync.WaitGroup
 	for i := range tpMembers {
 		g := d.gateway(memberID(i))
-		if err := g.leave(ctx); err != nil {
-			d.say("%s: leave: %v", g.id, err)
-		}
-		d.say("%s left (it keeps answering for the lookback, %v)", g.id, w)
+		d.say("%s leaves", g.id)
+		lwg.Go(func() { // exits when the drain is over or ctx ends
+			if err := g.leave(ctx); err != nil {
+				d.say("%s: leave: %v", g.id, err)
+				return
+			}
+			d.say("%s left: drained, its process ends in %v", g.id, tpLinger)
+		})
 		if err := pause(ctx, w/5); err != nil {
+			lwg.Wait()
 			return err
 		}
 	}
+	lwg.Wait()
 	if err := d.waitFor(ctx, 10*time.Second, "the snapshot lists 10 members", func() bool { return len(f.Members()) == tpGrowTo-tpMembers }); err != nil {
 		return err
 	}
@@ -444,18 +459,29 @@ type gateway struct {
 	id   string
 	m    *client.PoolMember
 	mu   sync.Mutex
-	left time.Time // when it left; zero while a member
-	gone bool      // its lookback after leaving is over: the process ended
+	left time.Time       // when its Leave began (by the demo's clock); zero while a member
+	held map[string]bool // the tenants it served when its Leave began
+	done time.Time       // when its Leave returned; the process ends tpLinger later
+	// draining closes when the control plane has taken its Leave (the
+	// first PoolDraining event); until is when the drain said, at the
+	// latest, the last tenant stops reading it.
+	draining  chan struct{}
+	drainOnce sync.Once
+	until     time.Time
 }
 
 // join starts gateways [from, to).
 func (d *tenantsDemo) join(ctx, gctx context.Context, gwg *sync.WaitGroup, from, to int) error {
 	for i := from; i < to; i++ {
-		g := &gateway{d: d, id: memberID(i)}
+		g := &gateway{d: d, id: memberID(i), draining: make(chan struct{})}
 		var follower atomic.Pointer[client.PoolFollower]
 		changed := make(chan struct{}, 1)
 		m, err := d.cl.JoinPool(ctx, tpPool, client.Member{ID: g.id, Address: g.id + ".demo:7000", Zone: fmt.Sprintf("zone-%c", 'a'+i%tpZones)},
 			client.OnPoolEvent(func(ev client.PoolEvent) {
+				if ev.Kind == client.PoolDraining {
+					g.drained(ev)
+					return
+				}
 				if ev.Kind != client.PoolUpdated {
 					return
 				}
@@ -523,24 +549,60 @@ func (g *gateway) prefetch(ctx context.Context, changed <-chan struct{}) {
 	}
 }
 
+// leave drains the gateway (PoolMember.Leave) and ends its process when
+// the drain is over. The drain lasts past the lookback after the call:
+// the member leaves the subsets at the leader's next round, and is read
+// for the lookback from then on (and until the members that took its
+// places are read), so the gateway answers until Leave returns.
 func (g *gateway) leave(ctx context.Context) error {
+	held := map[string]bool{}
+	for _, t := range g.m.Tenants() { // a draining member gains no tenant
+		held[t] = true
+	}
 	g.mu.Lock()
-	g.left = time.Now()
+	g.left, g.held = g.d.clock.Now(), held
 	g.mu.Unlock()
-	return g.m.Leave(ctx)
+	err := g.m.Leave(ctx)
+	g.mu.Lock()
+	g.done = g.d.clock.Now()
+	g.mu.Unlock()
+	return err
+}
+
+// drained takes a PoolDraining event of the gateway's Leave.
+func (g *gateway) drained(ev client.PoolEvent) {
+	g.drainOnce.Do(func() { close(g.draining) })
+	g.mu.Lock()
+	said := !g.until.IsZero()
+	if !ev.Until.IsZero() {
+		g.until = ev.Until
+	}
+	g.mu.Unlock()
+	if !said && !ev.Until.IsZero() {
+		g.d.say("%s drains: in no subset, read by %d tenants until %.1fs", g.id, ev.Tenants, ev.Until.Sub(g.d.start).Seconds())
+	}
 }
 
 // serves answers a read: does this gateway serve tenant now, by its own
-// follower? After leaving, it answers from its last snapshot for the
-// lookback, then not at all.
+// follower? While it drains it also answers for the tenants it held when
+// its Leave began (it still has their data, and a client a version behind
+// its follower may still read it), and for tpLinger after its Leave
+// returned only for those; then not at all.
 func (g *gateway) serves(tenant string) bool {
 	g.mu.Lock()
-	left := g.left
+	done, held := g.done, g.held[tenant]
 	g.mu.Unlock()
-	if !left.IsZero() && time.Since(left) > g.d.window {
-		return false
+	if !done.IsZero() {
+		return held && g.d.clock.Since(done) < tpLinger
 	}
-	return g.m.Serves(tenant)
+	return held || g.m.Serves(tenant)
+}
+
+// isGone reports whether the gateway's Leave returned.
+func (g *gateway) isGone() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.done.IsZero()
 }
 
 func (d *tenantsDemo) gateway(id string) *gateway {
