@@ -335,14 +335,15 @@ func (s *Server) tenantPoolRound(ctx context.Context, fence store.Fence, pools m
 	if lp.deferred == nil {
 		lp.deferred = map[string]bool{}
 	}
+	bookkeeping := make(map[string]bool, len(ch.Bookkeeping))
 	for _, t := range ch.Bookkeeping {
-		if !touched[t] {
-			lp.deferred[t] = true
-		}
+		bookkeeping[t] = true
 	}
 	for _, t := range ch.Tenants {
-		if !lp.deferred[t] {
-			touched[t] = true
+		if bookkeeping[t] && !touched[t] {
+			lp.deferred[t] = true
+		} else {
+			touched[t] = true // a visible change: written now, with its bookkeeping
 		}
 	}
 	if len(lp.deferred) > 0 && now.Sub(lp.flushed) >= tenantPoolBookkeepingFlush {

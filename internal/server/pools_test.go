@@ -724,3 +724,37 @@ func TestTenantPoolBookkeepingDeferred(t *testing.T) {
 		t.Fatalf("bookkeeping writes at %v after the drop; want one or two, the first 10 s after the cooldown started, not one at every round", wrote)
 	}
 }
+
+// TestTenantPoolDeferredThenVisible: a tenant whose bookkeeping waits to
+// be stored and then changes visibly is written at once, bookkeeping and
+// all: readers see the change with its version.
+func TestTenantPoolDeferredThenVisible(t *testing.T) {
+	e := newTPEnv(t, 1)
+	r := e.rs[0]
+	l := e.leader()
+	p := basicPool("gw")
+	p.Policy.ShrinkCooldown = durationpb.New(time.Minute)
+	e.putPool(r, p)
+	for i := range 8 {
+		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
+	}
+	e.step(l, 12*time.Second)
+	seq := uint64(0)
+	load := func(n int64) {
+		seq++
+		e.report(r, "gw", "c1", seq, map[string]int64{"t": n})
+		e.step(l, time.Second)
+	}
+	for range 14 {
+		load(50)
+	}
+	for range 5 { // the rate falls below 40/s: the cooldown starts, deferred
+		load(10)
+	}
+	p.Policy.Overrides = map[string]*v1.TenantOverride{"t": {Size: 2}}
+	e.putPool(r, p)
+	load(10)
+	if s := e.tenant(r, "gw", "t"); s.Assignment.Size != 2 || len(subset(s.Assignment)) != 2 {
+		t.Fatalf("after the override: %v; want size 2 with 2 members, as published", s.Assignment)
+	}
+}
