@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
