@@ -745,16 +745,7 @@ func (s *Store) GetTenantPool(ctx context.Context, pool string) (TenantPool, int
 	if err := ValidateName(KindTenantPool, pool); err != nil {
 		return TenantPool{}, 0, err
 	}
-	key := TenantPoolKey(pool)
-	resp, err := s.client.Get(ctx, key)
-	if err != nil {
-		return TenantPool{}, 0, s.err(fmt.Sprintf("get tenant pool %q", pool), err)
-	}
-	if len(resp.Kvs) == 0 {
-		return TenantPool{}, 0, fmt.Errorf("store: get tenant pool %q: %w", pool, ErrNotFound)
-	}
-	p, err := DecodeTenantPool(key, resp.Kvs[0].Value)
-	return p, resp.Kvs[0].ModRevision, err
+	return getRecord(ctx, s, fmt.Sprintf("get tenant pool %q", pool), TenantPoolKey(pool), DecodeTenantPool)
 }
 
 // ListTenantPools returns every tenant pool's settings, sorted by name.

@@ -483,19 +483,26 @@ func (s *Store) GetHotPool(ctx context.Context, pool string) (HotPool, int64, er
 	if err := ValidateName(KindHotPool, pool); err != nil {
 		return HotPool{}, 0, err
 	}
-	key := HotPoolKey(pool)
+	return getRecord(ctx, s, fmt.Sprintf("get hot-key pool %q", pool), HotPoolKey(pool), DecodeHotPool)
+}
+
+// getRecord reads the record at key and decodes it, with its ModRevision.
+// what names the operation in errors. Errors: ErrNotFound, ErrCorrupt (from
+// decode), ErrUnavailable.
+func getRecord[T any](ctx context.Context, s *Store, what, key string, decode func(key string, val []byte) (T, error)) (T, int64, error) {
+	var zero T
 	resp, err := s.client.Get(ctx, key)
 	if err != nil {
-		return HotPool{}, 0, s.err(fmt.Sprintf("get hot-key pool %q", pool), err)
+		return zero, 0, s.err(what, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return HotPool{}, 0, fmt.Errorf("store: get hot-key pool %q: %w", pool, ErrNotFound)
+		return zero, 0, fmt.Errorf("store: %s: %w", what, ErrNotFound)
 	}
-	p, err := DecodeHotPool(key, resp.Kvs[0].Value)
+	v, err := decode(key, resp.Kvs[0].Value)
 	if err != nil {
-		return HotPool{}, 0, err
+		return zero, 0, err
 	}
-	return p, resp.Kvs[0].ModRevision, nil
+	return v, resp.Kvs[0].ModRevision, nil
 }
 
 // PutHotReport stores r as its producer's latest report to pool, replacing
