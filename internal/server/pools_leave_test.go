@@ -205,6 +205,10 @@ func TestTenantPoolSDKLeave(t *testing.T) {
 	p := basicPool("gw")
 	p.Policy.Lookback = durationpb.New(10 * time.Second)
 	p.Policy.MinSize = 4 // every member serves "t"
+	// The SDK member keeps its session alive on the fake clock, which the
+	// test moves faster than the member's goroutine may answer: a TTL far
+	// above the steps keeps a keep-alive late by a few steps harmless.
+	p.LeaseTtl = durationpb.New(5 * time.Minute)
 	e.putPool(r, p)
 	for i := 1; i < 4; i++ {
 		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
