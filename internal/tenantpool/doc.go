@@ -4,8 +4,11 @@
 // answer about which members serve it.
 //
 // Like internal/coordinator it reads no clock, does no IO and starts no
-// goroutines: time is an argument, and the leader's loop (to come) feeds
-// it and persists what it returns. Three parts:
+// goroutines: time is an argument, and the leader's loop
+// (internal/server, pools_leader.go) feeds it and persists what it
+// returns. The leader keeps a Planner, which runs rounds incrementally
+// and holds every size (Planner.Hold) until it has measured a window.
+// Three parts:
 //
 //   - Aggregator turns load reports (reporter, sequence number, per-tenant
 //     counts since the reporter's previous report) into a rate per tenant
