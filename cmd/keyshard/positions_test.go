@@ -18,7 +18,8 @@ import (
 )
 
 func TestPositionsCLI(t *testing.T) {
-	srv := keyshardtest.NewServer(t, keyshardtest.Options{Keyspaces: []client.KeyspaceConfig{{Name: "ev", Buckets: 64, Mode: client.ModeStream}, {Name: "rooms", Buckets: 8}}})
+	// w1 below sends one keep-alive: its session must outlive a slow wait.
+	srv := keyshardtest.NewServer(t, keyshardtest.Options{Keyspaces: []client.KeyspaceConfig{{Name: "ev", Buckets: 64, Mode: client.ModeStream, LeaseTTL: time.Minute}, {Name: "rooms", Buckets: 8}}})
 	url := srv.URL()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
