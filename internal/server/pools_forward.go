@@ -39,11 +39,37 @@ func leadershipMoving(detail string) error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w (%s)", errLeadershipMoving, detail))
 }
 
-// forwarder holds the clients of the leaders this replica forwarded to.
+// leaderCacheTTL is how long a replica forwards to the leader it last
+// read from the election without reading it again: load reports arrive
+// many times a second, and each would otherwise cost an etcd read. A
+// failed forward forgets it at once.
+const leaderCacheTTL = time.Second
+
+// forwarder holds the clients of the leaders this replica forwarded to,
+// and the leader it last read.
 type forwarder struct {
-	http *http.Client
-	mu   sync.Mutex
-	by   map[string]keyshardv1connect.TenantPoolServiceClient // by URL
+	http     *http.Client
+	mu       sync.Mutex
+	by       map[string]keyshardv1connect.TenantPoolServiceClient // by URL
+	leader   string                                               // "" : read the election
+	leaderAt time.Time
+}
+
+// cachedLeader returns the leader read less than leaderCacheTTL before
+// now, or "".
+func (f *forwarder) cachedLeader(now time.Time) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.leader == "" || now.Sub(f.leaderAt) >= leaderCacheTTL {
+		return ""
+	}
+	return f.leader
+}
+
+func (f *forwarder) setLeader(id string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leader, f.leaderAt = id, at
 }
 
 func newForwarder(cfg Config) (*forwarder, error) {
@@ -82,7 +108,13 @@ func (s *Server) toLeader(ctx context.Context, h http.Header) (local *tpLeader, 
 	if h.Get(forwardedHeader) != "" {
 		return nil, nil, leadershipMoving(fmt.Sprintf("forwarded by %s to %s, which does not lead", h.Get(forwardedHeader), s.cfg.Replica))
 	}
-	id, err := s.store.Leader(ctx)
+	id := s.forward.cachedLeader(s.clock.Now())
+	if id == "" {
+		id, err = s.store.Leader(ctx)
+		if err == nil && id != s.cfg.Replica {
+			s.forward.setLeader(id, s.clock.Now())
+		}
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, nil, leadershipMoving("no leader is elected")
@@ -120,6 +152,7 @@ func (s *Server) countForward(call string, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
+		s.forward.setLeader("", time.Time{}) // read the election again
 	}
 	s.metrics.tpForwarded.WithLabelValues(call, result).Inc()
 }
