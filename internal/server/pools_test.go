@@ -680,28 +680,7 @@ func TestTenantPoolsFromConfig(t *testing.T) {
 // shrink's cooldown starting) is not written at once, but within
 // tenantPoolBookkeepingFlush (10 s), and the cooldown then runs as stored.
 func TestTenantPoolBookkeepingDeferred(t *testing.T) {
-	e := newTPEnv(t, 1)
-	r := e.rs[0]
-	l := e.leader()
-	p := basicPool("gw")
-	p.Policy.ShrinkCooldown = durationpb.New(time.Minute)
-	e.putPool(r, p)
-	for i := range 8 {
-		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
-	}
-	e.step(l, 12*time.Second) // the leader's first window
-	seq := uint64(0)
-	load := func(n int64) {
-		seq++
-		e.report(r, "gw", "c1", seq, map[string]int64{"t": n})
-		e.step(l, time.Second)
-	}
-	for range 14 {
-		load(50)
-	}
-	if s := e.tenant(r, "gw", "t"); s.Assignment.Size != 5 {
-		t.Fatalf("size %d; want 5", s.Assignment.Size)
-	}
+	e, _, l, _, load := sizedTenantAt50(t)
 	// Load drops: the wanted size falls (the cooldown starts), a change
 	// only of bookkeeping. Rounds without a visible change write nothing
 	// for a while, then the bookkeeping at most 10 s later.
@@ -729,25 +708,7 @@ func TestTenantPoolBookkeepingDeferred(t *testing.T) {
 // be stored and then changes visibly is written at once, bookkeeping and
 // all: readers see the change with its version.
 func TestTenantPoolDeferredThenVisible(t *testing.T) {
-	e := newTPEnv(t, 1)
-	r := e.rs[0]
-	l := e.leader()
-	p := basicPool("gw")
-	p.Policy.ShrinkCooldown = durationpb.New(time.Minute)
-	e.putPool(r, p)
-	for i := range 8 {
-		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
-	}
-	e.step(l, 12*time.Second)
-	seq := uint64(0)
-	load := func(n int64) {
-		seq++
-		e.report(r, "gw", "c1", seq, map[string]int64{"t": n})
-		e.step(l, time.Second)
-	}
-	for range 14 {
-		load(50)
-	}
+	e, r, _, p, load := sizedTenantAt50(t)
 	for range 5 { // the rate falls below 40/s: the cooldown starts, deferred
 		load(10)
 	}
@@ -765,4 +726,34 @@ func TestTenantPoolDeferredThenVisible(t *testing.T) {
 	if s.Assignment.Size != 2 || len(subset(s.Assignment)) != 2 {
 		t.Fatalf("after the override: %v; want size 2 with 2 members, as published", s.Assignment)
 	}
+}
+
+// sizedTenantAt50 starts a pool of 8 members (shrink cooldown 1 m) whose
+// tenant "t" has reported 50 requests/s past the leader's first window,
+// sized 5; load reports n requests for "t" and steps a round.
+func sizedTenantAt50(t *testing.T) (e *tpEnv, r, l *tpReplica, p *v1.TenantPool, load func(n int64)) {
+	t.Helper()
+	e = newTPEnv(t, 1)
+	r = e.rs[0]
+	l = e.leader()
+	p = basicPool("gw")
+	p.Policy.ShrinkCooldown = durationpb.New(time.Minute)
+	e.putPool(r, p)
+	for i := range 8 {
+		e.join(r, "gw", fmt.Sprintf("m%d", i), "")
+	}
+	e.step(l, 12*time.Second) // the leader's first window
+	seq := uint64(0)
+	load = func(n int64) {
+		seq++
+		e.report(r, "gw", "c1", seq, map[string]int64{"t": n})
+		e.step(l, time.Second)
+	}
+	for range 14 {
+		load(50)
+	}
+	if s := e.tenant(r, "gw", "t"); s.Assignment.Size != 5 {
+		t.Fatalf("size %d; want 5", s.Assignment.Size)
+	}
+	return e, r, l, p, load
 }
