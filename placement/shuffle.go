@@ -130,15 +130,9 @@ type ShardPlan struct {
 // [Member]). It never panics. Members in prev that are unknown count as
 // departed; duplicates in a previous subset count once.
 func Shards(prev map[string][]string, members []Member, tenants []Tenant, opts ShardOptions) (ShardPlan, error) {
-	tol := opts.Tolerance
-	if tol == 0 {
-		tol = DefaultTolerance
-	}
-	if math.IsNaN(tol) || math.IsInf(tol, 0) || tol < 0 {
-		return ShardPlan{}, invalidf("tolerance %v; want a finite number > 0", opts.Tolerance)
-	}
-	if opts.MaxRebalanceMoves < 0 {
-		return ShardPlan{}, invalidf("max rebalance moves %d is negative", opts.MaxRebalanceMoves)
+	tol, err := opts.tolerance()
+	if err != nil {
+		return ShardPlan{}, err
 	}
 	ms, err := sortedMembers(members)
 	if err != nil {
@@ -150,12 +144,35 @@ func Shards(prev map[string][]string, members []Member, tenants []Tenant, opts S
 	}
 	st := newShardState(ms, ts, tol)
 	st.readPrev(prev)
+	st.place(opts)
+	return st.plan(prev), nil
+}
+
+// tolerance validates the options and returns the tolerance in force.
+func (opts ShardOptions) tolerance() (float64, error) {
+	tol := opts.Tolerance
+	if tol == 0 {
+		tol = DefaultTolerance
+	}
+	if math.IsNaN(tol) || math.IsInf(tol, 0) || tol < 0 {
+		return 0, invalidf("tolerance %v; want a finite number > 0", opts.Tolerance)
+	}
+	if opts.MaxRebalanceMoves < 0 {
+		return 0, invalidf("max rebalance moves %d is negative", opts.MaxRebalanceMoves)
+	}
+	return tol, nil
+}
+
+// place runs the steps after the previous subsets are read: shrink the
+// subsets that are too large, fill those that are too small, and
+// rebalance within the options' budget.
+func (st *shardState) place(opts ShardOptions) {
+	clear(st.mark)
 	st.shrink()
 	st.fill()
 	if opts.MaxRebalanceMoves > 0 {
 		st.rebalance(opts.MaxRebalanceMoves)
 	}
-	return st.plan(prev), nil
 }
 
 // sortedTenants validates tenants and returns them sorted by ID: tenants
@@ -340,18 +357,12 @@ func (st *shardState) readPrev(prev map[string][]string) {
 			st.readPrevTenant(base+i, ps[i], oks[i])
 		}
 	}
-	clear(st.mark)
 }
 
 // readPrevTenant reads tenant ti's previous subset p (ok: whether prev had
 // the tenant).
 func (st *shardState) readPrevTenant(ti int, p []string, ok bool) {
-	st.inPrev[ti] = ok
-	if !ok {
-		if st.size[ti] > 0 {
-			st.why[ti] |= whyNew
-			st.subs[ti] = st.alloc(st.size[ti])
-		}
+	if !st.beginPrev(ti, ok) {
 		return
 	}
 	sub := st.alloc(max(len(p), st.size[ti]))
@@ -360,14 +371,7 @@ func (st *shardState) readPrevTenant(ti int, p []string, ok bool) {
 	for _, id := range p {
 		m, ok := st.byID[id]
 		if !ok || st.zone[m] < 0 {
-			if !slices.Contains(gone, id) {
-				gone = append(gone, id)
-				if ok {
-					st.why[ti] |= whyDrain
-				} else {
-					st.why[ti] |= whyLeft
-				}
-			}
+			gone = st.addGone(ti, gone, id, !ok)
 			continue
 		}
 		if st.mark[m] == stamp {
@@ -376,6 +380,42 @@ func (st *shardState) readPrevTenant(ti int, p []string, ok bool) {
 		st.mark[m] = stamp
 		sub = append(sub, m)
 	}
+	st.endPrev(ti, sub, gone)
+	if st.why[ti] != 0 {
+		st.prevOf[ti] = p // to list the changes without looking it up again
+	}
+}
+
+// beginPrev starts reading tenant ti's previous subset (ok: whether there
+// is one). It reports whether there is one to read; a new tenant gets an
+// empty subset of its size's capacity.
+func (st *shardState) beginPrev(ti int, ok bool) bool {
+	st.inPrev[ti] = ok
+	if !ok && st.size[ti] > 0 {
+		st.why[ti] |= whyNew
+		st.subs[ti] = st.alloc(st.size[ti])
+	}
+	return ok
+}
+
+// addGone records id, a member of tenant ti's previous subset that left
+// (or, if not left, is draining), once.
+func (st *shardState) addGone(ti int, gone []string, id string, left bool) []string {
+	if slices.Contains(gone, id) {
+		return gone
+	}
+	if left {
+		st.why[ti] |= whyLeft
+	} else {
+		st.why[ti] |= whyDrain
+	}
+	return append(gone, id)
+}
+
+// endPrev ends reading tenant ti's previous subset: sub is the members
+// kept, gone those that left or are draining. It charges every kept member
+// its share of the tenant's load at the new size.
+func (st *shardState) endPrev(ti int, sub []int32, gone []string) {
 	sortSmall(sub) // whatever order prev had
 	for _, m := range sub {
 		st.load[m] += st.piece[ti]
@@ -387,9 +427,6 @@ func (st *shardState) readPrevTenant(ti int, p []string, ok bool) {
 	st.prevLen[ti] = int32(len(sub) + len(gone))
 	if int(st.prevLen[ti]) != st.size[ti] {
 		st.why[ti] |= whySize
-	}
-	if st.why[ti] != 0 {
-		st.prevOf[ti] = p // to list the changes without looking it up again
 	}
 }
 
@@ -867,27 +904,13 @@ func (st *shardState) plan(prev map[string][]string) ShardPlan {
 		if st.why[ti] == 0 {
 			continue
 		}
-		c := ShardChange{Tenant: t.ID, Added: []string{}, Removed: []string{}}
 		p, ok := st.prevOf[ti]
 		if !ok {
 			p = prev[t.ID]
 		}
-		p = sortedSet(p)
-		for _, id := range out {
-			if _, ok := slices.BinarySearch(p, id); !ok {
-				c.Added = append(c.Added, id)
-			}
+		if c, ok := st.change(ti, out, p); ok {
+			changes = append(changes, c)
 		}
-		for _, id := range p {
-			if _, ok := slices.BinarySearch(out, id); !ok {
-				c.Removed = append(c.Removed, id)
-			}
-		}
-		if len(c.Added) == 0 && len(c.Removed) == 0 {
-			continue
-		}
-		c.Reason = st.reason(ti)
-		changes = append(changes, c)
 	}
 	if found < len(prev) {
 		for id, p := range prev {
@@ -900,7 +923,34 @@ func (st *shardState) plan(prev map[string][]string) ShardPlan {
 		}
 	}
 	slices.SortFunc(changes, func(a, b ShardChange) int { return cmp.Compare(a.Tenant, b.Tenant) })
+	return st.result(subsets, changes)
+}
 
+// change compares tenant ti's new subset out (sorted) with its previous
+// one p, in any order, and returns the change, if there is one.
+func (st *shardState) change(ti int, out, p []string) (ShardChange, bool) {
+	p = sortedSet(p)
+	c := ShardChange{Tenant: st.ts[ti].ID, Added: []string{}, Removed: []string{}}
+	for _, id := range out {
+		if _, ok := slices.BinarySearch(p, id); !ok {
+			c.Added = append(c.Added, id)
+		}
+	}
+	for _, id := range p {
+		if _, ok := slices.BinarySearch(out, id); !ok {
+			c.Removed = append(c.Removed, id)
+		}
+	}
+	if len(c.Added) == 0 && len(c.Removed) == 0 {
+		return ShardChange{}, false
+	}
+	c.Reason = st.reason(ti)
+	return c, true
+}
+
+// result is the plan of subsets and changes, with every member's load
+// (summed by the caller into st.load) and the balance.
+func (st *shardState) result(subsets map[string][]string, changes []ShardChange) ShardPlan {
 	pl := ShardPlan{
 		Subsets:        subsets,
 		Changes:        changes,

@@ -2,7 +2,6 @@ package placement
 
 import (
 	"cmp"
-	"math"
 	"slices"
 )
 
@@ -29,15 +28,9 @@ import (
 // unsorted members or tenants, for len(prev) != len(tenants), and for an
 // index out of range.
 func ShardsIndexed(members []Member, gone []string, tenants []Tenant, prev [][]int32, opts ShardOptions) (ShardPlan, error) {
-	tol := opts.Tolerance
-	if tol == 0 {
-		tol = DefaultTolerance
-	}
-	if math.IsNaN(tol) || math.IsInf(tol, 0) || tol < 0 {
-		return ShardPlan{}, invalidf("tolerance %v; want a finite number > 0", opts.Tolerance)
-	}
-	if opts.MaxRebalanceMoves < 0 {
-		return ShardPlan{}, invalidf("max rebalance moves %d is negative", opts.MaxRebalanceMoves)
+	tol, err := opts.tolerance()
+	if err != nil {
+		return ShardPlan{}, err
 	}
 	if !slices.IsSortedFunc(members, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) }) {
 		return ShardPlan{}, invalidf("members are not sorted by ID")
@@ -68,46 +61,25 @@ func ShardsIndexed(members []Member, gone []string, tenants []Tenant, prev [][]i
 	for ti := range ts {
 		st.readPrevIndexed(ti, prev[ti], gone)
 	}
-	clear(st.mark)
-	st.shrink()
-	st.fill()
-	if opts.MaxRebalanceMoves > 0 {
-		st.rebalance(opts.MaxRebalanceMoves)
-	}
+	st.place(opts)
 	return st.planIndexed(prev, gone), nil
 }
 
 // readPrevIndexed is readPrevTenant for a subset given by indices: the
 // same steps in the same order, so that the loads are the same to the bit.
 func (st *shardState) readPrevIndexed(ti int, p []int32, goneIDs []string) {
-	ok := p != nil
-	st.inPrev[ti] = ok
-	if !ok {
-		if st.size[ti] > 0 {
-			st.why[ti] |= whyNew
-			st.subs[ti] = st.alloc(st.size[ti])
-		}
+	if !st.beginPrev(ti, p != nil) {
 		return
 	}
 	sub := st.alloc(max(len(p), st.size[ti]))
 	stamp := int32(ti + 1)
 	var gone []string
 	for _, x := range p {
-		var id string
-		left := int(x) >= len(st.ms)
-		if left {
-			id = goneIDs[int(x)-len(st.ms)]
-		} else if st.zone[x] < 0 {
-			id = st.ms[x].ID
-		}
-		if left || st.zone[x] < 0 {
-			if !slices.Contains(gone, id) {
-				gone = append(gone, id)
-				if left {
-					st.why[ti] |= whyLeft
-				} else {
-					st.why[ti] |= whyDrain
-				}
+		if left := int(x) >= len(st.ms); left || st.zone[x] < 0 {
+			if left {
+				gone = st.addGone(ti, gone, goneIDs[int(x)-len(st.ms)], true)
+			} else {
+				gone = st.addGone(ti, gone, st.ms[x].ID, false)
 			}
 			continue
 		}
@@ -117,18 +89,7 @@ func (st *shardState) readPrevIndexed(ti int, p []int32, goneIDs []string) {
 		st.mark[x] = stamp
 		sub = append(sub, x)
 	}
-	sortSmall(sub)
-	for _, m := range sub {
-		st.load[m] += st.piece[ti]
-	}
-	st.subs[ti] = sub
-	if len(gone) > 0 {
-		st.gone[ti] = gone
-	}
-	st.prevLen[ti] = int32(len(sub) + len(gone))
-	if int(st.prevLen[ti]) != st.size[ti] {
-		st.why[ti] |= whySize
-	}
+	st.endPrev(ti, sub, gone)
 }
 
 // planIndexed is plan for ShardsIndexed: subsets of the tenants that may
@@ -159,36 +120,9 @@ func (st *shardState) planIndexed(prev [][]int32, goneIDs []string) ShardPlan {
 				p = append(p, st.ms[x].ID)
 			}
 		}
-		p = sortedSet(p)
-		c := ShardChange{Tenant: t.ID, Added: []string{}, Removed: []string{}}
-		for _, id := range out {
-			if _, ok := slices.BinarySearch(p, id); !ok {
-				c.Added = append(c.Added, id)
-			}
-		}
-		for _, id := range p {
-			if _, ok := slices.BinarySearch(out, id); !ok {
-				c.Removed = append(c.Removed, id)
-			}
-		}
-		if len(c.Added) == 0 && len(c.Removed) == 0 {
-			continue
-		}
-		c.Reason = st.reason(ti)
-		changes = append(changes, c)
-	}
-	pl := ShardPlan{
-		Subsets:        subsets,
-		Changes:        changes,
-		MemberLoad:     make(map[string]float64, len(st.ms)),
-		RebalanceMoves: st.moves,
-	}
-	for m, mem := range st.ms {
-		l := st.load[m]
-		pl.MemberLoad[mem.ID] = l
-		if st.meanNorm > 0 && st.zone[m] >= 0 {
-			pl.MaxOverMean = max(pl.MaxOverMean, l/(st.meanNorm*mem.Weight))
+		if c, ok := st.change(ti, out, p); ok {
+			changes = append(changes, c)
 		}
 	}
-	return pl
+	return st.result(subsets, changes)
 }
