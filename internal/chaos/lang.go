@@ -31,9 +31,16 @@ var Langs = []Lang{LangGo, LangPython, LangNode}
 
 // The worker scripts of the other clients, relative to the repository
 // root, and the interpreters that run them.
-var langScripts = map[Lang]struct{ interp, script, install string }{
-	LangPython: {"python3", "clients/python/tools/chaos_worker.py", "install Python 3 (python3 on PATH)"},
-	LangNode:   {"node", "clients/node/tools/chaos-worker.mjs", "install Node.js 20 or later (node on PATH)"},
+// Python runs unbuffered (-u), so that its logs reach a Proc's output as
+// they are written.
+var langScripts = map[Lang]struct {
+	interp  string
+	flags   []string
+	script  string
+	install string
+}{
+	LangPython: {"python3", []string{"-u"}, "clients/python/tools/chaos_worker.py", "install Python 3 (python3 on PATH)"},
+	LangNode:   {"node", nil, "clients/node/tools/chaos-worker.mjs", "install Node.js 20 or later (node on PATH)"},
 }
 
 // ParseLangs parses a comma-separated list of languages ("go,python,node"),
@@ -102,7 +109,7 @@ type Workers struct {
 	// worker ARGS`. Needed for LangGo only.
 	Keyshard string
 	// Repo is the repository root (FindRepo): a Python worker is
-	// `python3 Repo/clients/python/tools/chaos_worker.py ARGS`, a Node
+	// `python3 -u Repo/clients/python/tools/chaos_worker.py ARGS`, a Node
 	// worker `node Repo/clients/node/tools/chaos-worker.mjs ARGS`. Needed
 	// for LangPython and LangNode only.
 	Repo string
@@ -143,7 +150,7 @@ func (w Workers) Command(lang Lang, args ...string) (string, []string, error) {
 	if !isFile(script) {
 		return "", nil, fmt.Errorf("%s workers: the worker script %s is missing: run from a repository that has the %s client (%s)", lang, script, lang, filepath.Dir(filepath.Dir(ls.script)))
 	}
-	return interp, append([]string{script}, args...), nil
+	return interp, slices.Concat(ls.flags, []string{script}, args), nil
 }
 
 // Check reports whether workers of lang can start (see Command).
@@ -159,12 +166,7 @@ func (w Workers) Start(name string, tee io.Writer, lang Lang, args ...string) (*
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, argv...)
-	if lang == LangPython {
-		// Logs reach the Proc's output as they are written.
-		cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
-	}
-	return startProc(name, tee, cmd)
+	return startProc(name, tee, exec.Command(bin, argv...))
 }
 
 // WorkerArgs returns the flags of a worker that joins keyspace on server

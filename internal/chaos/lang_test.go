@@ -100,7 +100,7 @@ func TestWorkerCommand(t *testing.T) {
 		argv    []string
 	}{
 		{LangGo, bin, append([]string{"chaos", "worker"}, wantArgs...)},
-		{LangPython, "/usr/bin/python3", append([]string{filepath.Join(repo, "clients", "python", "tools", "chaos_worker.py")}, wantArgs...)},
+		{LangPython, "/usr/bin/python3", append([]string{"-u", filepath.Join(repo, "clients", "python", "tools", "chaos_worker.py")}, wantArgs...)},
 		{LangNode, "/usr/bin/node", append([]string{filepath.Join(repo, "clients", "node", "tools", "chaos-worker.mjs")}, wantArgs...)},
 	} {
 		program, argv, err := w.Command(tc.lang, args...)

@@ -17,7 +17,8 @@ import (
 // leaves gracefully, the second is killed, the third is paused. Until the
 // Python and Node clients' worker scripts are in the repository, Go
 // workers stand in for them; KEYSHARD_MIXED_LANGS (such as
-// "go,python,node") overrides the list.
+// "go,python,node", or "python" for three Python workers) overrides the
+// list.
 var mixedLangs = []chaos.Lang{chaos.LangGo, chaos.LangGo, chaos.LangGo}
 
 // langWorker is one worker of TestMixedLanguageCluster: its member id
@@ -52,9 +53,16 @@ func (h *harness) startLangWorker(ws chaos.Workers, lang chaos.Lang, id string, 
 func TestMixedLanguageCluster(t *testing.T) {
 	langs := mixedLangs
 	if env := os.Getenv("KEYSHARD_MIXED_LANGS"); env != "" {
-		var err error
-		if langs, err = chaos.ParseLangs(env); err != nil {
-			t.Fatalf("KEYSHARD_MIXED_LANGS: %v", err)
+		langs = nil
+		for item := range strings.SplitSeq(env, ",") { // repeats allowed: go,go,python
+			l, err := chaos.ParseLangs(item)
+			if err != nil {
+				t.Fatalf("KEYSHARD_MIXED_LANGS=%q: %v", env, err)
+			}
+			if len(langs) == 3 {
+				t.Fatalf("KEYSHARD_MIXED_LANGS=%q: want one to three languages, one worker per fault", env)
+			}
+			langs = append(langs, l[0])
 		}
 		for len(langs) < 3 { // one worker per fault
 			langs = append(langs, langs[len(langs)-1])
