@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/keyshard/keyshard/internal/bench"
+	"github.com/keyshard/keyshard/internal/chaos"
 )
 
 func newBench() *cobra.Command {
@@ -22,7 +26,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants(), newBenchClients())
 	return cmd
 }
 
@@ -144,6 +148,109 @@ leaving, and Planner rounds over 100,000 tenants. Takes about two minutes.`,
 	cmd.Flags().BoolVar(&quick, "quick", false, "10,000 tenants and 10 reporters: a smoke test, not comparable with the targets")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "also print the server's logs")
 	return cmd
+}
+
+func newBenchClients() *cobra.Command {
+	var (
+		asJSON, quick, verbose bool
+		runs, cycles           int
+		langs, repo            string
+	)
+	cmd := &cobra.Command{
+		Use:   "clients",
+		Short: "Graceful handoff latency between worker processes of each client language (Go, Python, Node)",
+		Long: `Start a Keyshard server (embedded etcd) on loopback and a fenced sink, and, for
+each language of --langs, a keyspace of 64 buckets (lease TTL 10 s) held by
+two worker processes of that language's client: ` + "`keyshard chaos worker`" + ` for Go,
+python3 clients/python/tools/chaos_worker.py and node
+clients/node/tools/chaos-worker.mjs from the repository for Python and Node.
+A third worker of the same language joins and leaves gracefully --cycles
+times. Each handoff is timed at the sink, on its clock, from the old owner's
+release record to the new owner's acquire record of the bucket's next token.
+
+Per language it prints the handoffs counted, their p50, p99 and max (medians
+of the --runs runs), and the ratio of the p99 to Go's. Python and Node
+workers need python3 and node on PATH and the repository (found from the
+working directory, or --repo).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runs < 1 {
+				return fmt.Errorf("--runs is %d; want at least 1", runs)
+			}
+			if cycles < 0 {
+				return fmt.Errorf("--cycles is %d; want at least 1 (0: the default)", cycles)
+			}
+			ls, err := chaos.ParseLangs(langs)
+			if err != nil {
+				return fmt.Errorf("--langs: %w", err)
+			}
+			bin, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find the keyshard binary to run Go workers with: %w", err)
+			}
+			ws := chaos.Workers{Keyshard: bin, Repo: repo}
+			if repo == "" {
+				// Only Python and Node workers need the repository.
+				r, err := chaos.FindRepo(".")
+				if err != nil && slices.ContainsFunc(ls, func(l chaos.Lang) bool { return l != chaos.LangGo }) {
+					return fmt.Errorf("%w, or pass --repo", err)
+				}
+				ws.Repo = r
+			}
+			opts := bench.ClientsOptions{Langs: ls, Runs: runs, Cycles: cycles, Quick: quick, Workers: ws}
+			if verbose {
+				opts.Logs = cmd.ErrOrStderr()
+				opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			}
+			rep, err := bench.Clients(cmd.Context(), opts, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				err = writeJSON(cmd.OutOrStdout(), rep)
+			} else {
+				err = writeClientsText(cmd.OutOrStdout(), rep)
+			}
+			if err != nil {
+				return err
+			}
+			var bad []string
+			for _, l := range rep.Langs {
+				if lh := rep.PerLang[l]; lh.Violations > 0 {
+					bad = append(bad, fmt.Sprintf("%s: %d (%s)", l, lh.Violations, lh.ViolationExamples[0]))
+				}
+			}
+			if len(bad) > 0 {
+				return fmt.Errorf("safety violations in the sink's record: %s", strings.Join(bad, "; "))
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&langs, "langs", "go,python,node", "comma-separated client languages to measure: go, python, node")
+	fl.IntVar(&cycles, "cycles", 0, "times the third worker joins and leaves per run (default 5, 2 with --quick)")
+	fl.IntVar(&runs, "runs", 3, "runs per language; the medians of the runs' percentiles are reported")
+	fl.BoolVar(&quick, "quick", false, "fewer cycles: a smoke test")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
+	fl.StringVar(&repo, "repo", "", "the Keyshard repository, for the Python and Node worker scripts (default: found from the working directory)")
+	fl.BoolVar(&verbose, "verbose", false, "also print the server's and the workers' logs")
+	return cmd
+}
+
+func writeClientsText(w io.Writer, rep bench.ClientsReport) error {
+	fmt.Fprintf(w, "graceful handoff, old owner's release → new owner's acquire at the sink; %d buckets, lease TTL %.0f s, %d cycles × %d runs (p50/p99/max: medians of the runs)\n",
+		rep.Buckets, rep.LeaseTTLS, rep.Cycles, rep.Runs)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "lang\thandoffs\tp50 ms\tp99 ms\tmax ms\tp99 vs go\tjoin ms\tleave ms\tfenced\tviolations")
+	for _, l := range rep.Langs {
+		lh := rep.PerLang[l]
+		ratio := "-"
+		if lh.P99RatioVsGo != nil {
+			ratio = fmt.Sprintf("%.2f", *lh.P99RatioVsGo)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%s\t%.0f\t%.0f\t%d\t%d\n", l, lh.Handoffs, lh.HandoffP50Ms, lh.HandoffP99Ms, lh.HandoffMaxMs, ratio, lh.JoinMs, lh.LeaveMs, lh.FencedReleases, lh.Violations)
+	}
+	return tw.Flush()
 }
 
 // benchFlags are shared by every bench suite.

@@ -64,6 +64,11 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"bench", "control", "--runs", "0"}, "--runs is 0"},
 		{[]string{"bench", "placement", "--benchtime", "soon"}, `--benchtime "soon"`},
 		{[]string{"bench", "placement", "extra"}, "unknown command"},
+		{[]string{"bench", "clients", "--runs", "0"}, "--runs is 0"},
+		{[]string{"bench", "clients", "--cycles", "-1"}, "--cycles is -1"},
+		{[]string{"bench", "clients", "--langs", "go,ruby"}, `--langs: unknown language "ruby"`},
+		{[]string{"bench", "clients", "--langs", ","}, "--langs: no language"},
+		{[]string{"bench", "clients", "--langs", "python", "--repo", "/nonexistent"}, "python workers"}, // the script is missing (or python3 is),
 	} {
 		_, _, err := runCLI(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

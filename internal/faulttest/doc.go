@@ -18,6 +18,10 @@
 // worker that does not hold the bucket at that token, and every bucket has
 // a live holder that is writing.
 //
+// TestMixedLanguageCluster runs workers of every client language (see
+// chaos.Workers: the Go worker and the Python and Node clients' worker
+// scripts) on one keyspace through the same faults.
+//
 // The package has only tests; they take about a minute and are skipped
 // with -short. Set KEYSHARD_TEST_LOG=1 to stream the children's logs.
 package faulttest

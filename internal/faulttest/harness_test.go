@@ -19,7 +19,9 @@ import (
 
 const (
 	keyspace = "faults"
-	buckets  = 16
+	// buckets is the keyspace's bucket count unless a test sets
+	// harness.buckets before connect.
+	buckets = 16
 	// drainTimeout is the keyspace's drain timeout unless a test needs a
 	// short one: long, so that a takeover within a few lease TTLs shows
 	// the lease (not the drain timeout) ended the old grants.
@@ -37,6 +39,7 @@ type harness struct {
 	ctx      context.Context // bounds the whole test
 	sink     *sink
 	keyshard string // the binary: serve, and chaos worker for the workers
+	buckets  int    // in the keyspace connect creates
 
 	url      string // where workers and the admin client reach the control plane
 	admin    *client.Admin
@@ -52,7 +55,7 @@ func newHarness(t *testing.T, limit time.Duration) *harness {
 	keyshard := binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	t.Cleanup(cancel)
-	return &harness{t: t, ctx: ctx, sink: newSink(t), keyshard: keyshard, replicas: map[string]*proc{}}
+	return &harness{t: t, ctx: ctx, sink: newSink(t), keyshard: keyshard, buckets: buckets, replicas: map[string]*proc{}}
 }
 
 // serve starts a `keyshard serve` replica named name and waits until it
@@ -96,7 +99,7 @@ func (h *harness) connect(url string, ttl, drain time.Duration) {
 	h.t.Cleanup(func() { cl.Close() })
 	h.admin = cl.Admin()
 	h.retry("create keyspace", 20*time.Second, func(ctx context.Context) string {
-		_, err := h.admin.CreateKeyspace(ctx, client.KeyspaceConfig{Name: keyspace, Buckets: buckets, LeaseTTL: ttl, DrainTimeout: drain})
+		_, err := h.admin.CreateKeyspace(ctx, client.KeyspaceConfig{Name: keyspace, Buckets: h.buckets, LeaseTTL: ttl, DrainTimeout: drain})
 		if err != nil && !errors.Is(err, client.ErrExists) {
 			return err.Error()
 		}
@@ -213,7 +216,7 @@ func (h *harness) waitConverged(limit time.Duration, live ...string) time.Durati
 			ids = append(ids, m.ID)
 			// Equal weights: every member's target is its share, rounded
 			// down or up.
-			if share := buckets / len(live); m.TargetBuckets < share || m.TargetBuckets > share+1 ||
+			if share := h.buckets / len(live); m.TargetBuckets < share || m.TargetBuckets > share+1 ||
 				m.GrantedBuckets != m.TargetBuckets || m.ReleasingBuckets != 0 || m.Draining {
 				return fmt.Sprintf("member %s: target %d (share %d..%d), granted %d, releasing %d, draining %v", m.ID, m.TargetBuckets, share, share+1, m.GrantedBuckets, m.ReleasingBuckets, m.Draining)
 			}
@@ -223,8 +226,8 @@ func (h *harness) waitConverged(limit time.Duration, live ...string) time.Durati
 		if want := slices.Sorted(slices.Values(live)); !slices.Equal(ids, want) {
 			return fmt.Sprintf("members %v, want %v", ids, want)
 		}
-		if granted != buckets {
-			return fmt.Sprintf("%d of %d buckets granted", granted, buckets)
+		if granted != h.buckets {
+			return fmt.Sprintf("%d of %d buckets granted", granted, h.buckets)
 		}
 		if e := h.router.Epoch(); e != ms.Epoch {
 			return fmt.Sprintf("router at epoch %d, members at %d", e, ms.Epoch)
@@ -241,7 +244,7 @@ func (h *harness) waitConverged(limit time.Duration, live ...string) time.Durati
 // servedByOwners returns "" if every bucket is held by its map owner at
 // its newest token, which has had a write accepted after record from.
 func (h *harness) servedByOwners(s *chaos.History, from int) string {
-	for b := range buckets {
+	for b := range h.buckets {
 		owner, _ := h.router.BucketOwner(b)
 		switch g := s.Cur[b]; {
 		case g == nil:
