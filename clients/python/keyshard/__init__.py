@@ -1,0 +1,28 @@
+"""Keyshard client for Python (standard library only, Python >= 3.9).
+
+    from keyshard import Client, Worker, Router, bucket
+
+See clients/python/README.md.
+"""
+from ._hash import HASH_MODES, bucket, buckets_of, xxh64
+from .client import Cancel, Client
+from .errors import (Aborted, AlreadyExists, Canceled, Closed, DataLoss, DeadlineExceeded,
+                     FailedPrecondition, Internal, InvalidArgument, KeyshardError, NotFound,
+                     OutOfRange, PermissionDenied, ResourceExhausted, SessionLost,
+                     Unauthenticated, Unavailable, Unimplemented, Unknown, WrongOwner,
+                     decode_wrong_owner, encode_wrong_owner)
+from .router import Router
+from .types import HotKeyPool, Keyspace, LookupResult, Map, Member, MemberStatus, Owner
+from .worker import Event, Grant, Handler, NotGranted, Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "bucket", "buckets_of", "xxh64", "HASH_MODES", "Client", "Cancel", "Router", "Worker", "Grant",
+    "Event", "Handler", "NotGranted", "Keyspace", "Member", "MemberStatus", "Map", "Owner",
+    "LookupResult", "HotKeyPool", "KeyshardError", "Canceled", "Unknown", "InvalidArgument",
+    "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
+    "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable",
+    "DataLoss", "Unauthenticated", "WrongOwner", "SessionLost", "Closed", "decode_wrong_owner",
+    "encode_wrong_owner",
+]
