@@ -11,6 +11,8 @@ from .errors import (Aborted, AlreadyExists, Canceled, Closed, DataLoss, Deadlin
                      OutOfRange, PermissionDenied, ResourceExhausted, SessionLost,
                      Unauthenticated, Unavailable, Unimplemented, Unknown, WrongOwner,
                      decode_wrong_owner, encode_wrong_owner)
+from .hotkeys import Detector, HotKeys
+from .pools import LoadReporter, PoolFollower, report_load
 from .router import Router
 from .types import HotKeyPool, Keyspace, LookupResult, Map, Member, MemberStatus, Owner
 from .worker import Event, Grant, Handler, NotGranted, Worker
@@ -18,7 +20,7 @@ from .worker import Event, Grant, Handler, NotGranted, Worker
 __version__ = "0.1.0"
 
 __all__ = [
-    "bucket", "buckets_of", "xxh64", "HASH_MODES", "Client", "Cancel", "Router", "Worker", "Grant",
+    "bucket", "buckets_of", "xxh64", "HASH_MODES", "Client", "Cancel", "Router", "HotKeys", "Detector", "PoolFollower", "LoadReporter", "report_load", "Worker", "Grant",
     "Event", "Handler", "NotGranted", "Keyspace", "Member", "MemberStatus", "Map", "Owner",
     "LookupResult", "HotKeyPool", "KeyshardError", "Canceled", "Unknown", "InvalidArgument",
     "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
