@@ -151,11 +151,12 @@ class Router:
 
     def _run(self) -> None:
         b = Backoff(0.1, 5.0)
+        first = True
         while not self._cancel.cancelled:
             since = self.epoch
             try:
                 m, changed = self._c.get_map(self.keyspace, since_epoch=since,
-                                             wait=self._wait if self._map is not None else 0.0,
+                                             wait=0.0 if first else self._wait,
                                              cancel=self._cancel)
             except E.Closed:
                 return
@@ -171,10 +172,12 @@ class Router:
                     return
                 continue
             b.reset()
+            first = False
             with self._cond:
                 self._stale = False
                 self._error = None
-                newer = self._map is None or m.epoch > self._map.epoch
+                # epoch 0: the keyspace has no map yet (just created)
+                newer = m.epoch > 0 and (self._map is None or m.epoch > self._map.epoch)
                 if newer:
                     self._map = m
                 self._cond.notify_all()
