@@ -50,6 +50,7 @@ class IntegrationTest(unittest.TestCase):
         self.assertEqual(members, [])
         st = self.c.status()
         self.assertIn(name, [x["keyspace"].name for x in st["keyspaces"]])
+        wait_for(lambda: self.c.get_map(name)[0].epoch > 0, 20, what="the keyspace's first map")
         res = self.c.lookup(name, ["!room:example.org"])
         self.assertEqual(res.owners[0].bucket, ks.bucket("!room:example.org", 64))
         self.assertEqual(res.owners[0].member, "")
