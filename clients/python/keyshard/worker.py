@@ -422,7 +422,10 @@ class Worker:
         those in exceptions ({bucket: position}). max_token is the highest
         token among the session's grants; released buckets with a final
         position are listed at it until the release is done. Returns the
-        revision. Raises SessionLost without a session."""
+        revision. List as exceptions the buckets not caught up to position
+        (just granted, catching up) or ahead of it. Raises SessionLost
+        without a live session, FailedPrecondition for a position that
+        would go backwards ("backwards" in the message)."""
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise TypeError("position: want a non-negative int")
         exc = dict(exceptions or {})
@@ -431,25 +434,52 @@ class Worker:
                 raise TypeError("exceptions: want a dict of int bucket to int position")
         with self._mu:
             s = self._cur
-            if s is None or s.fenced:
+            if s is None or s.fenced or not s.valid():
                 raise E.SessionLost("aborted", "no live session to commit for")
             tokens = {b: gs.g.token for b, gs in self._grants.items() if gs.s is s}
-            max_token = max(tokens.values(), default=0)
-            items = []
-            for b, p in exc.items():
-                if b in tokens:
-                    items.append({"bucket": b, "token": str(tokens[b]), "position": str(p)})
-            for b, (tok, p) in s.finals.items():
-                if b not in tokens and b not in exc:
-                    items.append({"bucket": b, "token": str(tok), "position": str(p)})
-                    max_token = max(max_token, tok)
-        body: Dict[str, Any] = {"session": s.id, "maxToken": str(max_token), "position": str(position)}
-        if items:
-            body["exceptions"] = items
-        r = self._c.call("MemberService", "Commit", body, timeout=timeout)
-        rev = u64(r.get("revision"))
-        self._emit(Event("committed", session=s.id))
-        return rev
+            finals = {b: f for b, f in s.finals.items() if b not in tokens and b not in exc}
+        for b in exc:
+            if b not in tokens:
+                raise ValueError("exceptions: bucket %d is not held by the worker" % b)
+        max_token = max(tokens.values(), default=0)
+        for probed in (False, True):
+            items = [{"bucket": b, "token": str(tokens[b]), "position": str(p)} for b, p in exc.items()]
+            items += [{"bucket": b, "token": str(tok), "position": str(p)} for b, (tok, p) in finals.items()]
+            items.sort(key=lambda e: e["bucket"])
+            mt = max([max_token] + [tok for tok, _ in finals.values()])
+            body: Dict[str, Any] = {"session": s.id, "maxToken": str(mt), "position": str(position)}
+            if items:
+                body["exceptions"] = items
+            try:
+                r = self._c.call("MemberService", "Commit", body, timeout=timeout)
+            except E.FailedPrecondition as ex:
+                if probed or not finals or "backwards" in ex.message.lower():
+                    raise
+                finals = self._probe_finals(s, finals, timeout)
+                continue
+            except E.NotFound as ex:
+                raise E.SessionLost("aborted", "commit: session %s ended: %s" % (s.id, ex.message))
+            rev = u64(r.get("revision"))
+            self._emit(Event("committed", session=s.id))
+            return rev
+        raise AssertionError("not reached")
+
+    def _probe_finals(self, s: _Session, finals: Dict[int, "tuple[int, int]"],
+                      timeout: Optional[float]) -> Dict[int, "tuple[int, int]"]:
+        """Which released buckets the server still holds for s (releasing
+        each again at its final position); forgets the others."""
+        kept = {}
+        for b, (tok, p) in finals.items():
+            try:
+                self._c.call("MemberService", "Release", {
+                    "session": s.id, "buckets": [{"bucket": b, "token": str(tok)}],
+                    "positions": [{"bucket": b, "token": str(tok), "position": str(p)}]}, timeout=timeout)
+                kept[b] = (tok, p)
+            except (E.InvalidArgument, E.FailedPrecondition):
+                with self._mu:
+                    if s.finals.get(b, (None,))[0] == tok:
+                        del s.finals[b]
+        return kept
 
     # --- internals: events ------------------------------------------------------
 
@@ -489,7 +519,7 @@ class Worker:
             with self._mu:
                 for gs in list(self._grants.values()):
                     self._end_grant(gs, "fence")
-            self._bq.wait_idle(30.0)
+            self._bq.wait_idle(5.0 if self._stopping() else 30.0)
             self._router.close()
             self._pool.shutdown(wait=False)
             self._done.set()
@@ -644,8 +674,9 @@ class Worker:
                 gs.done.wait(0.1)
             if self._stopping():
                 # a hard stop does not wait for stuck handlers past a bound
+                end = time.monotonic() + 5.0
                 for gs in pending:
-                    gs.done.wait(5.0)
+                    gs.done.wait(max(0.0, end - time.monotonic()))
                 return
 
     # --- keep-alives and fencing ----------------------------------------------------

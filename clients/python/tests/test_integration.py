@@ -138,6 +138,35 @@ class IntegrationTest(unittest.TestCase):
         kinds = [k for _, k, _ in events if k not in ("renewed", "acquired", "released", "release-recorded")]
         self.assertEqual(kinds[:4], ["joined", "fenced", "session-lost", "rejoined"])
 
+    def test_stream_commit_and_final_positions(self):
+        name = unique("stream")
+        self.c.create_keyspace(name, buckets=8, mode="stream", lease_ttl=3, drain_timeout=5)
+        log, lock = [], threading.Lock()
+
+        class StreamHandler(Recorder):
+            def final_position(self, bucket):
+                return 500 + bucket
+        events = []
+        w1 = self.worker(name, "s1", StreamHandler("s1", log, lock), on_event=lambda e: events.append(e))
+        w1.start()
+        self.assertTrue(w1.wait_held(8, 20))
+        self.assertTrue(all(g.from_position == 0 for g in w1.held()))
+        rev = w1.commit(100)
+        self.assertGreater(rev, 0)
+        pos = self.c.get_positions(name)
+        self.assertEqual((pos["min"], pos["max"]), (100, 100))
+        w2 = self.worker(name, "s2", Recorder("s2", log, lock))
+        w2.start()
+        wait_for(lambda: len(w2.held()) == 4, 30, what="s2 taking half")
+        for g in w2.held():
+            self.assertEqual(g.from_position, 500 + g.bucket)  # handed over with the release
+        self.assertTrue(any(e.kind == "release-recorded" and e.final == 500 + e.grant.bucket for e in events))
+        w1.commit(200)  # covers only what s1 still holds
+        pos = self.c.get_positions(name)
+        self.assertEqual(pos["min"], 200)
+        self.assertEqual(pos["max"], max(500 + g.bucket for g in w2.held()))
+        check_no_overlap(self, log)
+
     def test_router_follows_epochs(self):
         name = unique("router")
         self.c.create_keyspace(name, buckets=16, hash="synapse-sha256", lease_ttl=3, drain_timeout=5)
