@@ -233,6 +233,30 @@ class IntegrationTest(unittest.TestCase):
             self.assertFalse(h1.is_hot("cold-1"))
         stop.set()
 
+    def test_pool_follower(self):
+        pool = unique("gw")
+        self.c.call("TenantPoolService", "PutTenantPool", {"pool": {
+            "name": pool, "policy": {"capacityPerMember": 10, "minSize": 2}, "leaseTtl": "5s"}})
+        sessions = []
+        for m in ("gw-1", "gw-2", "gw-3"):
+            r = self.c.call("TenantPoolService", "JoinPool", {"pool": pool, "member": {"id": m, "address": m + ":9095"}})
+            self.c.call("TenantPoolService", "PoolKeepAlive", {"session": r["session"]})
+            sessions.append(r["session"])
+        with ks.PoolFollower(self.c, pool) as f:
+            f.wait_ready(10)
+            wait_for(lambda: len(f.members()) == 3, 30, what="the snapshot placing three members")
+            t = f.targets("acme")   # a tenant the snapshot does not list: GetTenants
+            self.assertEqual(len(t), 2)
+            self.assertTrue(set(t) <= {"gw-1", "gw-2", "gw-3"})
+            self.assertTrue(all(f.serves(m, "acme") for m in t))
+            rep = ks.LoadReporter(self.c, pool, unique("frontend"))
+            rep.add("acme", 250)
+            self.assertEqual(rep.flush(), "REPORT_OUTCOME_COUNTED")
+            with self.assertRaises(ValueError):
+                ks.report_load(self.c, pool, "r", 0, {})
+        for s in sessions:
+            self.c.call("TenantPoolService", "LeavePool", {"session": s, "endSession": True})
+
     def test_unreachable_raises_unavailable(self):
         c = ks.Client("http://127.0.0.1:9,http://127.0.0.1:19", timeout=1)
         t = time.monotonic()
