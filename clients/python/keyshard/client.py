@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import errors as E
 from ._wire import check_int, check_num, check_str, dur, u64
-from .types import HotKeyPool, Keyspace, LookupResult, Map, Member, MemberStatus, Owner
+from .types import HotKeyPool, Keyspace, LookupResult, Map, MemberStatus, Owner
 
 __all__ = ["Client", "Cancel", "LONG_POLL_MARGIN"]
 
@@ -239,9 +239,13 @@ class Client:
              cancel: Optional[Cancel] = None) -> Dict[str, Any]:
         """Calls keyshard.v1.<service>/<method> with the JSON body and
         returns the decoded answer. timeout bounds the whole call (default:
-        the client's); wait (seconds) is the long-poll wait the body asks
-        for, added to each replica's limit. Raises a KeyshardError
-        subclass; Unavailable names every URL tried."""
+        the client's, or for a long poll its wait plus LONG_POLL_MARGIN,
+        per replica with several); wait (seconds) is the long-poll wait the
+        body asks for: each replica is given replica_timeout + wait.
+        Without a wait, with several replicas, each is given at most
+        replica_timeout and a share of what is left of timeout. cancel
+        (a Cancel) interrupts the call from another thread. Raises a
+        KeyshardError subclass; Unavailable names every URL tried."""
         check_str(service, "service")
         check_str(method, "method")
         if service.startswith("keyshard.v1."):
@@ -250,8 +254,13 @@ class Client:
             body = {}
         if not isinstance(body, dict):
             raise TypeError("body: want a dict, got %s" % type(body).__name__)
+        n = len(self._eps)
+        check_num(wait, "wait")
         if timeout is None:
-            timeout = self.timeout + (wait + LONG_POLL_MARGIN if wait else 0.0)
+            if wait and n > 1:
+                timeout = (self.replica_timeout + wait) * n
+            else:
+                timeout = self.timeout + (wait + LONG_POLL_MARGIN if wait else 0.0)
         else:
             check_num(timeout, "timeout", positive=True)
         if self._closed:
@@ -259,7 +268,6 @@ class Client:
         payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
         path = "/keyshard.v1.%s/%s" % (service, method)
         start = time.monotonic()
-        n = len(self._eps)
         first = self._pref
         tried: List[str] = []
         last: Optional[E.KeyshardError] = None
@@ -269,9 +277,14 @@ class Client:
             left = timeout - (time.monotonic() - start)
             if left <= 0:
                 break
-            limit = left / (n - k)
-            if n > 1:
-                limit = min(limit, self.replica_timeout + wait)
+            if n == 1:
+                limit = left
+            elif wait:
+                # a long poll: each replica may hold it for its wait
+                limit = min(left, self.replica_timeout + wait)
+            else:
+                # a share of what is left for each replica still to try
+                limit = min(left / (n - k), self.replica_timeout)
             i = (first + k) % n
             url = self._eps[i].url
             try:

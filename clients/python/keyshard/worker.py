@@ -242,6 +242,7 @@ class Worker:
     on_event(Event) is called, serialized, from the worker's threads.
     fence_margin: seconds (default max(TTL/10, 0.5), at most TTL/2).
     replace: take over member_id from a live session (a restarted process).
+    Handlers and on_event must not call close() (close waits for them).
     """
 
     def __init__(self, client: Client, keyspace: str, member_id: str, handler: Any,

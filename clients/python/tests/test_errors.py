@@ -16,11 +16,13 @@ class Fake(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     answers = {}   # path -> (status, body bytes)
     seen = []
+    delay = {}     # path -> seconds before answering
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", 0))
         body = self.rfile.read(n)
         self.seen.append((self.server.server_port, self.path, body, dict(self.headers)))
+        time.sleep(self.delay.get(self.path, 0))
         status, out = self.answers.get((self.server.server_port, self.path)) or \
             self.answers.get(self.path, (200, b"{}"))
         self.send_response(status)
@@ -69,6 +71,7 @@ class ErrorsTest(unittest.TestCase):
     def setUp(self):
         Fake.answers = {}
         Fake.seen = []
+        Fake.delay = {}
 
     def test_codes(self):
         c = self.client(self.ua)
@@ -123,6 +126,21 @@ class ErrorsTest(unittest.TestCase):
             c.status()
         self.assertIn(self.ua, str(cm.exception))
         self.assertIn(self.ub, str(cm.exception))
+
+    def test_long_poll_not_cut_by_replica_timeout(self):
+        # a long poll that a healthy replica holds for its wait is not
+        # mistaken for an unresponsive replica
+        Fake.answers["/keyshard.v1.MapService/GetMap"] = (200, b'{"map":{"epoch":"2","buckets":1},"changed":true}')
+        Fake.delay["/keyshard.v1.MapService/GetMap"] = 1.0
+        c = self.client(self.ua + "," + self.ub, replica_timeout=0.5)
+        m, changed = c.get_map("k", since_epoch=1, wait=1)
+        self.assertEqual(m.epoch, 2)
+        self.assertEqual(len(Fake.seen), 1)
+        # without a wait, the same delay moves the call to the next replica
+        Fake.seen = []
+        with self.assertRaises(ks.Unavailable):
+            c.get_map("k", since_epoch=1)
+        self.assertEqual(len(Fake.seen), 2)
 
     def test_json_mapping(self):
         Fake.answers["/keyshard.v1.MapService/GetMap"] = (200, json.dumps({"map": {
