@@ -167,6 +167,25 @@ class IntegrationTest(unittest.TestCase):
         self.assertEqual(pos["max"], max(500 + g.bucket for g in w2.held()))
         check_no_overlap(self, log)
 
+    def test_worker_through_a_dead_replica(self):
+        name = unique("replicas")
+        self.c.create_keyspace(name, buckets=4, lease_ttl=3, drain_timeout=5)
+        import socket
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)             # accepts connections, never answers
+        self.addCleanup(hole.close)
+        c = ks.Client("http://127.0.0.1:%d,%s" % (hole.getsockname()[1], SRV.url), replica_timeout=1)
+        self.addCleanup(c.close)
+        events = []
+        w = ks.Worker(c, name, "via-2", Recorder("via-2", [], threading.Lock()), on_event=lambda e: events.append(e.kind))
+        self.workers.append(w)
+        w.start()
+        self.assertTrue(w.wait_held(4, 30))
+        wait_for(lambda: events.count("renewed") >= 4, 30, what="keep-alives through the live replica")
+        self.assertNotIn("fenced", events)
+        self.assertEqual(w.error, None)
+
     def test_router_follows_epochs(self):
         name = unique("router")
         self.c.create_keyspace(name, buckets=16, hash="synapse-sha256", lease_ttl=3, drain_timeout=5)
