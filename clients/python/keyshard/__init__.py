@@ -4,6 +4,8 @@
 
 See clients/python/README.md.
 """
+import logging as _logging
+
 from ._hash import HASH_MODES, bucket, buckets_of, xxh64
 from .client import Cancel, Client
 from .errors import (Aborted, AlreadyExists, Canceled, Closed, DataLoss, DeadlineExceeded,
@@ -18,6 +20,11 @@ from .types import HotKeyPool, Keyspace, LookupResult, Map, Member, MemberStatus
 from .worker import Event, Grant, Handler, NotGranted, Worker
 
 __version__ = "0.1.0"
+
+# Logs go to the "keyshard" logger (reconnects and retries at WARNING,
+# session loss and fences at ERROR); silent unless the application
+# configures logging.
+_logging.getLogger("keyshard").addHandler(_logging.NullHandler())
 
 __all__ = [
     "bucket", "buckets_of", "xxh64", "HASH_MODES", "Client", "Cancel", "Router", "HotKeys", "Detector", "PoolFollower", "LoadReporter", "report_load", "Worker", "Grant",
