@@ -186,6 +186,24 @@ class IntegrationTest(unittest.TestCase):
         self.assertNotIn("fenced", events)
         self.assertEqual(w.error, None)
 
+    def test_rejoin_after_the_server_ended_the_session(self):
+        name = unique("lost")
+        self.c.create_keyspace(name, buckets=4, lease_ttl=3, drain_timeout=5)
+        log, lock = [], threading.Lock()
+        events = []
+        w = self.worker(name, "w", Recorder("w", log, lock), on_event=lambda e: events.append((e.kind, e.session)))
+        w.start()
+        self.assertTrue(w.wait_held(4, 20))
+        first = w.session
+        # someone else ends the session (here: a Leave on its behalf)
+        self.c.call("MemberService", "Leave", {"session": first})
+        wait_for(lambda: ("rejoined", w.session) in events and w.session != first, 30, what="a new session")
+        self.assertIn(("session-lost", first), events)
+        kinds = [k for k, _ in events if k in ("fenced", "session-lost", "rejoined")]
+        self.assertEqual(kinds[:3], ["fenced", "session-lost", "rejoined"])  # as the Go SDK reports it
+        self.assertTrue(w.wait_held(4, 30))
+        check_no_overlap(self, log)
+
     def test_router_follows_epochs(self):
         name = unique("router")
         self.c.create_keyspace(name, buckets=16, hash="synapse-sha256", lease_ttl=3, drain_timeout=5)
