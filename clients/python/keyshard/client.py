@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import errors as E
@@ -90,6 +91,18 @@ class _Endpoint:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
 
+class _ThreadConns(dict):
+    """One thread's connections (replica index -> connection); closed
+    when the thread ends and its thread-local state is freed."""
+
+    def __del__(self) -> None:
+        for c in self.values():
+            try:
+                c.close()
+            except Exception:
+                pass
+
+
 class _Transient(Exception):
     """A transport failure: the replica may be down; try the next one."""
 
@@ -128,7 +141,9 @@ class Client:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._pref = 0
-        self._conns: "set[http.client.HTTPConnection]" = set()
+        # every live connection, for close(); a thread's connections are
+        # closed when it ends
+        self._conns: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()
         self._closed = False
 
     # --- transport ----------------------------------------------------------
@@ -141,7 +156,8 @@ class Client:
         """Closes every connection; later calls raise Closed."""
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, set()
+            conns = list(self._conns)
+            self._conns = weakref.WeakSet()
         for c in conns:
             try:
                 c.close()
@@ -157,7 +173,7 @@ class Client:
     def _conn(self, i: int, timeout: float) -> Tuple[http.client.HTTPConnection, bool]:
         conns = getattr(self._local, "conns", None)
         if conns is None:
-            conns = self._local.conns = {}
+            conns = self._local.conns = _ThreadConns()
         c = conns.get(i)
         if c is not None:
             return c, True

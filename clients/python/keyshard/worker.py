@@ -10,7 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import errors as E
 from ._hash import bucket as _bucket
@@ -687,9 +687,34 @@ class Worker:
         return self._c.call("MemberService", "KeepAlive", {"session": s.id}, timeout=timeout, cancel=s.cancel)
 
     def _keep(self, s: _Session) -> None:
+        """Renews s and self-fences when its fence deadline passes. The
+        first keep-alive goes at once, the next ones TTL/3 after the
+        previous one was sent; one call in flight at a time (on a caller
+        thread with its own connection), bounded by the fence deadline; a
+        failed call is retried after 50 ms, doubling up to TTL/9."""
+        requests: "queue.Queue[Optional[Tuple[float, float]]]" = queue.Queue()
+        results: "queue.Queue[tuple]" = queue.Queue()
+
+        def caller() -> None:
+            while True:
+                req = requests.get()
+                if req is None:
+                    return
+                sent, left = req
+                try:
+                    results.put((sent, self._keepalive_rpc(s, left), None))
+                except BaseException as ex:
+                    results.put((sent, None, ex))
+        threading.Thread(target=caller, daemon=True, name="keyshard-keepalive-call").start()
+        try:
+            self._keep_loop(s, requests, results)
+        finally:
+            requests.put(None)
+
+    def _keep_loop(self, s: _Session, requests: "queue.Queue[Optional[Tuple[float, float]]]",
+                   results: "queue.Queue[tuple]") -> None:
         interval = s.ttl / 3.0
         retry = Backoff(KEEPALIVE_RETRY, max(interval / 3.0, KEEPALIVE_RETRY), jitter=False)
-        results: "queue.Queue[tuple]" = queue.Queue()
         clock = self._clock
         inflight = False
         due = False
@@ -703,13 +728,7 @@ class Worker:
                 return False
             inflight = True
             next_at = sent + interval  # counted from this send, not from its answer
-
-            def do() -> None:
-                try:
-                    results.put((sent, self._keepalive_rpc(s, left), None))
-                except BaseException as ex:
-                    results.put((sent, None, ex))
-            threading.Thread(target=do, daemon=True, name="keyshard-keepalive-call").start()
+            requests.put((sent, left))
             return True
 
         def fenced() -> None:
@@ -726,7 +745,7 @@ class Worker:
             now = clock()
             if not s.valid():
                 fenced()
-            wake = min(s.deadline, next_at if not inflight else s.deadline) - now
+            wake = (s.deadline if inflight else min(s.deadline, next_at)) - now
             try:
                 sent, resp, err = results.get(timeout=max(0.0, min(wake, 0.25)))
             except queue.Empty:
@@ -745,9 +764,9 @@ class Worker:
                 ttl = s.ttl
                 left_ttl = parse_dur((resp or {}).get("ttl"))
                 if 0 < left_ttl < ttl:
-                    ttl = left_ttl
+                    ttl = left_ttl  # the server renewed after we sent, so sent + left is still early
                 if not s.renewed(sent, ttl):
-                    fenced()
+                    fenced()  # acknowledged, but only after the deadline had passed
                 retry.reset()
                 self._emit(Event("renewed", session=s.id, deadline=s.deadline))
             elif isinstance(err, E.NotFound):
