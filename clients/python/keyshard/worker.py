@@ -124,6 +124,11 @@ class Grant:
         return True
 
     @property
+    def position(self) -> int:
+        """Stream keyspaces: where the bucket's work starts (from_position)."""
+        return self.from_position
+
+    @property
     def deadline(self) -> float:
         """The session's fence deadline (worker clock, time.monotonic by default)."""
         return self._s.deadline if self._s is not None else 0.0
@@ -577,7 +582,11 @@ class Worker:
             sent = self._clock()
             try:
                 r = self._c.call("MemberService", "Join", body, timeout=within, cancel=self._stop)
-                s = self._new_session(r, sent)
+                try:
+                    s = self._new_session(r, sent)
+                except E.KeyshardError:
+                    self._abandon(r.get("session", ""))
+                    raise
                 if s.valid():
                     return s
                 err: BaseException = E.Unavailable("unavailable", "the Join's answer came after the "
@@ -602,6 +611,16 @@ class Worker:
             if self._draining.is_set():
                 return None
         return None
+
+    def _abandon(self, sid: str) -> None:
+        """Tries once to end a session the worker will not use."""
+        if not sid:
+            return
+        try:
+            self._c.call("MemberService", "Leave", {"session": sid}, timeout=self._c.replica_timeout)
+        except E.KeyshardError as ex:
+            log.warning("keyshard: could not leave unusable session %s; it ends when its lease expires: %s",
+                        sid, ex)
 
     def _new_session(self, r: Dict[str, Any], sent: float) -> _Session:
         ks = Keyspace.from_json(r.get("keyspace"))
