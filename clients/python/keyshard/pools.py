@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as E
-from ._util import Backoff
+from ._backoff import Backoff
 from ._wire import check_num, check_str, u64
 from .client import Cancel, Client
 

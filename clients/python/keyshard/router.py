@@ -6,7 +6,7 @@ from typing import Callable, Optional, Union
 
 from . import errors as E
 from ._hash import bucket as _bucket
-from ._util import Backoff
+from ._backoff import Backoff
 from ._wire import check_num, check_str
 from .client import Cancel, Client
 from .types import Map, Member

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import errors as E
 from ._hash import bucket as _bucket
-from ._util import Backoff
+from ._backoff import Backoff
 from ._wire import check_num, check_str, parse_dur, u64
 from .client import Cancel, Client
 from .router import Router

@@ -1,4 +1,4 @@
-"""Backoff and small threading helpers."""
+"""Capped exponential backoff with jitter, for retries."""
 import random
 
 
