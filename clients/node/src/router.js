@@ -2,7 +2,7 @@
 // from its local copy.
 import { EventEmitter } from 'node:events';
 import { Client } from './client.js';
-import { Closed, NotFound, Unauthenticated, PermissionDenied, InvalidArgument, KeyshardError } from './errors.js';
+import { Closed, DeadlineExceeded, NotFound, Unauthenticated, PermissionDenied, InvalidArgument, KeyshardError } from './errors.js';
 import { hasher } from './hash.js';
 import { checkName, checkNumber, checkObject, describe } from './convert.js';
 import { Backoff, deferred, emitError, sleep } from './util.js';
@@ -81,7 +81,7 @@ export class Router extends EventEmitter {
       if (timeout !== undefined) {
         w.timer = setTimeout(() => {
           this._waiters.delete(w);
-          reject(new KeyshardError('deadline_exceeded', `Router(${this.keyspace}): epoch ${e} not reached within ${timeout}s (at ${this.epoch})`));
+          reject(new DeadlineExceeded(`Router(${this.keyspace}): epoch ${e} not reached within ${timeout}s (at ${this.epoch})`));
         }, timeout * 1000);
       }
       this._waiters.add(w);

@@ -153,6 +153,7 @@ export class Worker extends EventEmitter {
       (e) => e,
     );
     this._runP.then((e) => {
+      if (!this._drainAC.signal.aborted) this.router.close(); // stopped by itself: nothing follows the map any more
       if (e) {
         this._joined.reject(e);
         emitError(this, e);

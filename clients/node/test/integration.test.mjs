@@ -1,0 +1,209 @@
+// Against a real `keyshard serve` (KEYSHARD_BIN, or built with go build).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
+import { Client, Router, Worker, HotKeys, Detector, NotFound, AlreadyExists, DeadlineExceeded } from '../index.js';
+import { startServer, startProxy, waitFor } from '../testlib/server.mjs';
+
+let server;
+let client;
+before(async () => {
+  server = await startServer();
+  client = new Client(server.url, { timeout: 10 });
+});
+after(async () => {
+  await client?.close();
+  await server?.stop();
+});
+
+// A recorder shared by the workers of a test: it fails on a bucket held
+// by two workers at once and on a token that does not increase.
+function recorder() {
+  const holders = new Map();
+  const lastToken = new Map();
+  const log = [];
+  const problems = [];
+  return {
+    log, problems, holders,
+    handler(id) {
+      return {
+        async acquire(g) {
+          const t = performance.now();
+          if (holders.has(g.bucket)) problems.push(`bucket ${g.bucket} acquired by ${id} while ${holders.get(g.bucket)} holds it`);
+          const prev = lastToken.get(g.bucket) ?? 0n;
+          if (!(g.token > prev)) problems.push(`bucket ${g.bucket}: token ${g.token} after ${prev}`);
+          lastToken.set(g.bucket, g.token);
+          holders.set(g.bucket, id);
+          log.push({ id, kind: 'acquire', bucket: g.bucket, token: g.token, t });
+        },
+        async release(b, g) {
+          if (holders.get(b) === id) holders.delete(b);
+          log.push({ id, kind: 'release', bucket: b, token: g.token, valid: g.valid(), t: performance.now() });
+        },
+      };
+    },
+  };
+}
+
+function heldBy(rec, id) {
+  return [...rec.holders].filter(([, w]) => w === id).map(([b]) => b);
+}
+
+test('admin calls: create, get, list, update, status; errors decoded', async () => {
+  const k = await client.createKeyspace({ name: 'admin-ks', buckets: 32, leaseTtl: 3, drainTimeout: 5 });
+  assert.deepEqual(k, { name: 'admin-ks', buckets: 32, hash: 'xxh64', mode: 'KEYSPACE_MODE_EXCLUSIVE', leaseTtl: 3, drainTimeout: 5 });
+  await assert.rejects(client.createKeyspace({ name: 'admin-ks', buckets: 32 }), AlreadyExists);
+  await assert.rejects(client.getKeyspace('no-such'), NotFound);
+  assert.equal((await client.getKeyspace('admin-ks')).buckets, 32);
+  assert.ok((await client.listKeyspaces()).some((x) => x.name === 'admin-ks'));
+  assert.equal((await client.updateKeyspace({ name: 'admin-ks', leaseTtl: 4 })).leaseTtl, 4);
+  const st = await client.status();
+  assert.equal(st.replica, 'r1');
+  assert.equal(typeof st.keyspaces[0].epoch, 'bigint');
+  const m = await client.getMap('admin-ks');
+  assert.equal(m.map.owners.length, 32);
+  assert.equal(typeof m.map.epoch, 'bigint');
+  const lk = await client.lookup('admin-ks', ['a', 'b']);
+  assert.equal(lk.owners.length, 2);
+  assert.deepEqual((await client.listMembers('admin-ks')).members, []);
+});
+
+test('Router follows epochs; owner() agrees with Lookup', async () => {
+  await client.createKeyspace({ name: 'routed', buckets: 64, leaseTtl: 3 });
+  const r = new Router(client, 'routed');
+  const changes = [];
+  r.on('change', (m) => changes.push(m.epoch));
+  try {
+    const first = await r.start();
+    const e0 = first.epoch;
+    await assert.rejects(r.waitEpoch(e0 + 100n, { timeout: 0.2 }), DeadlineExceeded);
+    const w = new Worker(client, 'routed', { id: 'rw', address: '10.0.0.9:80' }, { acquire() {}, release() {} });
+    await w.start();
+    const m = await r.waitEpoch(e0 + 1n, { timeout: 20 });
+    assert.ok(m.epoch > e0);
+    await waitFor(() => r.owner('some-key').member === 'rw', { what: 'the map naming rw' });
+    const o = r.owner('some-key');
+    assert.equal(o.address, '10.0.0.9:80');
+    const lk = await client.lookup('routed', ['some-key']);
+    assert.equal(lk.owners[0].bucket, o.bucket);
+    assert.equal(lk.owners[0].member, 'rw');
+    assert.ok(changes.length >= 2);
+    await w.close({ timeout: 10 });
+    await waitFor(() => r.owner('some-key').member === '', { what: 'the map without rw' });
+  } finally {
+    await r.close();
+  }
+});
+
+test('two workers hand buckets over on join and leave with no overlap; tokens increase', async () => {
+  await client.createKeyspace({ name: 'handoff', buckets: 64, leaseTtl: 3, drainTimeout: 5 });
+  const rec = recorder();
+  const events = [];
+  const mk = (id) => {
+    const w = new Worker(client, 'handoff', { id, address: `addr-${id}` }, rec.handler(id));
+    for (const ev of ['joined', 'left', 'fenced', 'session-lost', 'rejoined']) w.on(ev, () => events.push(`${id}:${ev}`));
+    return w;
+  };
+  const a = mk('a');
+  await a.start();
+  await waitFor(() => a.held().length === 64, { what: 'a holding every bucket' });
+  const b = mk('b');
+  await b.start();
+  await waitFor(() => a.held().length > 0 && b.held().length > 0 && a.held().length + b.held().length === 64, { what: 'a and b sharing the buckets' });
+  // a second worker with b's id is refused unless it replaces
+  const dup = new Worker(client, 'handoff', { id: 'b' }, { acquire() {}, release() {} });
+  await assert.rejects(dup.start(), AlreadyExists);
+  // owns(): a key of b's is WrongOwner at a
+  const bKey = (() => { for (let i = 0; ; i++) if (b.held().some((g) => g.bucket === a.bucket(`k${i}`))) return `k${i}`; })();
+  assert.equal(b.owns(bKey).bucket, a.bucket(bKey));
+  assert.throws(() => a.owns(bKey), (e) => e.name === 'WrongOwner' && e.owner === 'b' && e.address === 'addr-b');
+  await a.close({ timeout: 15 });
+  await waitFor(() => b.held().length === 64, { what: 'b holding every bucket after a left' });
+  assert.deepEqual(heldBy(rec, 'a'), []);
+  const c = mk('c');
+  await c.start();
+  await waitFor(() => c.held().length > 0 && b.held().length + c.held().length === 64, { what: 'c taking its share' });
+  await Promise.all([b.close({ timeout: 15 }), c.close({ timeout: 15 })]);
+  assert.deepEqual(rec.problems, []);
+  assert.equal(rec.holders.size, 0);
+  assert.ok(events.includes('a:joined') && events.includes('a:left') && events.includes('c:left'), events.join(' '));
+  assert.ok(!events.some((e) => e.endsWith('fenced')), events.join(' '));
+  const ms = await client.listMembers('handoff');
+  assert.deepEqual(ms.members, []);
+});
+
+test('a worker whose keep-alives are blocked fences itself before its lease expires at the server, then re-joins', async () => {
+  await client.createKeyspace({ name: 'fence', buckets: 16, leaseTtl: 3, drainTimeout: 5 });
+  const proxy = await startProxy(server.url);
+  const wc = new Client(proxy.url, { timeout: 5 });
+  const rec = recorder();
+  const events = [];
+  const w = new Worker(wc, 'fence', { id: 'w', address: 'w', fenceMargin: 1 }, rec.handler('w'));
+  const b = new Worker(client, 'fence', { id: 'b', address: 'b' }, rec.handler('b'));
+  for (const ev of ['joined', 'fenced', 'session-lost', 'rejoined']) w.on(ev, (e) => events.push({ ev, t: performance.now(), session: e.session }));
+  try {
+    await w.start();
+    await b.start();
+    await waitFor(() => w.held().length > 0 && b.held().length > 0 && w.held().length + b.held().length === 16, { what: 'w and b sharing the buckets' });
+    const wBuckets = w.held().map((g) => g.bucket);
+    const paused = performance.now();
+    proxy.pause();
+    await waitFor(() => events.some((e) => e.ev === 'fenced'), { what: 'w fencing itself' });
+    const fencedAt = events.find((e) => e.ev === 'fenced').t;
+    assert.deepEqual(w.held(), []);
+    // the server expires w's session and grants its buckets to b
+    await waitFor(() => b.held().length === 16, { what: 'b taking over w\'s buckets after w\'s lease expired' });
+    for (const bucket of wBuckets) {
+      const rel = rec.log.find((x) => x.id === 'w' && x.kind === 'release' && x.bucket === bucket && x.t > paused);
+      const acq = rec.log.find((x) => x.id === 'b' && x.kind === 'acquire' && x.bucket === bucket && x.t > paused);
+      assert.ok(rel && acq, `bucket ${bucket}: release ${!!rel}, acquire ${!!acq}`);
+      assert.equal(rel.valid, false, 'the fenced grant is no longer valid in release()');
+      assert.ok(rel.t < acq.t, `bucket ${bucket}: w released at ${rel.t}, b acquired at ${acq.t}`);
+      assert.ok(fencedAt < acq.t);
+    }
+    proxy.resume();
+    await waitFor(() => events.some((e) => e.ev === 'rejoined'), { what: 'w re-joining' });
+    await waitFor(() => w.held().length > 0 && w.held().length + b.held().length === 16, { timeout: 30000, what: 'w serving again' });
+    assert.deepEqual(rec.problems, []);
+  } finally {
+    proxy.resume();
+    await Promise.all([w.close({ timeout: 15 }).catch(() => {}), b.close({ timeout: 15 })]);
+    await wc.close();
+    await proxy.close();
+  }
+  assert.deepEqual(rec.problems, []);
+});
+
+test('HotKeys sees a key enter the overflow set once its reported rate passes the pool threshold', async () => {
+  const pool = await client.putHotKeyPool({ name: 'ingest-test', threshold: 200, cooldown: 5 });
+  assert.equal(pool.reportThreshold, 200 / 64);
+  const d = new Detector({ capacity: 128, halfLife: 1 });
+  const sets = [];
+  const h = new HotKeys(client, { pool: 'ingest-test', producer: 'node-1', report: d, interval: 0.25, onSet: (s, v) => sets.push([v, [...s]]) });
+  const feed = setInterval(() => {
+    for (let i = 0; i < 60; i++) d.observe('token:hot'); // ~600/s
+    d.observe(`token:cold-${Math.floor(Math.random() * 20)}`); // ~10/s over 20 keys
+  }, 100);
+  try {
+    await h.start();
+    assert.equal(h.isHot('token:hot'), false);
+    await waitFor(() => h.isHot('token:hot'), { timeout: 30000, what: 'token:hot in the overflow set' });
+    assert.ok(h.version >= 1n);
+    assert.ok(h.reportThreshold > 0);
+    assert.ok([...h.set].every((k) => k === 'token:hot'), [...h.set].join(','));
+    assert.ok(sets.length >= 1);
+    assert.ok(h.stats.reports >= 1);
+  } finally {
+    clearInterval(feed);
+    await h.close();
+  }
+});
+
+test('unknown keyspace: Worker.start() and Router.start() reject with NotFound', async () => {
+  const w = new Worker(client, 'no-such-ks', { id: 'x' }, { acquire() {}, release() {} });
+  await assert.rejects(w.start(), NotFound);
+  const r = new Router(client, 'no-such-ks');
+  await assert.rejects(r.start(), NotFound);
+  await r.close();
+  await w.close();
+});
