@@ -261,7 +261,15 @@ export interface Handler {
   acquire(grant: Grant): void | Promise<void>;
   /** Called when the grant ends; for a handoff, finish in-flight work and resolve: the Release RPC follows. */
   release(bucket: number, grant: Grant): void | Promise<void>;
+  /**
+   * Stream keyspaces, optional: after release() of a bucket asked back, its
+   * final position (the next event not handled); the Release call carries
+   * it. undefined: the grant's from.
+   */
+  finalPosition?(bucket: number, grant: Grant): bigint | number | undefined | null;
 }
+
+export interface BucketPosition { bucket: number; token: U64; position: U64 }
 
 export interface WorkerOptions extends MemberSpec {
   /** Take over the id from a live session (a restarted process). */
@@ -288,6 +296,10 @@ export declare class Worker extends EventEmitter {
   readonly done: Promise<void>;
   readonly session: string | null;
   held(): Grant[];
+  /** Every grant of the current session not released, acquired or not (stream commits: maxToken = the highest token). */
+  granted(): { session: string | null; grants: Grant[] };
+  /** Stream keyspaces: record the positions (one Commit). Buckets handed off with a final position are added as exceptions. */
+  commit(c: { session?: string | null; maxToken: U64; position: U64; exceptions?: BucketPosition[] }): Promise<{ revision: bigint }>;
   /** The grant of key's bucket; throws WrongOwner (another member's) or NotGranted. */
   owns(key: string | Uint8Array): Grant;
   bucket(key: string | Uint8Array): number;

@@ -11,7 +11,7 @@ import {
   PermissionDenied, Unauthenticated, Unavailable, Aborted, Unknown, WrongOwner,
 } from './errors.js';
 import { hasher } from './hash.js';
-import { checkBool, checkNumber, checkObject, checkName, describe, durationOut, memberIn, u64 } from './convert.js';
+import { checkBool, checkNumber, checkObject, checkName, checkString, describe, durationOut, memberIn, u64 } from './convert.js';
 import { Backoff, deferred, emitError, monotonic, sleep } from './util.js';
 import { Router } from './router.js';
 
@@ -181,6 +181,68 @@ export class Worker extends EventEmitter {
     return out.sort((a, b) => a.bucket - b.bucket);
   }
 
+  /**
+   * granted() -> {session, grants}: every grant of the current session
+   * not released, acquired or not (grant.from is where a bucket starts),
+   * including those being handed off; {session: null, grants: []} between
+   * sessions and once fenced. For stream commits: maxToken = the highest
+   * token among them.
+   */
+  granted() {
+    const s = this._cur;
+    if (!s || s.fenced) return { session: null, grants: [] };
+    const grants = [];
+    for (const gs of this._grants.values()) {
+      if (gs.s === s && !(gs.ending && gs.how === 'fence')) grants.push(gs.grant);
+    }
+    return { session: s.id, grants: grants.sort((a, b) => a.bucket - b.bucket) };
+  }
+
+  /**
+   * commit({session, maxToken, position, exceptions}) records the
+   * session's stream positions (stream keyspaces): position covers every
+   * bucket held at a token <= maxToken that exceptions ({bucket, token,
+   * position}) do not list. Buckets handed off with a final position that
+   * the server may still hold are added as exceptions at it. Resolves
+   * with {revision}. Safe to retry.
+   */
+  async commit({ session, maxToken, position, exceptions = [] } = {}) {
+    const s = this._cur;
+    if (session !== undefined && session !== null) checkString('commit', 'session', session);
+    if (!s || s.fenced) throw new NotGranted('keyshard: commit: the worker has no live session');
+    if (session && session !== s.id) throw new NotGranted(`keyshard: commit: the positions were computed for session ${session}, not the current ${s.id}`);
+    const mt = BigInt(maxToken ?? 0n), pos = BigInt(position ?? 0n);
+    if (mt < 0n || pos < 0n) throw new RangeError('commit: maxToken and position must be >= 0');
+    if (!Array.isArray(exceptions)) throw new TypeError(`commit: exceptions must be an array of {bucket, token, position}, not ${describe(exceptions)}`);
+    const seen = new Set();
+    const ex = exceptions.map((x, i) => {
+      checkObject('commit', `exceptions[${i}]`, x);
+      checkNumber('commit', `exceptions[${i}].bucket`, x.bucket, { min: 0, integer: true });
+      if (seen.has(x.bucket)) throw new RangeError(`commit: exceptions[${i}]: bucket ${x.bucket} is listed twice`);
+      seen.add(x.bucket);
+      if (!(BigInt(x.token) > 0n)) throw new RangeError(`commit: exceptions[${i}].token must be > 0`);
+      return { bucket: x.bucket, token: String(x.token), position: String(x.position) };
+    });
+    const send = async () => {
+      const all = [...ex];
+      for (const f of s.finals.values()) {
+        if (!seen.has(f.bucket)) all.push({ bucket: f.bucket, token: String(f.token), position: String(f.position) });
+      }
+      const body = { session: s.id, maxToken: String(mt), position: String(pos) };
+      if (all.length) body.exceptions = all;
+      const r = await this.client._call('keyshard.v1.MemberService/Commit', body);
+      return { revision: u64(r.revision) };
+    };
+    try {
+      return await send();
+    } catch (e) {
+      if (!(e instanceof FailedPrecondition) || s.finals.size === 0) throw e;
+      // a bucket handed off with a final position may have been handed over meanwhile: keep only those still released, once
+      for (const b of [...s.finals.keys()]) if (!s.released.has(b)) s.finals.delete(b);
+      return send();
+    }
+  }
+
   /** owns(key) -> the grant of key's bucket; throws WrongOwner (another owner) or NotGranted (not yet / fencing). */
   owns(key) {
     if (!this._hash) throw new NotGranted('keyshard: the worker has not joined yet');
@@ -322,6 +384,7 @@ export class Worker extends EventEmitter {
       stream: ks.mode === 'KEYSPACE_MODE_STREAM',
       fenced: false, selfFenced: false,
       released: new Map(), pending: [], held: [],
+      finals: new Map(), // bucket -> {bucket, token, position}: handed off with a final position, maybe still held at the server
       rev: 0n, minRev: 0n,
       ac: new AbortController(),
       actors: new Set(),
@@ -509,6 +572,10 @@ export class Worker extends EventEmitter {
       const g = granted.get(b);
       if (!g || g.token !== tok) s.released.delete(b); // the server has taken the release in
     }
+    for (const [b, f] of s.finals) {
+      const g = granted.get(b);
+      if (!g || g.token !== f.token) s.finals.delete(b); // handed over (or granted again): no longer ours to list
+    }
     for (const [b, gs] of this._grants) {
       if (gs.s !== s) continue;
       const g = granted.get(b);
@@ -565,6 +632,9 @@ export class Worker extends EventEmitter {
     if (prev) await prev;
     else await null;
     const { bucket: b, token } = gs.grant;
+    const positioner = typeof this.handler.finalPosition === 'function';
+    let final = null;
+    if (gs.ending && gs.s.stream) final = gs.grant.from; // nothing of the bucket was handled: hand it over where it started
     if (!gs.ending) {
       try {
         await this.handler.acquire(gs.grant);
@@ -582,6 +652,18 @@ export class Worker extends EventEmitter {
         this.log.error(`keyshard: release(${b}) failed; releasing the bucket anyway: ${e?.message ?? e}`);
         emitError(this, e);
       }
+      if (gs.s.stream) {
+        final = gs.grant.from;
+        if (positioner) {
+          try {
+            const p = this.handler.finalPosition(b, gs.grant);
+            if (p !== undefined && p !== null) final = BigInt(p);
+          } catch (e) {
+            this.log.error(`keyshard: finalPosition(${b}) failed; handing the bucket over at its committed position: ${e?.message ?? e}`);
+            final = null;
+          }
+        }
+      }
       this.emit('released', gs.grant);
     }
     if (!gs.ac.signal.aborted) gs.ac.abort(new KeyshardError('canceled', `keyshard: the grant of bucket ${b} ended`));
@@ -589,6 +671,7 @@ export class Worker extends EventEmitter {
     if (this._last.get(b) === gs) this._last.delete(b);
     const s = gs.s;
     if (gs.how === 'handoff' && !s.fenced) {
+      if (final !== null) s.finals.set(b, { bucket: b, token, position: final });
       s.released.set(b, token);
       s.pending.push(gs.grant);
       this._kickRelease(s);
@@ -612,12 +695,20 @@ export class Worker extends EventEmitter {
 
   // _sendRelease sends one Release for batch, retrying what may pass; a
   // refused batch is sent bucket by bucket so the others go through.
-  async _sendRelease(s, batch, signal) {
+  async _sendRelease(s, batch, signal, withPositions = true) {
     const b = new Backoff(100, 5000);
     for (;;) {
+      const body = { session: s.id, buckets: batch.map((g) => ({ bucket: g.bucket, token: String(g.token) })) };
+      if (withPositions) {
+        const positions = [];
+        for (const g of batch) {
+          const f = s.finals.get(g.bucket);
+          if (f && f.token === g.token) positions.push({ bucket: f.bucket, token: String(f.token), position: String(f.position) });
+        }
+        if (positions.length) body.positions = positions;
+      }
       try {
-        const resp = await this.client._call('keyshard.v1.MemberService/Release',
-          { session: s.id, buckets: batch.map((g) => ({ bucket: g.bucket, token: String(g.token) })) }, { signal });
+        const resp = await this.client._call('keyshard.v1.MemberService/Release', body, { signal });
         const rev = u64(resp.revision);
         if (rev > s.minRev) s.minRev = rev; // later answers, through any replica, include this release
         return true;
@@ -625,8 +716,14 @@ export class Worker extends EventEmitter {
         if (signal.aborted) return false;
         if (e instanceof NotFound) return true; // the session is gone; the keep-alive loop sees it too
         if ((e instanceof InvalidArgument || e instanceof FailedPrecondition) && batch.length > 1) {
-          for (const g of batch) if (!(await this._sendRelease(s, [g], signal))) return false;
+          for (const g of batch) if (!(await this._sendRelease(s, [g], signal, withPositions))) return false;
           return true;
+        }
+        if (e instanceof FailedPrecondition && body.positions) {
+          this.log.warn(`keyshard: the server refused bucket ${batch[0].bucket}'s final position; releasing it at its committed position: ${e.message}`);
+          const f = s.finals.get(batch[0].bucket);
+          if (f && f.token === batch[0].token) s.finals.delete(batch[0].bucket);
+          return this._sendRelease(s, batch, signal, false);
         }
         if (e instanceof InvalidArgument || e instanceof FailedPrecondition) {
           this.log.warn(`keyshard: the server refused the release of bucket ${batch[0].bucket}: ${e.message}`);

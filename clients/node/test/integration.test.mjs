@@ -207,3 +207,40 @@ test('unknown keyspace: Worker.start() and Router.start() reject with NotFound',
   await r.close();
   await w.close();
 });
+
+test('stream keyspace: grants carry from, commits record positions, a handoff passes the final position to the next holder', async () => {
+  await client.createKeyspace({ name: 'stream', buckets: 8, mode: 'stream', leaseTtl: 3, drainTimeout: 5 });
+  // each handler "processes" its buckets up to a position of its own
+  const processed = new Map(); // bucket -> next position not handled
+  const froms = [];
+  const mk = (id) => new Worker(client, 'stream', { id }, {
+    acquire(g) { froms.push({ id, bucket: g.bucket, from: g.from }); processed.set(g.bucket, g.from); },
+    release() {},
+    finalPosition(b) { return processed.get(b); },
+  });
+  const a = mk('sa');
+  await a.start();
+  await waitFor(() => a.held().length === 8, { what: 'sa holding every bucket' });
+  assert.ok(froms.every((f) => f.from === 0n));
+  // everything before 1000 handled for every bucket, bucket 5 ahead at 1200
+  for (let b = 0; b < 8; b++) processed.set(b, 1000n);
+  processed.set(5, 1200n);
+  const { session, grants } = a.granted();
+  const maxToken = grants.reduce((m, g) => (g.token > m ? g.token : m), 0n);
+  const g5 = grants.find((g) => g.bucket === 5);
+  await a.commit({ session, maxToken, position: 1000n, exceptions: [{ bucket: 5, token: g5.token, position: 1200n }] });
+  const pos = await client.getPositions('stream');
+  assert.equal(pos.min, 1000n);
+  assert.equal(pos.max, 1200n);
+  // a's final positions on handoff: 1100 for what it hands over (5 stays at its own)
+  for (let b = 0; b < 8; b++) if (b !== 5) processed.set(b, 1100n);
+  processed.set(5, 1250n);
+  const bw = mk('sb');
+  await bw.start();
+  await waitFor(() => bw.held().length > 0 && a.held().length + bw.held().length === 8, { what: 'sb taking its share' });
+  assert.ok(froms.some((x) => x.id === 'sb'));
+  for (const f of froms.filter((x) => x.id === 'sb')) {
+    assert.equal(f.from, f.bucket === 5 ? 1250n : 1100n, `bucket ${f.bucket} starts at the final position sa handed over`);
+  }
+  await Promise.all([a.close({ timeout: 15 }), bw.close({ timeout: 15 })]);
+});
