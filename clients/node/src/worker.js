@@ -687,6 +687,9 @@ export class Worker extends EventEmitter {
           const batch = s.pending.splice(0);
           if (!(await this._sendRelease(s, batch, s.ac.signal))) return;
         }
+      } catch (e) {
+        this.log.error(`keyshard: releasing failed: ${e?.message ?? e}`);
+        emitError(this, e);
       } finally {
         s.releaser = null;
       }
