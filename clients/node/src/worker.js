@@ -133,7 +133,10 @@ export class Worker extends EventEmitter {
     this._lastTTL = 0;
     this._drainAC = new AbortController();
     this._stopAC = new AbortController();
-    this._quit = AbortSignal.any([this._drainAC.signal, this._stopAC.signal]);
+    const quit = new AbortController(); // aborted by a drain or a stop (AbortSignal.any needs Node 20.3)
+    this._quit = quit.signal;
+    this._drainAC.signal.addEventListener('abort', () => quit.abort(), { once: true });
+    this._stopAC.signal.addEventListener('abort', () => quit.abort(), { once: true });
     this._joined = deferred();
     this._joined.promise.catch(() => {});
     this._done = deferred();
@@ -771,7 +774,20 @@ export class Worker extends EventEmitter {
     for (const g of [...s.pending, ...s.held]) held.set(g.bucket, g.token);
     s.pending = [];
     s.held = [];
-    const signal = AbortSignal.any([this._stopAC.signal, AbortSignal.timeout(s.ttl)]);
+    const hb = new AbortController();
+    const signal = hb.signal;
+    const t = setTimeout(() => hb.abort(), s.ttl);
+    const onStop = () => hb.abort();
+    this._stopAC.signal.addEventListener('abort', onStop, { once: true });
+    try {
+      await this._handBackWithin(s, held, signal);
+    } finally {
+      clearTimeout(t);
+      this._stopAC.signal.removeEventListener('abort', onStop);
+    }
+  }
+
+  async _handBackWithin(s, held, signal) {
     try {
       const minRev = s.rev > s.minRev ? s.rev : s.minRev;
       const resp = await this.client._call('keyshard.v1.MemberService/GetGrants', { session: s.id, minRevision: String(minRev) }, { signal });

@@ -244,3 +244,25 @@ test('stream keyspace: grants carry from, commits record positions, a handoff pa
   }
   await Promise.all([a.close({ timeout: 15 }), bw.close({ timeout: 15 })]);
 });
+
+test('a Router whose control plane becomes unreachable keeps its last map and says it is stale', async () => {
+  await client.createKeyspace({ name: 'stale-ks', buckets: 16 });
+  const proxy = await startProxy(server.url);
+  const pc = new Client(proxy.url, { timeout: 2 });
+  const r = new Router(pc, 'stale-ks', { wait: 1 });
+  const staleEvents = [];
+  r.on('stale', (s) => staleEvents.push(s));
+  try {
+    const m = await r.start();
+    assert.equal(r.stale, null);
+    await proxy.close(); // connections refused from now on
+    await waitFor(() => r.stale !== null, { what: 'the router noticing' });
+    assert.equal(staleEvents.length, 1);
+    assert.ok(staleEvents[0].since instanceof Date);
+    assert.equal(r.map, m);
+    assert.equal(r.owner('k').epoch, m.epoch);
+  } finally {
+    await r.close();
+    await pc.close();
+  }
+});
