@@ -2,7 +2,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { Client, Router, Worker, HotKeys, Detector, NotFound, AlreadyExists, DeadlineExceeded } from '../index.js';
+import { Client, Router, Worker, HotKeys, Detector, PoolFollower, LoadReporter, NotFound, AlreadyExists, DeadlineExceeded } from '../index.js';
 import { startServer, startProxy, waitFor } from '../testlib/server.mjs';
 
 let server;
@@ -264,5 +264,33 @@ test('a Router whose control plane becomes unreachable keeps its last map and sa
   } finally {
     await r.close();
     await pc.close();
+  }
+});
+
+test('PoolFollower: targets and serves for a tenant the snapshot does not know (GetTenants); LoadReporter reports', async () => {
+  await client.putTenantPool({ name: 'gateways', policy: { capacityPerMember: 10 } });
+  const j = await client.call('TenantPoolService', 'JoinPool', { pool: 'gateways', member: { id: 'gw-1', address: '10.0.3.1:9095' } });
+  await client.call('TenantPoolService', 'PoolKeepAlive', { session: j.session });
+  const f = new PoolFollower(client, 'gateways', { wait: 5 });
+  const lr = new LoadReporter(client, 'gateways', 'frontend-1', { interval: 60 });
+  try {
+    await f.start();
+    await waitFor(async () => (await f.targets('acme')).includes('gw-1'), { what: 'gw-1 serving acme' });
+    assert.equal(await f.serves('gw-1', 'acme'), true);
+    assert.equal(await f.serves('gw-9', 'acme'), false);
+    assert.ok(f.version >= 1n);
+    assert.ok(f.members.some((m) => m.id === 'gw-1'));
+    const cached = f.targetsSync('acme'); // cached for the version it was asked at (null if a new version came since)
+    assert.ok(cached === null || cached.includes('gw-1'));
+    lr.add('acme', 250);
+    lr.add('globex');
+    await lr.flush();
+    assert.equal(lr.stats.reports, 1);
+    assert.equal(lr.stats.dropped, 0);
+    assert.throws(() => lr.add('', 1), TypeError);
+  } finally {
+    await lr.close();
+    await f.close();
+    await client.call('TenantPoolService', 'LeavePool', { session: j.session, endSession: true });
   }
 });
