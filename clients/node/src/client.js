@@ -56,6 +56,10 @@ export class Client {
     this._headers = { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' };
     if (token) this._headers.Authorization = `Bearer ${token}`;
     this._pref = 0;
+    // aborted (and replaced) whenever calls move to another replica: long
+    // polls open on the old one end and are re-sent to the new one, as the
+    // Go SDK's streams are
+    this._moved = new AbortController();
     this._closing = new AbortController();
   }
 
@@ -91,9 +95,10 @@ export class Client {
     const budget = (explicit ? timeout : this.timeout + wait) * 1000;
     const start = performance.now();
     const payload = JSON.stringify(body);
-    const first = this._pref;
+    let first = this._pref;
     const failures = [];
     let last = null;
+    let restarts = 0;
     for (let i = 0; i < n; i++) {
       const left = budget - (performance.now() - start);
       if (left <= 0) break;
@@ -101,10 +106,18 @@ export class Client {
       if (n > 1) limit = explicit ? left / (n - i) : Math.min(left, (this.replicaTimeout + wait) * 1000);
       const idx = (first + i) % n;
       const url = this.urls[idx];
-      const r = await this._attempt(url, path, payload, limit, signal);
+      // a long poll at the preferred replica ends when other calls move away from it
+      const moved = n > 1 && wait > 0 && idx === this._pref ? this._moved.signal : null;
+      const r = await this._attempt(url, path, payload, limit, signal, moved);
       if (r.ok) {
-        this._pref = idx;
+        this._prefer(idx);
         return r.body;
+      }
+      if (r.moved && restarts < n) {
+        restarts++;
+        first = this._pref;
+        i = -1; // start again at the replica the client moved to
+        continue;
       }
       if (!(r.err instanceof Unavailable)) throw r.err;
       last = r.err;
@@ -118,13 +131,23 @@ export class Client {
     throw last;
   }
 
-  async _attempt(url, path, payload, limitMs, signal) {
+  _prefer(idx) {
+    if (this._pref === idx) return;
+    this._pref = idx;
+    const m = this._moved;
+    this._moved = new AbortController();
+    m.abort();
+  }
+
+  async _attempt(url, path, payload, limitMs, signal, moved = null) {
     if (signal?.aborted) throw signal.reason ?? new DOMException('aborted', 'AbortError');
     const ac = new AbortController();
-    let timedOut = false;
+    let timedOut = false, wasMoved = false;
     const timer = setTimeout(() => { timedOut = true; ac.abort(); }, Math.max(1, limitMs));
     const onAbort = () => ac.abort();
+    const onMoved = () => { wasMoved = true; ac.abort(); };
     signal?.addEventListener('abort', onAbort, { once: true });
+    moved?.addEventListener('abort', onMoved, { once: true });
     this._closing.signal.addEventListener('abort', onAbort, { once: true });
     try {
       const res = await fetch(`${url}/${path}`, { method: 'POST', headers: this._headers, body: payload, signal: ac.signal });
@@ -142,12 +165,14 @@ export class Client {
     } catch (e) {
       if (this.closed) throw new Closed();
       if (signal?.aborted) throw signal.reason ?? e;
+      if (wasMoved) return { ok: false, moved: true, err: new Unavailable(`keyshard: calls moved away from ${url}`) };
       if (timedOut) return { ok: false, err: new Unavailable(`keyshard: ${url} did not answer ${path} within ${Math.round(limitMs) / 1000}s`) };
       const why = e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(e);
       return { ok: false, err: new Unavailable(`keyshard: cannot reach ${url} (${path}): ${why}`, [], { cause: e }) };
     } finally {
       clearTimeout(timer);
       signal?.removeEventListener('abort', onAbort);
+      moved?.removeEventListener('abort', onMoved);
       this._closing.signal.removeEventListener('abort', onAbort);
     }
   }

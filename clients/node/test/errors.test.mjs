@@ -172,3 +172,24 @@ test('every replica failing rejects with Unavailable naming each', async () => {
   assert.match(err.message, /127\.0\.0\.1:9/);
   assert.match(err.message, /127\.0\.0\.1:7/);
 });
+
+test('a long poll at a replica that calls moved away from is re-sent to the new one', async () => {
+  // a: long polls hang, other calls answer unavailable; b: answers everything
+  const a = await fake((p) => (p.endsWith('/GetMap') ? 'hang' : [503, { code: 'unavailable', message: 'cut off' }]));
+  const b = await fake((p) => (p.endsWith('/GetMap') ? [200, { map: { keyspace: 'k', epoch: '7', buckets: 1 }, changed: true }] : [200, {}]));
+  const c = new Client([a.url, b.url], { timeout: 60, replicaTimeout: 30 });
+  try {
+    const t0 = Date.now();
+    const poll = c.getMap('k', { sinceEpoch: 6, wait: 30 });
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(a.seen.filter((x) => x.path.endsWith('/GetMap')).length, 1);
+    await c.status(); // fails at a, answered by b: calls move to b
+    const r = await poll;
+    assert.equal(r.map.epoch, 7n);
+    assert.ok(Date.now() - t0 < 5000, `the long poll took ${Date.now() - t0} ms`);
+    assert.equal(b.seen.filter((x) => x.path.endsWith('/GetMap')).length, 1);
+  } finally {
+    await c.close();
+    await Promise.all([a.close(), b.close()]);
+  }
+});
