@@ -294,3 +294,28 @@ test('PoolFollower: targets and serves for a tenant the snapshot does not know (
     await client.call('TenantPoolService', 'LeavePool', { session: j.session, endSession: true });
   }
 });
+
+test('a worker given two replica URLs moves on when one stops answering, without fencing', async () => {
+  await client.createKeyspace({ name: 'failover', buckets: 8, leaseTtl: 3, drainTimeout: 5 });
+  const proxy = await startProxy(server.url);
+  const wc = new Client([proxy.url, server.url], { timeout: 5 });
+  const events = [];
+  let renewals = 0;
+  const w = new Worker(wc, 'failover', { id: 'fw' }, { acquire() {}, release() {} });
+  for (const ev of ['fenced', 'session-lost', 'rejoined']) w.on(ev, () => events.push(ev));
+  w.on('renewed', () => renewals++);
+  try {
+    await w.start();
+    await waitFor(() => w.held().length === 8, { what: 'fw holding every bucket' });
+    proxy.pause();
+    const before = renewals;
+    await waitFor(() => renewals >= before + 4, { what: 'four keep-alives acknowledged through the other replica' });
+    assert.deepEqual(events, []);
+    assert.equal(w.held().length, 8);
+  } finally {
+    proxy.resume();
+    await w.close({ timeout: 15 });
+    await wc.close();
+    await proxy.close();
+  }
+});
