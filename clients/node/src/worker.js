@@ -11,7 +11,7 @@ import {
   PermissionDenied, Unauthenticated, Unavailable, Aborted, Unknown, WrongOwner,
 } from './errors.js';
 import { hasher } from './hash.js';
-import { checkBool, checkNumber, checkObject, checkName, checkString, describe, durationOut, memberIn, u64 } from './convert.js';
+import { checkBool, checkNumber, checkObject, checkName, checkString, describe, durationOut, memberIn, u64, u64In } from './convert.js';
 import { Backoff, deferred, emitError, monotonic, sleep } from './util.js';
 import { Router } from './router.js';
 
@@ -214,8 +214,8 @@ export class Worker extends EventEmitter {
     if (session !== undefined && session !== null) checkString('commit', 'session', session);
     if (!s || s.fenced) throw new NotGranted('keyshard: commit: the worker has no live session');
     if (session && session !== s.id) throw new NotGranted(`keyshard: commit: the positions were computed for session ${session}, not the current ${s.id}`);
-    const mt = BigInt(maxToken ?? 0n), pos = BigInt(position ?? 0n);
-    if (mt < 0n || pos < 0n) throw new RangeError('commit: maxToken and position must be >= 0');
+    const mt = u64In('commit', 'maxToken', maxToken, { optional: false });
+    const pos = u64In('commit', 'position', position, { optional: false });
     if (!Array.isArray(exceptions)) throw new TypeError(`commit: exceptions must be an array of {bucket, token, position}, not ${describe(exceptions)}`);
     const seen = new Set();
     const ex = exceptions.map((x, i) => {
@@ -223,15 +223,16 @@ export class Worker extends EventEmitter {
       checkNumber('commit', `exceptions[${i}].bucket`, x.bucket, { min: 0, integer: true });
       if (seen.has(x.bucket)) throw new RangeError(`commit: exceptions[${i}]: bucket ${x.bucket} is listed twice`);
       seen.add(x.bucket);
-      if (!(BigInt(x.token) > 0n)) throw new RangeError(`commit: exceptions[${i}].token must be > 0`);
-      return { bucket: x.bucket, token: String(x.token), position: String(x.position) };
+      const token = u64In('commit', `exceptions[${i}].token`, x.token, { optional: false });
+      if (token === '0') throw new RangeError(`commit: exceptions[${i}].token must be > 0`);
+      return { bucket: x.bucket, token, position: u64In('commit', `exceptions[${i}].position`, x.position, { optional: false }) };
     });
     const send = async () => {
       const all = [...ex];
       for (const f of s.finals.values()) {
         if (!seen.has(f.bucket)) all.push({ bucket: f.bucket, token: String(f.token), position: String(f.position) });
       }
-      const body = { session: s.id, maxToken: String(mt), position: String(pos) };
+      const body = { session: s.id, maxToken: mt, position: pos };
       if (all.length) body.exceptions = all;
       const r = await this.client._call('keyshard.v1.MemberService/Commit', body);
       return { revision: u64(r.revision) };

@@ -108,3 +108,14 @@ test('chaos worker: bad arguments exit non-zero with a clear message', async () 
   assert.notEqual(await new Promise((r) => p2.on('exit', r)), 0);
   assert.match(err2, /--interval "20 parsecs": not a duration/);
 });
+
+test('chaos worker: a drain that does not finish within --drain-timeout exits 2', async () => {
+  const w = run('stuck', ['--block-release', '--drain-timeout', '1s']);
+  await waitFor(() => s.recs.some((r) => r.kind === 'write' && r.worker === 'stuck'), { what: 'stuck writing' });
+  w.kill('SIGTERM');
+  assert.equal(await w.exited, 2, w.stderrText);
+  assert.match(w.stderrText, /drain did not finish/);
+  // stopped at the timeout: every bucket released as fenced, no write after its release
+  const rel = s.recs.filter((r) => r.worker === 'stuck' && r.kind === 'release');
+  assert.ok(rel.length > 0 && rel.every((r) => r.fenced), JSON.stringify(rel));
+});
