@@ -257,9 +257,9 @@ test('a Router whose control plane becomes unreachable keeps its last map and sa
     assert.equal(r.stale, null);
     await proxy.close(); // connections refused from now on
     await waitFor(() => r.stale !== null, { what: 'the router noticing' });
-    assert.equal(staleEvents.length, 1);
+    assert.ok(staleEvents.length >= 1);
     assert.ok(staleEvents[0].since instanceof Date);
-    assert.equal(r.map, m);
+    assert.equal(r.map.epoch, m.epoch);
     assert.equal(r.owner('k').epoch, m.epoch);
   } finally {
     await r.close();

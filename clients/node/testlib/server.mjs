@@ -74,9 +74,14 @@ export async function startProxy(targetURL) {
   const target = new URL(targetURL);
   const conns = new Set();
   let paused = false;
+  let closed = false;
   const held = new Set();
   const server = net.createServer((client) => {
     client.on('error', () => {});
+    if (closed) {
+      client.destroy(); // accepted before close() but delivered after
+      return;
+    }
     if (paused) {
       held.add(client);
       client.pause();
@@ -115,6 +120,7 @@ export async function startProxy(targetURL) {
       held.clear();
     },
     async close() {
+      closed = true;
       for (const s of held) s.destroy();
       for (const { client, up } of conns) { client.destroy(); up.destroy(); }
       await new Promise((r) => server.close(r));
