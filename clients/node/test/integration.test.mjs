@@ -319,3 +319,24 @@ test('a worker given two replica URLs moves on when one stops answering, without
     await proxy.close();
   }
 });
+
+test('drainMember moves every bucket away from a member that stays joined', async () => {
+  await client.createKeyspace({ name: 'drained', buckets: 16, leaseTtl: 3, drainTimeout: 5 });
+  const rec = recorder();
+  const d1 = new Worker(client, 'drained', { id: 'd1' }, rec.handler('d1'));
+  const d2 = new Worker(client, 'drained', { id: 'd2' }, rec.handler('d2'));
+  try {
+    await d1.start();
+    await d2.start();
+    await waitFor(() => d1.held().length > 0 && d2.held().length > 0 && d1.held().length + d2.held().length === 16, { what: 'd1 and d2 sharing' });
+    await client.drainMember('drained', 'd1');
+    await waitFor(() => d2.held().length === 16 && d1.held().length === 0, { what: 'd1 drained' });
+    const ms = await client.listMembers('drained');
+    const m1 = ms.members.find((m) => m.member.id === 'd1');
+    assert.ok(m1 && m1.draining, JSON.stringify(ms.members.map((m) => [m.member.id, m.draining])));
+    assert.equal(d1.session !== null, true, 'd1 is still joined');
+    assert.deepEqual(rec.problems, []);
+  } finally {
+    await Promise.all([d1.close({ timeout: 15 }), d2.close({ timeout: 15 })]);
+  }
+});
