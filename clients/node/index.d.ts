@@ -214,6 +214,8 @@ export declare class Router extends EventEmitter {
   owner(key: string | Uint8Array): OwnerInfo;
   ownerOfBucket(bucket: number): OwnerInfo;
   addressOf(member: string): string | undefined;
+  /** Resolves with the next map of a new epoch. */
+  changed(): Promise<KeyspaceMap>;
   waitEpoch(epoch: U64, options?: { timeout?: number }): Promise<KeyspaceMap>;
   close(): Promise<void>;
   on(event: 'change', listener: (map: KeyspaceMap) => void): this;
@@ -302,6 +304,8 @@ export declare class Worker extends EventEmitter {
   commit(c: { session?: string | null; maxToken: U64; position: U64; exceptions?: BucketPosition[] }): Promise<{ revision: bigint }>;
   /** The grant of key's bucket; throws WrongOwner (another member's) or NotGranted. */
   owns(key: string | Uint8Array): Grant;
+  /** Resolves with the grant once held; rejects with WrongOwner when waiting would not help, DeadlineExceeded, or Closed. */
+  waitGrant(key: string | Uint8Array, options?: { timeout?: number; signal?: AbortSignal }): Promise<Grant>;
   bucket(key: string | Uint8Array): number;
   /** Drain (hand every bucket over), then leave. Past timeout seconds: stop at once, reject with DeadlineExceeded. */
   close(options?: { timeout?: number }): Promise<void>;

@@ -35,6 +35,7 @@ export class Router extends EventEmitter {
     this._ready.promise.catch(() => {});
     this._waiters = new Set();
     this._loop = null;
+    this._changedD = deferred();
   }
 
   /** start() begins following; resolves with the first map (rejects on NotFound and the like). */
@@ -70,6 +71,9 @@ export class Router extends EventEmitter {
 
   addressOf(member) { return this._addrs.get(member); }
 
+  /** A promise resolved with the next map of a new epoch. */
+  changed() { return this._changedD.promise; }
+
   /** waitEpoch(e, {timeout}) resolves with the map once its epoch is >= e. */
   waitEpoch(epoch, { timeout } = {}) {
     const e = BigInt(epoch);
@@ -102,7 +106,12 @@ export class Router extends EventEmitter {
       }
     }
     this._ready.resolve(m);
-    if (changed) this.emit('change', m);
+    if (changed) {
+      const d = this._changedD;
+      this._changedD = deferred();
+      d.resolve(m);
+      this.emit('change', m);
+    }
   }
 
   async _follow() {

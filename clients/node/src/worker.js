@@ -144,6 +144,9 @@ export class Worker extends EventEmitter {
     this._runP = null;
     this._stopped = false;
     this._changed = deferred();
+    this._finished = false;
+    this._finishedD = deferred();
+    this._finishedP = this._finishedD.promise;
   }
 
   /** Resolves once the worker has joined (its first session); rejects if it cannot (NotFound, AlreadyExists, ...). */
@@ -156,6 +159,8 @@ export class Worker extends EventEmitter {
       (e) => e,
     );
     this._runP.then((e) => {
+      this._finished = true;
+      this._finishedD.resolve();
       if (!this._drainAC.signal.aborted) this.router.close(); // stopped by itself: nothing follows the map any more
       if (e) {
         this._joined.reject(e);
@@ -260,6 +265,50 @@ export class Worker extends EventEmitter {
     if (this.router.map) ({ member: owner, address, epoch } = this.router.ownerOfBucket(b));
     if (owner === this.member.id) throw new NotGranted(`keyshard: bucket ${b} is this worker's in the map, but its grant has not arrived or acquire() has not returned`);
     throw new WrongOwner(b, owner, address, epoch);
+  }
+
+  /**
+   * waitGrant(key, {timeout, signal}) resolves with the grant of key's
+   * bucket once the worker holds it (as owns() counts it). It rejects with
+   * WrongOwner when waiting would not change the answer (a map that names
+   * this worker gives the bucket to another; or any map once close() has
+   * begun), DeadlineExceeded after timeout seconds, Closed once the worker
+   * stopped. It waits while the worker joins, the grant is on its way, or
+   * the bucket is unassigned.
+   */
+  async waitGrant(key, { timeout, signal } = {}) {
+    if (typeof key !== 'string' && !(key instanceof Uint8Array)) throw new TypeError(`waitGrant: key must be a string or a Uint8Array, not ${describe(key)}`);
+    if (timeout !== undefined) checkNumber('waitGrant', 'timeout', timeout, { above: 0 });
+    let timer = null;
+    const limit = new Promise((_, reject) => {
+      if (timeout !== undefined) timer = setTimeout(() => reject(new DeadlineExceeded(`keyshard: waitGrant: no grant for the key within ${timeout}s`)), timeout * 1000);
+      signal?.addEventListener('abort', () => reject(signal.reason ?? new Closed('keyshard: waitGrant aborted')), { once: true });
+    });
+    limit.catch(() => {});
+    try {
+      for (;;) {
+        if (signal?.aborted) throw signal.reason ?? new Closed('keyshard: waitGrant aborted');
+        const changed = this._changed.promise;
+        const mapChanged = this.router.changed();
+        try {
+          return this.owns(key);
+        } catch (e) {
+          if (e instanceof WrongOwner && this._settled(e)) throw e;
+          if (!(e instanceof WrongOwner) && !(e instanceof NotGranted)) throw e;
+        }
+        if (this._runP && this._finished) throw new Closed('keyshard: the Worker has stopped');
+        await Promise.race([changed, mapChanged, limit, this._finishedP]);
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  _settled(wo) {
+    if (this._drainAC.signal.aborted) return true;
+    if (wo.owner === '') return false;
+    const m = this.router.map;
+    return !!m && m.epoch === wo.epoch && m.members.some((x) => x.id === this.member.id);
   }
 
   /** bucket(key) in the keyspace's hash mode (after joining). */

@@ -78,7 +78,9 @@ test('Router follows epochs; owner() agrees with Lookup', async () => {
     const e0 = first.epoch;
     await assert.rejects(r.waitEpoch(e0 + 100n, { timeout: 0.2 }), DeadlineExceeded);
     const w = new Worker(client, 'routed', { id: 'rw', address: '10.0.0.9:80' }, { acquire() {}, release() {} });
+    const waited = w.waitGrant('some-key', { timeout: 20 }); // before the worker has even joined
     await w.start();
+    assert.equal((await waited).bucket, r.bucket('some-key'));
     const m = await r.waitEpoch(e0 + 1n, { timeout: 20 });
     assert.ok(m.epoch > e0);
     await waitFor(() => r.owner('some-key').member === 'rw', { what: 'the map naming rw' });
@@ -117,6 +119,8 @@ test('two workers hand buckets over on join and leave with no overlap; tokens in
   const bKey = (() => { for (let i = 0; ; i++) if (b.held().some((g) => g.bucket === a.bucket(`k${i}`))) return `k${i}`; })();
   assert.equal(b.owns(bKey).bucket, a.bucket(bKey));
   assert.throws(() => a.owns(bKey), (e) => e.name === 'WrongOwner' && e.owner === 'b' && e.address === 'addr-b');
+  assert.equal((await b.waitGrant(bKey, { timeout: 20 })).bucket, a.bucket(bKey));
+  await assert.rejects(a.waitGrant(bKey, { timeout: 20 }), (e) => e.name === 'WrongOwner' && e.owner === 'b');
   await a.close({ timeout: 15 });
   await waitFor(() => b.held().length === 64, { what: 'b holding every bucket after a left' });
   assert.deepEqual(heldBy(rec, 'a'), []);
