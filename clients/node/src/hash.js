@@ -13,14 +13,14 @@ export const HASH_MODES = Object.freeze(['xxh64', 'synapse-sha256']);
 export const MAX_BUCKETS = 65536;
 
 // Primes as [hi, lo].
-const P1H = 0x9e3779b1, P1L = 0x85ebca87;
-const P2H = 0xc2b2ae3d, P2L = 0x27d4eb4f;
-const P3H = 0x165667b1, P3L = 0x9e3779f9;
-const P4H = 0x85ebca77, P4L = 0xc2b2ae63;
-const P5H = 0x27d4eb2f, P5L = 0x165667c5;
+const P1H = 0x9e3779b1 | 0, P1L = 0x85ebca87 | 0;
+const P2H = 0xc2b2ae3d | 0, P2L = 0x27d4eb4f | 0;
+const P3H = 0x165667b1 | 0, P3L = 0x9e3779f9 | 0;
+const P4H = 0x85ebca77 | 0, P4L = 0xc2b2ae63 | 0;
+const P5H = 0x27d4eb2f | 0, P5L = 0x165667c5 | 0;
 
 // Results of the limb helpers (module-level "registers": no allocation).
-const R = new Uint32Array(2);
+const R = new Int32Array(2);
 
 // (ah:al) * (bh:bl) mod 2^64 -> R[0]:R[1]
 function mul(ah, al, bh, bl) {
@@ -29,21 +29,21 @@ function mul(ah, al, bh, bl) {
   const m1 = a1 * b0, m2 = a0 * b1;
   const mid = (t >>> 16) + (m1 & 0xffff) + (m2 & 0xffff);
   const hiLL = a1 * b1 + (m1 >>> 16) + (m2 >>> 16) + (mid >>> 16); // high 32 bits of al*bl, < 2^32
-  R[1] = ((mid << 16) | (t & 0xffff)) >>> 0;
-  R[0] = (hiLL + Math.imul(ah, bl) + Math.imul(al, bh)) >>> 0;
+  R[1] = ((mid << 16) | (t & 0xffff)) | 0;
+  R[0] = (hiLL + Math.imul(ah, bl) + Math.imul(al, bh)) | 0;
 }
 
 // (ah:al) + (bh:bl) mod 2^64 -> R[0]:R[1]
 function add(ah, al, bh, bl) {
-  const lo = al + bl;
-  R[1] = lo >>> 0;
-  R[0] = (ah + bh + (lo > 0xffffffff ? 1 : 0)) >>> 0;
+  const lo = (al >>> 0) + (bl >>> 0);
+  R[1] = lo | 0;
+  R[0] = (ah + bh + (lo > 0xffffffff ? 1 : 0)) | 0;
 }
 
 // rotl(h:l, r) for 0 < r < 32 -> R[0]:R[1]
 function rotl(h, l, r) {
-  R[0] = ((h << r) | (l >>> (32 - r))) >>> 0;
-  R[1] = ((l << r) | (h >>> (32 - r))) >>> 0;
+  R[0] = ((h << r) | (l >>> (32 - r))) | 0;
+  R[1] = ((l << r) | (h >>> (32 - r))) | 0;
 }
 
 // round(acc, lane) = rotl(acc + lane*P2, 31) * P1 -> R. Written out with
@@ -54,21 +54,21 @@ function round(ah, al, lh, ll) {
   let a0 = ll & 0xffff, a1 = ll >>> 16;
   let t = a0 * P2L0, m1 = a1 * P2L0, m2 = a0 * P2L1;
   let mid = (t >>> 16) + (m1 & 0xffff) + (m2 & 0xffff);
-  let pl = ((mid << 16) | (t & 0xffff)) >>> 0;
-  let ph = (a1 * P2L1 + (m1 >>> 16) + (m2 >>> 16) + (mid >>> 16) + Math.imul(lh, P2L) + Math.imul(ll, P2H)) >>> 0;
+  let pl = ((mid << 16) | (t & 0xffff)) | 0;
+  let ph = (a1 * P2L1 + (m1 >>> 16) + (m2 >>> 16) + (mid >>> 16) + Math.imul(lh, P2L) + Math.imul(ll, P2H)) | 0;
   // s = acc + p
-  const lo = al + pl;
-  const sl = lo >>> 0;
-  const sh = (ah + ph + (lo > 0xffffffff ? 1 : 0)) >>> 0;
+  const lo = (al >>> 0) + (pl >>> 0);
+  const sl = lo | 0;
+  const sh = (ah + ph + (lo > 0xffffffff ? 1 : 0)) | 0;
   // r = rotl(s, 31)
-  const xh = ((sh << 31) | (sl >>> 1)) >>> 0;
-  const xl = ((sl << 31) | (sh >>> 1)) >>> 0;
+  const xh = ((sh << 31) | (sl >>> 1)) | 0;
+  const xl = ((sl << 31) | (sh >>> 1)) | 0;
   // r * P1
   a0 = xl & 0xffff; a1 = xl >>> 16;
   t = a0 * P1L0; m1 = a1 * P1L0; m2 = a0 * P1L1;
   mid = (t >>> 16) + (m1 & 0xffff) + (m2 & 0xffff);
-  R[1] = ((mid << 16) | (t & 0xffff)) >>> 0;
-  R[0] = (a1 * P1L1 + (m1 >>> 16) + (m2 >>> 16) + (mid >>> 16) + Math.imul(xh, P1L) + Math.imul(xl, P1H)) >>> 0;
+  R[1] = ((mid << 16) | (t & 0xffff)) | 0;
+  R[0] = (a1 * P1L1 + (m1 >>> 16) + (m2 >>> 16) + (mid >>> 16) + Math.imul(xh, P1L) + Math.imul(xl, P1H)) | 0;
 }
 
 let buf = new Uint8Array(256);
@@ -88,7 +88,7 @@ function utf8(key) {
 }
 
 function u32(b, i) {
-  return (b[i] | (b[i + 1] << 8) | (b[i + 2] << 16) | (b[i + 3] << 24)) >>> 0;
+  return (b[i] | (b[i + 1] << 8) | (b[i + 2] << 16) | (b[i + 3] << 24)) | 0;
 }
 
 // xxh64 of b[0:n] with seed 0 -> R[0]:R[1]
@@ -116,8 +116,8 @@ function stripes(b, n) {
   let v2h = P2H, v2l = P2L;
   let v3h = 0, v3l = 0;
   // -P1 mod 2^64
-  let v4l = (~P1L + 1) >>> 0;
-  let v4h = (~P1H + (v4l === 0 ? 1 : 0)) >>> 0;
+  let v4l = (~P1L + 1) | 0;
+  let v4h = (~P1H + (v4l === 0 ? 1 : 0)) | 0;
   while (i + 32 <= n) {
     round(v1h, v1l, u32(b, i + 4), u32(b, i)); v1h = R[0]; v1l = R[1];
     round(v2h, v2l, u32(b, i + 12), u32(b, i + 8)); v2h = R[0]; v2l = R[1];
@@ -137,45 +137,45 @@ function stripes(b, n) {
 // merge4 folds the four accumulators into R: h ^= round(0, v); h = h*P1 + P4.
 function merge4(v1h, v1l, v2h, v2l, v3h, v3l, v4h, v4l) {
   let hh = R[0], hl = R[1];
-  round(0, 0, v1h, v1l); hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+  round(0, 0, v1h, v1l); hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
   mul(hh, hl, P1H, P1L); add(R[0], R[1], P4H, P4L); hh = R[0]; hl = R[1];
-  round(0, 0, v2h, v2l); hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+  round(0, 0, v2h, v2l); hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
   mul(hh, hl, P1H, P1L); add(R[0], R[1], P4H, P4L); hh = R[0]; hl = R[1];
-  round(0, 0, v3h, v3l); hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+  round(0, 0, v3h, v3l); hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
   mul(hh, hl, P1H, P1L); add(R[0], R[1], P4H, P4L); hh = R[0]; hl = R[1];
-  round(0, 0, v4h, v4l); hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+  round(0, 0, v4h, v4l); hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
   mul(hh, hl, P1H, P1L); add(R[0], R[1], P4H, P4L); hh = R[0]; hl = R[1];
   R[0] = hh; R[1] = hl;
 }
 
 function tail(b, i, n, hh, hl) {
   // h += n (n < 2^53; split into hi/lo)
-  add(hh, hl, Math.floor(n / 4294967296) >>> 0, n >>> 0); hh = R[0]; hl = R[1];
+  add(hh, hl, Math.floor(n / 4294967296) | 0, n | 0); hh = R[0]; hl = R[1];
   while (i + 8 <= n) {
     round(0, 0, u32(b, i + 4), u32(b, i));
-    hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+    hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
     rotl(hh, hl, 27); mul(R[0], R[1], P1H, P1L); add(R[0], R[1], P4H, P4L); hh = R[0]; hl = R[1];
     i += 8;
   }
   if (i + 4 <= n) {
     mul(0, u32(b, i), P1H, P1L);
-    hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+    hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
     rotl(hh, hl, 23); mul(R[0], R[1], P2H, P2L); add(R[0], R[1], P3H, P3L); hh = R[0]; hl = R[1];
     i += 4;
   }
   while (i < n) {
     mul(0, b[i], P5H, P5L);
-    hh = (hh ^ R[0]) >>> 0; hl = (hl ^ R[1]) >>> 0;
+    hh = (hh ^ R[0]) | 0; hl = (hl ^ R[1]) | 0;
     rotl(hh, hl, 11); mul(R[0], R[1], P1H, P1L); hh = R[0]; hl = R[1];
     i++;
   }
   // avalanche
-  hl = (hl ^ (hh >>> 1)) >>> 0;                          // h ^= h >> 33
+  hl = (hl ^ (hh >>> 1)) | 0;                          // h ^= h >> 33
   mul(hh, hl, P2H, P2L); hh = R[0]; hl = R[1];
-  hl = (hl ^ ((hl >>> 29) | (hh << 3))) >>> 0;            // h ^= h >> 29
-  hh = (hh ^ (hh >>> 29)) >>> 0;
+  hl = (hl ^ ((hl >>> 29) | (hh << 3))) | 0;            // h ^= h >> 29
+  hh = (hh ^ (hh >>> 29)) | 0;
   mul(hh, hl, P3H, P3L); hh = R[0]; hl = R[1];
-  R[0] = hh; R[1] = (hl ^ hh) >>> 0;                         // h ^= h >> 32
+  R[0] = hh; R[1] = (hl ^ hh) | 0;                         // h ^= h >> 32
 }
 
 function toBytes(key, fn) {
@@ -196,7 +196,7 @@ export function describe(v) {
 export function xxh64(key) {
   const n = toBytes(key, 'xxh64');
   if (n < 0) xxh64Limbs(key, key.length); else xxh64Limbs(buf, n);
-  return (BigInt(R[0]) << 32n) | BigInt(R[1]);
+  return (BigInt(R[0] >>> 0) << 32n) | BigInt(R[1] >>> 0);
 }
 
 function checkBuckets(buckets, fn) {
@@ -209,7 +209,7 @@ function checkBuckets(buckets, fn) {
 // floor((hh*B + floor(hl*B / 2^32)) / 2^32); each product is below 2^48,
 // so every step is exact in a double.
 function reduce(hh, hl, B) {
-  return Math.floor((hh * B + Math.floor((hl * B) / 4294967296)) / 4294967296);
+  return Math.floor(((hh >>> 0) * B + Math.floor(((hl >>> 0) * B) / 4294967296)) / 4294967296);
 }
 
 function sha256Bucket(bytes, B) {
