@@ -344,3 +344,26 @@ test('drainMember moves every bucket away from a member that stays joined', asyn
     await Promise.all([d1.close({ timeout: 15 }), d2.close({ timeout: 15 })]);
   }
 });
+
+test('a worker whose session the server ends (replaced by another process) stops at once and re-joins once the id is free', async () => {
+  await client.createKeyspace({ name: 'replaced', buckets: 8, leaseTtl: 3, drainTimeout: 5 });
+  const rec = recorder();
+  const events = [];
+  const first = new Worker(client, 'replaced', { id: 'same' }, rec.handler('first'));
+  for (const ev of ['fenced', 'session-lost', 'rejoined']) first.on(ev, (e) => events.push({ ev, session: e.session }));
+  const second = new Worker(client, 'replaced', { id: 'same', replace: true }, rec.handler('second'));
+  try {
+    const s1 = await first.start();
+    await waitFor(() => first.held().length === 8, { what: 'first holding every bucket' });
+    await second.start();
+    await waitFor(() => events.some((e) => e.ev === 'session-lost' && e.session === s1), { what: 'first losing its session' });
+    assert.deepEqual(first.held(), []);
+    await waitFor(() => second.held().length === 8, { what: 'second holding every bucket' });
+    await second.close({ timeout: 15 });
+    await waitFor(() => events.some((e) => e.ev === 'rejoined'), { timeout: 30000, what: 'first re-joining' });
+    await waitFor(() => first.held().length === 8, { what: 'first serving again' });
+    assert.deepEqual(rec.problems, []);
+  } finally {
+    await Promise.all([first.close({ timeout: 15 }), second.close({ timeout: 15 })]);
+  }
+});
