@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,13 +14,13 @@ import (
 )
 
 // mixedLangs are the client languages of TestMixedLanguageCluster's three
-// workers, one worker each, in the order the faults hit them: the first
-// leaves gracefully, the second is killed, the third is paused. Until the
-// Python and Node clients' worker scripts are in the repository, Go
-// workers stand in for them; KEYSHARD_MIXED_LANGS (such as
-// "go,python,node", or "python" for three Python workers) overrides the
-// list.
-var mixedLangs = []chaos.Lang{chaos.LangGo, chaos.LangGo, chaos.LangGo}
+// workers, one worker each, in the order the faults hit them in its first
+// round: the first leaves gracefully, the second is killed, the third is
+// paused. Each later round rotates the list, so that every language goes
+// through every fault. KEYSHARD_MIXED_LANGS (such as "go,python,node", or
+// "python" for three Python workers) runs one round of its own list
+// instead.
+var mixedLangs = []chaos.Lang{chaos.LangGo, chaos.LangPython, chaos.LangNode}
 
 // langWorker is one worker of TestMixedLanguageCluster: its member id
 // (<lang>-<n>), its language and its newest process.
@@ -49,11 +50,12 @@ func (h *harness) startLangWorker(ws chaos.Workers, lang chaos.Lang, id string, 
 // never made) and re-join. After each step the cluster must converge:
 // every bucket held by its owner under the map, and written. The whole
 // record must pass chaos.Check, every worker must have held buckets, and
-// every bucket must end with a live holder.
+// every bucket must end with a live holder. It runs one round per
+// rotation of mixedLangs, each on a fresh server, so that every language
+// leaves, is killed and is paused once.
 func TestMixedLanguageCluster(t *testing.T) {
-	langs := mixedLangs
 	if env := os.Getenv("KEYSHARD_MIXED_LANGS"); env != "" {
-		langs = nil
+		var langs []chaos.Lang
 		for item := range strings.SplitSeq(env, ",") { // repeats allowed: go,go,python
 			l, err := chaos.ParseLangs(item)
 			if err != nil {
@@ -67,7 +69,19 @@ func TestMixedLanguageCluster(t *testing.T) {
 		for len(langs) < 3 { // one worker per fault
 			langs = append(langs, langs[len(langs)-1])
 		}
+		mixedCluster(t, langs)
+		return
 	}
+	for i := range mixedLangs {
+		langs := append(slices.Clone(mixedLangs[i:]), mixedLangs[:i]...)
+		name := fmt.Sprintf("leave=%s,kill=%s,stop=%s", langs[0], langs[1], langs[2])
+		t.Run(name, func(t *testing.T) { mixedCluster(t, langs) })
+	}
+}
+
+// mixedCluster is one round of TestMixedLanguageCluster: langs[0] leaves,
+// langs[1] is killed, langs[2] is paused.
+func mixedCluster(t *testing.T, langs []chaos.Lang) {
 	h := newHarness(t, 240*time.Second)
 	h.buckets = 32
 	ttl, drain := 3*time.Second, 5*time.Second
