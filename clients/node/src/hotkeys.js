@@ -5,7 +5,7 @@ import { EventEmitter } from 'node:events';
 import { Client } from './client.js';
 import { Closed, NotFound, Unauthenticated, PermissionDenied, InvalidArgument } from './errors.js';
 import { checkName, checkNumber, checkObject, describe } from './convert.js';
-import { Backoff, deferred, emitError, monotonic, sleep } from './util.js';
+import { Backoff, deferred, emitError, monotonic, sleep } from './timing.js';
 
 export const MAX_REPORT_KEYS = 1024;
 export const MAX_REPORT_KEY_BYTES = 512;

@@ -4,7 +4,7 @@ import { EventEmitter } from 'node:events';
 import { Client } from './client.js';
 import { Closed, InvalidArgument, Unauthenticated, PermissionDenied, NotFound } from './errors.js';
 import { checkName, checkNumber, checkString, describe } from './convert.js';
-import { Backoff, deferred, emitError, sleep } from './util.js';
+import { Backoff, deferred, emitError, sleep } from './timing.js';
 
 function spanTargets(a, now) {
   const spans = a.targets ?? [];

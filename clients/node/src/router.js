@@ -5,7 +5,7 @@ import { Client } from './client.js';
 import { Closed, DeadlineExceeded, NotFound, Unauthenticated, PermissionDenied, InvalidArgument, KeyshardError } from './errors.js';
 import { hasher } from './hash.js';
 import { checkName, checkNumber, checkObject, describe } from './convert.js';
-import { Backoff, deferred, emitError, sleep } from './util.js';
+import { Backoff, deferred, emitError, sleep } from './timing.js';
 
 const FOLLOW_WAIT = 30; // seconds per long poll
 

@@ -12,7 +12,7 @@ import {
 } from './errors.js';
 import { hasher } from './hash.js';
 import { checkBool, checkNumber, checkObject, checkName, checkString, describe, durationOut, memberIn, u64, u64In } from './convert.js';
-import { Backoff, deferred, emitError, monotonic, sleep } from './util.js';
+import { Backoff, deferred, emitError, monotonic, sleep } from './timing.js';
 import { Router } from './router.js';
 
 const GRANTS_WAIT = 30; // seconds per GetGrants long poll

@@ -1,4 +1,4 @@
-// Small helpers: backoff, abortable sleep, a monotonic clock.
+// Time and retries: the monotonic clock, backoff, abortable sleep, deferred promises, error events.
 import { performance } from 'node:perf_hooks';
 
 /** The default clock: milliseconds on a monotonic timeline. */
