@@ -1,6 +1,7 @@
 // Client: Keyshard's HTTP/JSON (Connect) API behind one or more replicas.
 import { performance } from 'node:perf_hooks';
 import { Closed, Unavailable, KeyshardError, fromAnswer } from './errors.js';
+import { Transport } from './transport.js';
 import {
   checkName, checkNumber, checkObject, checkString, describe, durationIn, durationOut, hotKeyPoolIn, hotKeyPoolOut,
   keyspaceIn, keyspaceOut, mapOut, memberOut, overflowSetOut, u64, u64In,
@@ -61,13 +62,17 @@ export class Client {
     // Go SDK's streams are
     this._moved = new AbortController();
     this._closing = new AbortController();
+    this._transport = new Transport();
   }
 
   get closed() { return this._closing.signal.aborted; }
 
   /** Ends every call in flight (they reject with Closed). */
   async close() {
-    if (!this._closing.signal.aborted) this._closing.abort(new Closed('keyshard: the client was closed'));
+    if (!this._closing.signal.aborted) {
+      this._closing.abort(new Closed('keyshard: the client was closed'));
+      this._transport.close();
+    }
   }
 
   /**
@@ -150,8 +155,8 @@ export class Client {
     moved?.addEventListener('abort', onMoved, { once: true });
     this._closing.signal.addEventListener('abort', onAbort, { once: true });
     try {
-      const res = await fetch(`${url}/${path}`, { method: 'POST', headers: this._headers, body: payload, signal: ac.signal });
-      const text = await res.text();
+      const res = await this._transport.post(url, path, payload, this._headers, ac.signal);
+      const text = res.text;
       if (res.status === 200) {
         let body;
         try {
@@ -167,7 +172,7 @@ export class Client {
       if (signal?.aborted) throw signal.reason ?? e;
       if (wasMoved) return { ok: false, moved: true, err: new Unavailable(`keyshard: calls moved away from ${url}`) };
       if (timedOut) return { ok: false, err: new Unavailable(`keyshard: ${url} did not answer ${path} within ${Math.round(limitMs) / 1000}s`) };
-      const why = e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(e);
+      const why = e?.code ?? e?.cause?.code ?? e?.message ?? String(e);
       return { ok: false, err: new Unavailable(`keyshard: cannot reach ${url} (${path}): ${why}`, [], { cause: e }) };
     } finally {
       clearTimeout(timer);
