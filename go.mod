@@ -25,7 +25,10 @@ require (
 	pgregory.net/rapid v1.3.0
 )
 
-require github.com/prometheus/common v0.72.0
+require (
+	github.com/prometheus/common v0.72.0
+	golang.org/x/sys v0.49.0
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -71,7 +74,6 @@ require (
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect

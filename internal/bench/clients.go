@@ -83,6 +83,18 @@ type LangHandoffs struct {
 	// P99RatioVsGo is HandoffP99Ms over Go's (absent if Go was not
 	// measured).
 	P99RatioVsGo *float64 `json:"p99_ratio_vs_go,omitempty"`
+	// The same handoffs timed on the machine's monotonic clock, which
+	// every worker stamps its records with (chaos.Record.Mono): from the
+	// moment the old owner's Release handler returned to the moment the
+	// new owner's Acquire handler was called. This is the client
+	// library's and the server's part alone, without the time each
+	// worker's reports took to reach the sink (an HTTP call from the
+	// worker's language, many at once in a handoff of many buckets).
+	LibraryP50Ms        float64   `json:"library_handoff_p50_ms"`
+	LibraryP99Ms        float64   `json:"library_handoff_p99_ms"`
+	LibraryMaxMs        float64   `json:"library_handoff_max_ms"`
+	LibraryP99RunsMs    []float64 `json:"library_handoff_p99_runs_ms"`
+	LibraryP99RatioVsGo *float64  `json:"library_p99_ratio_vs_go,omitempty"`
 	// JoinMs and LeaveMs are the medians of the time from starting the
 	// third worker (sending it SIGTERM) until every bucket was held by
 	// its owner under the new map, as the sink saw it.
@@ -170,6 +182,7 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 
 	type runResult struct {
 		times         []time.Duration
+		lib           []time.Duration // on the workers' clock
 		joins, leaves []time.Duration
 		fenced        int
 		violations    []chaos.Violation
@@ -188,14 +201,18 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 			if err != nil {
 				return rep, fmt.Errorf("%s workers, run %d: %w", l, run, err)
 			}
-			var times []time.Duration
+			var times, lib []time.Duration
 			for _, h := range hs {
 				times = append(times, h.Took())
+				if d, ok := h.InWorkers(); ok {
+					lib = append(lib, d)
+				}
 			}
-			r := runResult{times: times, joins: cr.joins, leaves: cr.leaves, fenced: cr.fenced, violations: cr.violations,
+			r := runResult{times: times, lib: lib, joins: cr.joins, leaves: cr.leaves, fenced: cr.fenced, violations: cr.violations,
 				p50: percentileMs(times, 50), p99: percentileMs(times, 99), max: percentileMs(times, 100)}
 			results[l] = append(results[l], r)
-			cr.say("%d handoffs: p50 %.1f ms, p99 %.1f ms, max %.1f ms; %d violations", len(times), r.p50, r.p99, r.max, len(cr.violations))
+			cr.say("%d handoffs: p50 %.1f ms, p99 %.1f ms, max %.1f ms at the sink; release handler → acquire handler: p50 %.1f ms, p99 %.1f ms; %d violations",
+				len(times), r.p50, r.p99, r.max, percentileMs(lib, 50), percentileMs(lib, 99), len(cr.violations))
 			for i, v := range cr.violations {
 				if i == 5 {
 					cr.say("... and %d more violations", len(cr.violations)-i)
@@ -207,11 +224,14 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 	}
 	for _, l := range opts.Langs {
 		lh := &LangHandoffs{}
-		var p50s, p99s, maxs []float64
+		var p50s, p99s, maxs, lp50s, lp99s, lmaxs []float64
 		var joins, leaves []time.Duration
 		for _, r := range results[l] {
 			lh.Handoffs += len(r.times)
 			p50s, p99s, maxs = append(p50s, r.p50), append(p99s, r.p99), append(maxs, r.max)
+			if len(r.lib) > 0 {
+				lp50s, lp99s, lmaxs = append(lp50s, percentileMs(r.lib, 50)), append(lp99s, percentileMs(r.lib, 99)), append(lmaxs, percentileMs(r.lib, 100))
+			}
 			joins, leaves = append(joins, r.joins...), append(leaves, r.leaves...)
 			lh.FencedReleases += r.fenced
 			lh.Violations += len(r.violations)
@@ -223,6 +243,10 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 		}
 		lh.HandoffP50Ms, lh.HandoffP99Ms, lh.HandoffMaxMs = medianOf(p50s), medianOf(p99s), medianOf(maxs)
 		lh.HandoffP99RunsMs = p99s
+		if len(lp50s) > 0 {
+			lh.LibraryP50Ms, lh.LibraryP99Ms, lh.LibraryMaxMs = medianOf(lp50s), medianOf(lp99s), medianOf(lmaxs)
+			lh.LibraryP99RunsMs = lp99s
+		}
 		lh.JoinMs, lh.LeaveMs = percentileMs(joins, 50), percentileMs(leaves, 50)
 		rep.PerLang[string(l)] = lh
 	}
@@ -230,6 +254,10 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 		for _, lh := range rep.PerLang {
 			ratio := lh.HandoffP99Ms / g.HandoffP99Ms
 			lh.P99RatioVsGo = &ratio
+			if g.LibraryP99Ms > 0 && lh.LibraryP99Ms > 0 {
+				lr := lh.LibraryP99Ms / g.LibraryP99Ms
+				lh.LibraryP99RatioVsGo = &lr
+			}
 		}
 	}
 	for _, l := range rep.Langs {
@@ -238,7 +266,10 @@ func Clients(ctx context.Context, opts ClientsOptions, progress io.Writer) (Clie
 		if lh.P99RatioVsGo != nil {
 			ratio = fmt.Sprintf(", p99 %.2f× Go's", *lh.P99RatioVsGo)
 		}
-		say("%s: %d handoffs over %d runs: p50 %.1f ms, p99 %.1f ms, max %.1f ms (medians of the runs)%s", l, lh.Handoffs, opts.Runs, lh.HandoffP50Ms, lh.HandoffP99Ms, lh.HandoffMaxMs, ratio)
+		if lh.LibraryP99RatioVsGo != nil {
+			ratio += fmt.Sprintf("; release handler → acquire handler p50 %.1f ms, p99 %.1f ms, %.2f× Go's", lh.LibraryP50Ms, lh.LibraryP99Ms, *lh.LibraryP99RatioVsGo)
+		}
+		say("%s: %d handoffs over %d runs: p50 %.1f ms, p99 %.1f ms, max %.1f ms at the sink (medians of the runs)%s", l, lh.Handoffs, opts.Runs, lh.HandoffP50Ms, lh.HandoffP99Ms, lh.HandoffMaxMs, ratio)
 	}
 	rep.DurationS = time.Since(began).Seconds()
 	return rep, nil
@@ -253,10 +284,24 @@ type Handoff struct {
 	From, To           string
 	FromToken, ToToken uint64
 	Released, Acquired time.Time
+	// MonoReleased and MonoAcquired are the two records' Mono: when the
+	// workers made them, on the machine's monotonic clock (0: unknown).
+	MonoReleased, MonoAcquired int64
 }
 
-// Took is the time from the release record to the acquire record.
+// Took is the time from the release record to the acquire record, on the
+// sink's clock.
 func (h Handoff) Took() time.Duration { return h.Acquired.Sub(h.Released) }
+
+// InWorkers is the time from the old owner's release record to the new
+// owner's acquire record on the workers' shared monotonic clock, and
+// whether both records have one.
+func (h Handoff) InWorkers() (time.Duration, bool) {
+	if h.MonoReleased == 0 || h.MonoAcquired == 0 {
+		return 0, false
+	}
+	return time.Duration(h.MonoAcquired - h.MonoReleased), true
+}
 
 // PairHandoffs finds the graceful handoffs in a sink's record (in arrival
 // order): a release record of a bucket's newest grant, not fenced and
@@ -277,7 +322,7 @@ func PairHandoffs(recs []chaos.Record, from int) []Handoff {
 			}
 			newest[r.Bucket] = r.Token
 			if p := pending[r.Bucket]; p != nil {
-				out = append(out, Handoff{Bucket: r.Bucket, From: p.Worker, To: r.Worker, FromToken: p.Token, ToToken: r.Token, Released: p.At, Acquired: r.At})
+				out = append(out, Handoff{Bucket: r.Bucket, From: p.Worker, To: r.Worker, FromToken: p.Token, ToToken: r.Token, Released: p.At, Acquired: r.At, MonoReleased: p.Mono, MonoAcquired: r.Mono})
 			}
 			delete(pending, r.Bucket)
 		case chaos.KindRelease:

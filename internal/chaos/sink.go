@@ -62,8 +62,10 @@ type Record struct {
 	N       uint64    `json:"n,omitempty"`
 	Fenced  bool      `json:"fenced,omitempty"`
 	Err     string    `json:"err,omitempty"`
-	// Mono is the worker's monotonic clock, in nanoseconds since it
-	// started.
+	// Mono is when the worker made the record, on the machine's
+	// monotonic clock (CLOCK_MONOTONIC, in ns: MonoNow, Python's
+	// time.monotonic_ns, Node.js's process.hrtime.bigint), so that two
+	// workers' records compare without the sink's HTTP in between.
 	Mono int64 `json:"mono,omitempty"`
 	// Refused: a write or an acquire claim the sink answered with 409
 	// because it had seen a higher token for the bucket.

@@ -195,15 +195,14 @@ func (h *handler) Release(ctx context.Context, bucket int) error {
 }
 
 // reporter posts records to the sink: a write (POST /write) or an event
-// (POST /event); Mono is the worker's monotonic clock, in nanoseconds
-// since it started. Handler reports are synchronous, so
+// (POST /event); Mono is the machine's monotonic clock (MonoNow) when the
+// record was made. Handler reports are synchronous, so
 // that the sink sees a grant's release before the next owner's acquire;
 // SDK events (OnEvent must not block) go through a queue, in order.
 type reporter struct {
 	url    string
 	worker string
 	pid    int
-	start  time.Time
 	hc     *http.Client
 	log    *slog.Logger
 
@@ -214,7 +213,7 @@ type reporter struct {
 
 func newReporter(url, worker string, log *slog.Logger) *reporter {
 	r := &reporter{
-		url: url, worker: worker, pid: os.Getpid(), start: time.Now(), log: log,
+		url: url, worker: worker, pid: os.Getpid(), log: log,
 		hc:    &http.Client{Timeout: 5 * time.Second},
 		queue: make(chan Record, 1024),
 		done:  make(chan struct{}),
@@ -233,7 +232,7 @@ func newReporter(url, worker string, log *slog.Logger) *reporter {
 func (r *reporter) post(path string, rep Record) int {
 	rep.Worker, rep.Pid = r.worker, r.pid
 	if rep.Mono == 0 {
-		rep.Mono = time.Since(r.start).Nanoseconds()
+		rep.Mono = MonoNow()
 	}
 	body, _ := json.Marshal(rep)
 	resp, err := r.hc.Post(r.url+path, "application/json", bytes.NewReader(body))
@@ -267,7 +266,7 @@ func (r *reporter) workerEvent(ev client.Event) {
 	if ev.Err != nil {
 		rep.Err = ev.Err.Error()
 	}
-	rep.Mono = time.Since(r.start).Nanoseconds() // when it happened, not when it is sent
+	rep.Mono = MonoNow() // when it happened, not when it is sent
 	select {
 	case r.queue <- rep:
 	default:

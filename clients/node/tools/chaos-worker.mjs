@@ -11,9 +11,11 @@
 // On SIGTERM or SIGINT it drains (bounded by --drain-timeout) and exits 0,
 // or 2 if the drain timed out. Logs go to stderr.
 import { Client, Worker, DeadlineExceeded } from '../index.js';
+import { Transport } from '../src/transport.js';
 
-const start = process.hrtime.bigint();
-const mono = () => Number(process.hrtime.bigint() - start);
+// The machine's monotonic clock (CLOCK_MONOTONIC) in ns: the clock of every
+// worker's records, whatever its language.
+const mono = () => Number(process.hrtime.bigint());
 
 const UNITS = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60000, h: 3600000 };
 /** parseDuration("1m30s") -> ms, Go syntax. */
@@ -90,6 +92,9 @@ const log = { debug: logAt('debug'), info: logAt('info'), warn: logAt('warn'), e
 
 // --- the sink reporter ------------------------------------------------------
 
+// The sink's connections (node:http: see src/transport.js for why not fetch).
+const sinkTransport = new Transport();
+
 /** post(path, record) -> the sink's status (0 if unreachable). */
 async function post(path, rec) {
   const body = { kind: rec.kind, worker: cfg.id, pid: process.pid, bucket: rec.bucket ?? 0, token: String(rec.token ?? 0n) };
@@ -99,11 +104,10 @@ async function post(path, rec) {
   if (rec.err) body.err = rec.err;
   body.mono = rec.mono ?? mono();
   try {
-    const res = await fetch(cfg.sink + path, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(5000) });
-    await res.arrayBuffer();
+    const res = await sinkTransport.post(cfg.sink, path.replace(/^\//, ''), JSON.stringify(body), { 'Content-Type': 'application/json' }, AbortSignal.timeout(5000));
     return res.status;
   } catch (e) {
-    log.warn('report to the sink failed', { kind: rec.kind, err: e.cause?.code ?? e.message });
+    log.warn('report to the sink failed', { kind: rec.kind, err: e.code ?? e.message });
     return 0;
   }
 }

@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import keyshard  # noqa: E402
 
-START = time.monotonic()
 log = logging.getLogger("chaos-worker")
 
 _DUR = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -51,7 +50,9 @@ def go_duration(s: str) -> float:
 
 
 def mono_ns() -> int:
-    return int((time.monotonic() - START) * 1e9) or 1
+    """The machine's monotonic clock (CLOCK_MONOTONIC) in ns: the clock of
+    every worker's records, whatever its language."""
+    return time.monotonic_ns()
 
 
 class Sink:
