@@ -240,7 +240,7 @@ working directory, or --repo).`,
 func writeClientsText(w io.Writer, rep bench.ClientsReport) error {
 	fmt.Fprintf(w, "graceful handoff; %d buckets, lease TTL %.0f s, %d cycles × %d runs (p50/p99/max: medians of the runs)\n", rep.Buckets, rep.LeaseTTLS, rep.Cycles, rep.Runs)
 	fmt.Fprintln(w, "  at sink: old owner's release record → new owner's acquire record, as the fenced sink received them")
-	fmt.Fprintln(w, "  library: old owner's Release handler returned → new owner's Acquire handler called, on the machine's monotonic clock")
+	fmt.Fprintln(w, "  library: old owner's Release handler returned (the library took over) → new owner's Acquire handler called, on the machine's monotonic clock")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "lang\thandoffs\tat sink p50/p99 ms\tvs go\tlibrary p50/p99 ms\tvs go\tjoin ms\tleave ms\tfenced\tviolations")
 	ratio := func(r *float64) string {

@@ -85,11 +85,12 @@ type LangHandoffs struct {
 	P99RatioVsGo *float64 `json:"p99_ratio_vs_go,omitempty"`
 	// The same handoffs timed on the machine's monotonic clock, which
 	// every worker stamps its records with (chaos.Record.Mono): from the
-	// moment the old owner's Release handler returned to the moment the
-	// new owner's Acquire handler was called. This is the client
-	// library's and the server's part alone, without the time each
-	// worker's reports took to reach the sink (an HTTP call from the
-	// worker's language, many at once in a handoff of many buckets).
+	// moment the old owner's Release handler returned (Record.Released)
+	// to the moment the new owner's Acquire handler was
+	// called. This is the client library's and the server's part, without
+	// the handlers' own reports to the sink (HTTP calls from the worker's
+	// language, tens at once in a handoff of many buckets), though not
+	// without the CPU those take beside the library.
 	LibraryP50Ms        float64   `json:"library_handoff_p50_ms"`
 	LibraryP99Ms        float64   `json:"library_handoff_p99_ms"`
 	LibraryMaxMs        float64   `json:"library_handoff_max_ms"`
@@ -284,8 +285,11 @@ type Handoff struct {
 	From, To           string
 	FromToken, ToToken uint64
 	Released, Acquired time.Time
-	// MonoReleased and MonoAcquired are the two records' Mono: when the
-	// workers made them, on the machine's monotonic clock (0: unknown).
+	// MonoReleased is when the old owner's Release handler returned and
+	// its client library took over (Record.Released, carried on a later
+	// record; else its release record's Mono), MonoAcquired when the new
+	// owner's Acquire handler was called (its acquire record's Mono):
+	// both on the machine's monotonic clock, 0 if unknown.
 	MonoReleased, MonoAcquired int64
 }
 
@@ -310,6 +314,16 @@ func (h Handoff) InWorkers() (time.Duration, bool) {
 // release (its holder was stopped or killed) and a fenced release start
 // no handoff; only releases after record from count.
 func PairHandoffs(recs []chaos.Record, from int) []Handoff {
+	type grantOf struct {
+		worker string
+		bt     chaos.BucketToken
+	}
+	released := map[grantOf]int64{} // when each grant's Release handler returned (carried on a later record)
+	for _, r := range recs {
+		for _, x := range r.Released {
+			released[grantOf{r.Worker, chaos.BucketToken{Bucket: x.Bucket, Token: x.Token}}] = x.Mono
+		}
+	}
 	newest := map[int]uint64{}         // bucket → token of its newest acquire
 	pending := map[int]*chaos.Record{} // bucket → the release of its newest grant, until the next acquire
 	var out []Handoff
@@ -322,7 +336,11 @@ func PairHandoffs(recs []chaos.Record, from int) []Handoff {
 			}
 			newest[r.Bucket] = r.Token
 			if p := pending[r.Bucket]; p != nil {
-				out = append(out, Handoff{Bucket: r.Bucket, From: p.Worker, To: r.Worker, FromToken: p.Token, ToToken: r.Token, Released: p.At, Acquired: r.At, MonoReleased: p.Mono, MonoAcquired: r.Mono})
+				h := Handoff{Bucket: r.Bucket, From: p.Worker, To: r.Worker, FromToken: p.Token, ToToken: r.Token, Released: p.At, Acquired: r.At, MonoReleased: p.Mono, MonoAcquired: r.Mono}
+				if m, ok := released[grantOf{p.Worker, chaos.BucketToken{Bucket: r.Bucket, Token: p.Token}}]; ok {
+					h.MonoReleased = m
+				}
+				out = append(out, h)
 			}
 			delete(pending, r.Bucket)
 		case chaos.KindRelease:

@@ -194,3 +194,33 @@ func TestClientsQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestPairHandoffsOnWorkersClock: a handoff on the workers' clock starts
+// when the old owner's release() returned, which its next record carries
+// and may reach the sink after the new owner's acquire; without it, at its
+// release record.
+func TestPairHandoffsOnWorkersClock(t *testing.T) {
+	recs := []chaos.Record{
+		{Seq: 1, Kind: chaos.KindAcquire, Worker: "w1", Bucket: 0, Token: 1, Mono: 100},
+		{Seq: 2, Kind: chaos.KindAcquire, Worker: "w1", Bucket: 1, Token: 1, Mono: 100},
+		{Seq: 3, Kind: chaos.KindRelease, Worker: "w1", Bucket: 0, Token: 1, Mono: 1_000},
+		{Seq: 4, Kind: chaos.KindAcquire, Worker: "w2", Bucket: 0, Token: 2, Mono: 11_000},
+		{Seq: 5, Kind: chaos.KindWrite, Worker: "w1", Bucket: 1, Token: 1, Released: []chaos.ReleasedAt{{Bucket: 0, Token: 1, Mono: 3_000}}},
+		{Seq: 6, Kind: chaos.KindRelease, Worker: "w1", Bucket: 1, Token: 1, Mono: 20_000},
+		{Seq: 7, Kind: chaos.KindAcquire, Worker: "w2", Bucket: 1, Token: 2, Mono: 25_000},
+		// the return of another grant's release() does not count
+		{Seq: 8, Kind: chaos.KindJoined, Worker: "w1", Released: []chaos.ReleasedAt{{Bucket: 1, Token: 7, Mono: 24_000}}},
+	}
+	hs := PairHandoffs(recs, 0)
+	if len(hs) != 2 {
+		t.Fatalf("got %d handoffs, want 2: %+v", len(hs), hs)
+	}
+	for i, want := range []time.Duration{8_000, 5_000} {
+		if d, ok := hs[i].InWorkers(); !ok || d != want {
+			t.Errorf("handoff of bucket %d on the workers' clock: %v, %v; want %v", hs[i].Bucket, d, ok, want)
+		}
+	}
+	if _, ok := (Handoff{MonoAcquired: 5}).InWorkers(); ok {
+		t.Error("a handoff without the old owner's time has a time on the workers' clock")
+	}
+}

@@ -67,6 +67,11 @@ type Record struct {
 	// time.monotonic_ns, Node.js's process.hrtime.bigint), so that two
 	// workers' records compare without the sink's HTTP in between.
 	Mono int64 `json:"mono,omitempty"`
+	// Released lists grants whose Release handler returned since the
+	// worker's previous record, each with when the client library took
+	// over (its Mono): carried on whatever record the worker sends next,
+	// so that timing a handoff from there costs no request of its own.
+	Released []ReleasedAt `json:"released,omitempty"`
 	// Refused: a write or an acquire claim the sink answered with 409
 	// because it had seen a higher token for the bucket.
 	Refused bool `json:"refused,omitempty"`
@@ -88,6 +93,14 @@ func (r Record) String() string {
 		s += " (" + r.Err + ")"
 	}
 	return s
+}
+
+// ReleasedAt is when a worker's Release handler of a grant returned, on
+// the machine's monotonic clock.
+type ReleasedAt struct {
+	Bucket int    `json:"bucket"`
+	Token  uint64 `json:"token,string"`
+	Mono   int64  `json:"mono"`
 }
 
 // BucketToken names one grant.

@@ -209,6 +209,9 @@ type reporter struct {
 	queue chan Record
 	done  chan struct{} // closed when the queue's goroutine exits
 	once  sync.Once
+
+	mu       sync.Mutex
+	released []ReleasedAt // to carry on the next post
 }
 
 func newReporter(url, worker string, log *slog.Logger) *reporter {
@@ -231,6 +234,9 @@ func newReporter(url, worker string, log *slog.Logger) *reporter {
 // not be reached).
 func (r *reporter) post(path string, rep Record) int {
 	rep.Worker, rep.Pid = r.worker, r.pid
+	r.mu.Lock()
+	rep.Released, r.released = r.released, nil
+	r.mu.Unlock()
 	if rep.Mono == 0 {
 		rep.Mono = MonoNow()
 	}
@@ -259,6 +265,11 @@ func (r *reporter) workerEvent(ev client.Event) {
 		kind = KindRejoined
 	case client.EventLeft:
 		kind = KindLeft
+	case client.EventReleased: // carried on the next post
+		r.mu.Lock()
+		r.released = append(r.released, ReleasedAt{Bucket: ev.Grant.Bucket, Token: ev.Grant.Token, Mono: MonoNow()})
+		r.mu.Unlock()
+		return
 	default:
 		return
 	}

@@ -92,6 +92,10 @@ const log = { debug: logAt('debug'), info: logAt('info'), warn: logAt('warn'), e
 
 // --- the sink reporter ------------------------------------------------------
 
+// Grants whose release() returned, carried on the next post (bench clients
+// times a handoff's library part from there).
+const releasedQueue = [];
+
 // The sink's connections (node:http: see src/transport.js for why not fetch).
 const sinkTransport = new Transport();
 
@@ -102,6 +106,7 @@ async function post(path, rec) {
   if (rec.n) body.n = rec.n;
   if (rec.fenced) body.fenced = true;
   if (rec.err) body.err = rec.err;
+  if (releasedQueue.length) body.released = releasedQueue.splice(0);
   body.mono = rec.mono ?? mono();
   try {
     const res = await sinkTransport.post(cfg.sink, path.replace(/^\//, ''), JSON.stringify(body), { 'Content-Type': 'application/json' }, AbortSignal.timeout(5000));
@@ -204,6 +209,7 @@ for (const kind of ['joined', 'fenced', 'session-lost', 'rejoined', 'left']) {
     enqueue(rec);
   });
 }
+worker.on('released', (g) => releasedQueue.push({ bucket: g.bucket, token: String(g.token), mono: mono() }));
 worker.on('error', (e) => log.error('worker error', { err: e.message }));
 
 let stopping = false;

@@ -65,6 +65,9 @@ class Sink:
         self.host, self.port, self.base = u.hostname, u.port or 80, u.path.rstrip("/")
         self.worker, self.pid = worker, os.getpid()
         self._local = threading.local()
+        # grants whose release() returned, carried on the next post
+        self._rl = threading.Lock()
+        self._released: list = []
         self.queue: "queue.Queue" = queue.Queue(maxsize=1024)
         self._qt = threading.Thread(target=self._drain_queue, daemon=True, name="sink-events")
         self._qt.start()
@@ -72,6 +75,9 @@ class Sink:
     def post(self, path: str, rec: dict) -> int:
         """Sends one record; returns the sink's status (0 if unreachable)."""
         rec["worker"], rec["pid"] = self.worker, self.pid
+        with self._rl:
+            if self._released:
+                rec["released"], self._released = self._released, []
         rec.setdefault("mono", mono_ns())
         if "token" in rec:
             rec["token"] = str(rec["token"])
@@ -91,6 +97,11 @@ class Sink:
                 if attempt:
                     log.warning("report to the sink failed: kind=%s err=%s", rec.get("kind"), ex)
         return 0
+
+    def released(self, bucket: int, token: int) -> None:
+        """Notes that release() of a grant returned; the next post carries it."""
+        with self._rl:
+            self._released.append({"bucket": bucket, "token": str(token), "mono": mono_ns()})
 
     def event(self, rec: dict) -> None:
         """Queues a lifecycle event (never blocks the library)."""
@@ -215,6 +226,9 @@ def main(argv=None) -> int:
         return 1
 
     def on_event(ev: keyshard.Event) -> None:
+        if ev.kind == "released" and ev.grant is not None:
+            sink.released(ev.grant.bucket, ev.grant.token)
+            return
         kind = KINDS.get(ev.kind)
         if kind is None:
             return
