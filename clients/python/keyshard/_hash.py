@@ -170,79 +170,14 @@ def bucket(key: Union[str, bytes], buckets: int, hash: str = "xxh64",
     return ((h ^ (h >> 32)) * buckets) >> 64
 
 
-def buckets_of(keys: Iterable[Union[str, bytes]], buckets: int, hash: str = "xxh64",
-               M: int = _M, P1: int = _P1, P2: int = _P2, P3: int = _P3,
-               P4: int = _P4, P5: int = _P5, LANES=_LANES, U32=_U32, U64x4=_U64x4) -> List[int]:
-    """The bucket of every key in keys, in order (one call for a batch:
-    faster than calling bucket per key)."""
+def buckets_of(keys: Iterable[Union[str, bytes]], buckets: int, hash: str = "xxh64") -> List[int]:
+    """The bucket of every key in keys, in order (bucket() of each)."""
     _check_buckets(buckets)
-    if hash != "xxh64":
-        if hash == "synapse-sha256":
-            return [bucket(k, buckets, hash) for k in keys]
+    if hash not in HASH_MODES:
         raise ValueError("hash: unknown hash mode %r; want one of %s" % (hash, ", ".join(HASH_MODES)))
     out: List[int] = []
-    append = out.append
-    for key in keys:
-        if type(key) is str:
-            data = key.encode("utf-8")
-        elif isinstance(key, bytes):
-            data = key
-        elif isinstance(key, (bytearray, memoryview)):
-            data = bytes(key)
-        else:
-            raise TypeError("keys: want str or bytes, got %s" % type(key).__name__)
-        n = len(data)
-        if n >= 32:
-            v1 = 6983438078262162902  # (P1 + P2) mod 2**64
-            v2 = P2
-            v3 = 0
-            v4 = 7046029288634856825  # -P1 mod 2**64
-            i = 0
-            limit = n - 32
-            while i <= limit:
-                a, b, c, d = U64x4(data, i)
-                v1 = (v1 + a * P2) & M
-                v1 = (((v1 << 31) | (v1 >> 33)) & M) * P1 & M
-                v2 = (v2 + b * P2) & M
-                v2 = (((v2 << 31) | (v2 >> 33)) & M) * P1 & M
-                v3 = (v3 + c * P2) & M
-                v3 = (((v3 << 31) | (v3 >> 33)) & M) * P1 & M
-                v4 = (v4 + d * P2) & M
-                v4 = (((v4 << 31) | (v4 >> 33)) & M) * P1 & M
-                i += 32
-            h = ((((v1 << 1) | (v1 >> 63)) + ((v2 << 7) | (v2 >> 57))
-                  + ((v3 << 12) | (v3 >> 52)) + ((v4 << 18) | (v4 >> 46))) & M)
-            v = (v1 * P2) & M
-            h = ((h ^ ((((v << 31) | (v >> 33)) & M) * P1 & M)) * P1 + P4) & M
-            v = (v2 * P2) & M
-            h = ((h ^ ((((v << 31) | (v >> 33)) & M) * P1 & M)) * P1 + P4) & M
-            v = (v3 * P2) & M
-            h = ((h ^ ((((v << 31) | (v >> 33)) & M) * P1 & M)) * P1 + P4) & M
-            v = (v4 * P2) & M
-            h = ((h ^ ((((v << 31) | (v >> 33)) & M) * P1 & M)) * P1 + P4) & M
-            h = (h + n) & M
-        else:
-            h = (P5 + n) & M
-            i = 0
-        k = (n - i) >> 3
-        if k:
-            for lane in LANES[k](data, i):
-                lane = (lane * P2) & M
-                h ^= (((lane << 31) | (lane >> 33)) & M) * P1 & M
-                h = ((((h << 27) | (h >> 37)) & M) * P1 + P4) & M
-            i += k << 3
-        if n - i >= 4:
-            h ^= (U32(data, i)[0] * P1) & M
-            h = ((((h << 23) | (h >> 41)) & M) * P2 + P3) & M
-            i += 4
-        while i < n:
-            h ^= (data[i] * P5) & M
-            h = (((h << 11) | (h >> 53)) & M) * P1 & M
-            i += 1
-        h ^= h >> 33
-        h = (h * P2) & M
-        h ^= h >> 29
-        h = (h * P3) & M
-
-        append(((h ^ (h >> 32)) * buckets) >> 64)
+    for i, k in enumerate(keys):
+        if not isinstance(k, (str, bytes, bytearray, memoryview)):
+            raise TypeError("keys[%d]: want str or bytes, got %s" % (i, type(k).__name__))
+        out.append(bucket(k, buckets, hash))
     return out
