@@ -1,7 +1,14 @@
 // Package chaos is Keyshard's chaos suite: real processes on one machine,
 // random faults on a replayable schedule, and a checker over everything
 // that happened. `keyshard chaos` runs it; internal/faulttest reuses its
-// pieces for targeted fault tests.
+// pieces for targeted fault tests, and `keyshard bench clients` its sink
+// and workers.
+//
+// Workers come in every client language (Workers, Lang): the Go worker
+// (`keyshard chaos worker`, RunWorker) and the Python and Node.js
+// clients' worker scripts, which take the same flags and send the same
+// records, stamped with the machine's monotonic clock (MonoNow), so that
+// one record can hold workers of all three.
 //
 // The world of a run (Run):
 //
