@@ -124,53 +124,83 @@ class Sink:
 
 
 class BucketWork:
-    def __init__(self, grant: keyshard.Grant) -> None:
+    """One grant's writes: due at next_at, until stopped."""
+
+    def __init__(self, grant: keyshard.Grant, next_at: float) -> None:
         self.grant = grant
-        self.stop = threading.Event()
-        self.done = threading.Event()
+        self.next_at = next_at
+        self.n = 0
+        self.stopped = False   # write no more (release, refused write, fence)
+        self.writing = False   # a write is in flight
+        self.done = threading.Event()  # stopped and no write in flight
 
 
 class Handler:
+    """Writes every held bucket every interval from one writer thread (a
+    thread per bucket would have tens of threads contend for the
+    interpreter lock with the library's own), and reports acquires and
+    releases to the sink."""
+
     def __init__(self, sink: Sink, interval: float, release_delay: float, block_release: bool) -> None:
         self.sink = sink
         self.interval = interval
         self.release_delay = release_delay
         self.block_release = block_release
         self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
         self.buckets = {}
+        threading.Thread(target=self._writer, daemon=True, name="writer").start()
 
     def acquire(self, g: keyshard.Grant) -> None:
         if self.sink.post("/event", {"kind": "acquire", "bucket": g.bucket, "token": g.token}) == 409:
             log.error("the sink refused the claim of a new grant: bucket=%d token=%d", g.bucket, g.token)
-        bw = BucketWork(g)
-        with self.lock:
-            self.buckets[g.bucket] = bw
-        threading.Thread(target=self.write, args=(bw,), daemon=True, name="writer-%d" % g.bucket).start()
+        with self.cv:
+            self.buckets[g.bucket] = BucketWork(g, time.monotonic() + self.interval)
+            self.cv.notify()
 
-    def write(self, bw: BucketWork) -> None:
-        g = bw.grant
-        try:
-            n = 0
-            next_at = time.monotonic() + self.interval
-            while True:
-                d = next_at - time.monotonic()
-                if d > 0 and (bw.stop.wait(d) or g.cancelled.is_set()):
-                    return
-                next_at += self.interval
-                if next_at < time.monotonic():
-                    next_at = time.monotonic() + self.interval
-                if bw.stop.is_set() or not g.valid():  # right before each write
-                    return
-                n += 1
-                if self.sink.post("/write", {"kind": "write", "bucket": g.bucket, "token": g.token, "n": n}) == 409:
-                    log.warning("write refused: a newer owner exists; stopping bucket=%d token=%d", g.bucket, g.token)
-                    return
-        finally:
-            bw.done.set()
+    def _writer(self) -> None:
+        while True:
+            with self.cv:
+                while True:
+                    now = time.monotonic()
+                    due = [bw for bw in self.buckets.values() if not bw.stopped and bw.next_at <= now]
+                    if due:
+                        break
+                    waiting = [bw.next_at for bw in self.buckets.values() if not bw.stopped]
+                    self.cv.wait(min(waiting) - now if waiting else None)
+                for bw in due:
+                    bw.writing = True
+                    bw.next_at += self.interval
+                    if bw.next_at < now:
+                        bw.next_at = now + self.interval
+            for bw in due:
+                g = bw.grant
+                refused = False
+                if g.valid():  # right before each write
+                    bw.n += 1
+                    refused = self.sink.post("/write", {"kind": "write", "bucket": g.bucket, "token": g.token, "n": bw.n}) == 409
+                    if refused:
+                        log.warning("write refused: a newer owner exists; stopping bucket=%d token=%d", g.bucket, g.token)
+                with self.cv:
+                    bw.writing = False
+                    if refused or not g.valid():
+                        bw.stopped = True
+                    if bw.stopped:
+                        bw.done.set()
+
+    def _stop(self, bw: BucketWork) -> None:
+        """Stops bw's writes and returns once none is in flight."""
+        with self.cv:
+            bw.stopped = True
+            if self.buckets.get(bw.grant.bucket) is bw:
+                del self.buckets[bw.grant.bucket]
+            if not bw.writing:
+                bw.done.set()
+        bw.done.wait()
 
     def release(self, bucket: int, g: keyshard.Grant) -> None:
         with self.lock:
-            bw = self.buckets.pop(bucket, None)
+            bw = self.buckets.get(bucket)  # it keeps writing until _stop
         if bw is None:
             self.sink.post("/event", {"kind": "release", "bucket": bucket, "err": "Release without a preceding Acquire"})
             return
@@ -184,8 +214,7 @@ class Handler:
             bw.grant.cancelled.wait()
         if not fenced and self.release_delay > 0:
             bw.grant.cancelled.wait(self.release_delay)
-        bw.stop.set()
-        bw.done.wait()
+        self._stop(bw)
         rec = {"kind": "release", "bucket": bucket, "token": bw.grant.token}
         if fenced or not bw.grant.valid():
             rec["fenced"] = True
