@@ -9,11 +9,15 @@
 import http from 'node:http';
 import https from 'node:https';
 
-/** A keep-alive connection pool for POSTs of JSON. */
+/**
+ * A keep-alive connection pool for POSTs of JSON. maxSockets bounds the
+ * connections per origin (default: no bound); requests beyond it wait for
+ * a free one.
+ */
 export class Transport {
-  constructor() {
-    this._http = new http.Agent({ keepAlive: true, scheduling: 'lifo' });
-    this._https = new https.Agent({ keepAlive: true, scheduling: 'lifo' });
+  constructor({ maxSockets = Infinity } = {}) {
+    this._http = new http.Agent({ keepAlive: true, scheduling: 'lifo', maxSockets });
+    this._https = new https.Agent({ keepAlive: true, scheduling: 'lifo', maxSockets });
     this._targets = new Map();
   }
 
