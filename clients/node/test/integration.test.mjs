@@ -118,6 +118,10 @@ test('two workers hand buckets over on join and leave with no overlap; tokens in
   // owns(): a key of b's is WrongOwner at a
   const bKey = (() => { for (let i = 0; ; i++) if (b.held().some((g) => g.bucket === a.bucket(`k${i}`))) return `k${i}`; })();
   assert.equal(b.owns(bKey).bucket, a.bucket(bKey));
+  // a answers from its own router's copy of the map, which follows the
+  // server's a moment later: wait until it has the current epoch
+  const { map: now } = await client.getMap('handoff');
+  await a.router.waitEpoch(now.epoch, { timeout: 20 });
   assert.throws(() => a.owns(bKey), (e) => e.name === 'WrongOwner' && e.owner === 'b' && e.address === 'addr-b');
   assert.equal((await b.waitGrant(bKey, { timeout: 20 })).bucket, a.bucket(bKey));
   await assert.rejects(a.waitGrant(bKey, { timeout: 20 }), (e) => e.name === 'WrongOwner' && e.owner === 'b');
