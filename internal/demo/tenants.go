@@ -123,6 +123,7 @@ const (
 	tpLoadDelay     = 300 * time.Millisecond // a gateway's simulated load of a new tenant
 	tpLeaseTTL      = 5 * time.Second
 	tpTick          = 50 * time.Millisecond
+	tpMaxCatchUp    = 4 * tpTick // the most load a client sends for one tick it got late
 	tpWatchPeriod   = 200 * time.Millisecond
 	tpMinDuration   = 20 * time.Second
 	tpDefaultLength = 90 * time.Second
@@ -639,7 +640,10 @@ func (d *tenantsDemo) clientLoop(ctx context.Context, i int, f *client.PoolFollo
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			dt := now.Sub(last).Seconds()
+			// A client that fell behind (a starved goroutine on a busy
+			// machine) sends less, not a burst: a burst would read as a
+			// steady tenant's load rising for a window and grow it.
+			dt := min(now.Sub(last), tpMaxCatchUp).Seconds()
 			last = now
 			for k := range owed {
 				rate := d.rates[k]
