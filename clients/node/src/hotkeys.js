@@ -5,7 +5,8 @@ import { EventEmitter } from 'node:events';
 import { Client } from './client.js';
 import { Closed, NotFound, Unauthenticated, PermissionDenied, InvalidArgument } from './errors.js';
 import { checkName, checkNumber, checkObject, describe } from './convert.js';
-import { Backoff, deferred, emitError, monotonic, sleep } from './timing.js';
+import { deferred, emitError, monotonic, sleep } from './timing.js';
+import { follow } from './follow.js';
 
 export const MAX_REPORT_KEYS = 1024;
 export const MAX_REPORT_KEY_BYTES = 512;
@@ -229,32 +230,18 @@ export class HotKeys extends EventEmitter {
     }
   }
 
-  async _follow() {
-    const signal = this._ac.signal;
-    const b = new Backoff(100, 5000);
-    let first = true;
-    while (!signal.aborted) {
-      try {
-        const r = await this.client.getOverflowSet(this.pool, { sinceVersion: this.version, wait: first ? undefined : this.wait, signal });
-        first = false;
-        b.reset();
-        if (this.stale) {
-          this.stale = null;
-          this.emit('recovered');
-        }
+  _follow() {
+    return follow(this, this._ac.signal, {
+      poll: (first) => this.client.getOverflowSet(this.pool, { sinceVersion: this.version, wait: first ? undefined : this.wait, signal: this._ac.signal }),
+      apply: (r) => {
         this._apply(r.set);
         this._first.resolve(r.set);
-      } catch (e) {
-        if (signal.aborted) return;
-        if (first && (e instanceof Unauthenticated || e instanceof PermissionDenied || e instanceof InvalidArgument)) this._first.reject(e);
-        if (!this.stale) {
-          this.stale = { since: new Date(), error: e };
-          this.emit('stale', this.stale);
-        } else this.stale.error = e;
-        emitError(this, e);
-        if (!(await sleep(b.next(), signal))) return;
-      }
-    }
+      },
+      firstError: (e) => {
+        if (e instanceof Unauthenticated || e instanceof PermissionDenied || e instanceof InvalidArgument) this._first.reject(e);
+        return false;
+      },
+    });
   }
 
   _apply(set) {

@@ -4,7 +4,8 @@ import { EventEmitter } from 'node:events';
 import { Client } from './client.js';
 import { Closed, InvalidArgument, Unauthenticated, PermissionDenied, NotFound } from './errors.js';
 import { checkName, checkNumber, checkString, describe } from './convert.js';
-import { Backoff, deferred, emitError, sleep } from './timing.js';
+import { deferred, emitError } from './timing.js';
+import { follow } from './follow.js';
 
 function spanTargets(a, now) {
   const spans = a.targets ?? [];
@@ -91,19 +92,10 @@ export class PoolFollower extends EventEmitter {
     return a;
   }
 
-  async _follow() {
-    const signal = this._ac.signal;
-    const b = new Backoff(100, 5000);
-    let first = true;
-    while (!signal.aborted) {
-      try {
-        const r = await this.client.getPoolSnapshot(this.pool, { sinceVersion: this.version, wait: first ? undefined : this.wait, signal });
-        first = false;
-        b.reset();
-        if (this.stale) {
-          this.stale = null;
-          this.emit('recovered');
-        }
+  _follow() {
+    return follow(this, this._ac.signal, {
+      poll: (first) => this.client.getPoolSnapshot(this.pool, { sinceVersion: this.version, wait: first ? undefined : this.wait, signal: this._ac.signal }),
+      apply: (r) => {
         const s = r.snapshot;
         if (this.snapshot === null || s.version > this.version) {
           this.snapshot = s;
@@ -112,19 +104,12 @@ export class PoolFollower extends EventEmitter {
           this.emit('change', s.version);
         }
         this._first.resolve(s);
-      } catch (e) {
-        if (signal.aborted) return;
-        if (first && (e instanceof NotFound || e instanceof Unauthenticated || e instanceof PermissionDenied || e instanceof InvalidArgument)) {
-          this._first.reject(e);
-        }
-        if (!this.stale) {
-          this.stale = { since: new Date(), error: e };
-          this.emit('stale', this.stale);
-        } else this.stale.error = e;
-        emitError(this, e);
-        if (!(await sleep(b.next(), signal))) return;
-      }
-    }
+      },
+      firstError: (e) => {
+        if (e instanceof NotFound || e instanceof Unauthenticated || e instanceof PermissionDenied || e instanceof InvalidArgument) this._first.reject(e);
+        return false;
+      },
+    });
   }
 
   async close() {

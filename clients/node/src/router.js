@@ -5,7 +5,8 @@ import { Client } from './client.js';
 import { Closed, DeadlineExceeded, NotFound, Unauthenticated, PermissionDenied, InvalidArgument, KeyshardError } from './errors.js';
 import { hasher } from './hash.js';
 import { checkName, checkNumber, checkObject, describe } from './convert.js';
-import { Backoff, deferred, emitError, sleep } from './timing.js';
+import { deferred, emitError } from './timing.js';
+import { follow } from './follow.js';
 
 const FOLLOW_WAIT = 30; // seconds per long poll
 
@@ -114,34 +115,19 @@ export class Router extends EventEmitter {
     }
   }
 
-  async _follow() {
-    const b = new Backoff(100, 5000);
-    const signal = this._ac.signal;
-    while (!signal.aborted) {
-      try {
-        const r = await this.client.getMap(this.keyspace, { sinceEpoch: this.epoch, wait: this._map ? this.wait : undefined, signal });
-        b.reset();
-        if (this._stale) {
-          this._stale = null;
-          this.emit('recovered');
-        }
-        this._apply(r.map);
-      } catch (e) {
-        if (signal.aborted) break;
-        if (fatal(e) && !this._map) {
-          this._ready.reject(e);
-          this._ac.abort();
-          emitError(this, e);
-          break;
-        }
-        if (!this._stale) {
-          this._stale = { since: new Date(), error: e };
-          this.emit('stale', this._stale);
-        } else this._stale.error = e;
+  _follow() {
+    return follow(this, this._ac.signal, {
+      staleKey: '_stale',
+      poll: () => this.client.getMap(this.keyspace, { sinceEpoch: this.epoch, wait: this._map ? this.wait : undefined, signal: this._ac.signal }),
+      apply: (r) => this._apply(r.map),
+      firstError: (e) => {
+        if (!fatal(e)) return false;
+        this._ready.reject(e);
+        this._ac.abort();
         emitError(this, e);
-        await sleep(b.next(), signal);
-      }
-    }
+        return true;
+      },
+    });
   }
 
   /** close() stops following; resolves once the loop has ended. */
