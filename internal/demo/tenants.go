@@ -173,7 +173,7 @@ func RunTenants(ctx context.Context, opts TenantsOptions) (TenantsReport, error)
 }
 
 // tenantRates is the steady load: Zipf(1.1) by rank from tpTopRate, with a
-// floor, each rate kept to at most 60% of its size band (sizes move at
+// floor, each rate kept to at most 80% of its size band (sizes move at
 // multiples of capacity × zones) so that measurement noise cannot flip a
 // steady tenant's size; the stepped tenant starts at tpSteppedRate.
 func tenantRates() []float64 {
@@ -181,7 +181,7 @@ func tenantRates() []float64 {
 	band := tpCapacity * tpZones
 	for i := range rates {
 		r := max(tpTopRate/math.Pow(float64(i+1), tpZipfS), tpFloorRate)
-		r = min(r, 0.6*band*math.Ceil(r/band))
+		r = min(r, 0.8*band*math.Ceil(r/band))
 		rates[i] = r
 	}
 	rates[tpStepped] = tpSteppedRate
