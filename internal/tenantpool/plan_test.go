@@ -279,6 +279,55 @@ func TestLookbackAndWarmUp(t *testing.T) {
 	}
 }
 
+// TestWholeSubsetReplaced: when every member of a tenant's subset drains
+// at once, the new members are not read before they are ready or warm:
+// the members they replaced stay the targets. (Reading the new subset at
+// once would send reads to members that may not have seen their placement
+// yet.) Once they are read, the replaced members leave the targets after
+// the lookback.
+func TestWholeSubsetReplaced(t *testing.T) {
+	p := goodPolicy()
+	p.Lookback, p.WarmUp = 10*time.Second, 30*time.Second
+	ms := pool(6, 1)
+	st, _ := mustPlan(t, State{}, ms, map[string]float64{"t": 30}, p, t0)
+	now := t0.Add(time.Hour) // everyone warm
+	st, _ = mustPlan(t, st, ms, map[string]float64{"t": 30}, p, now)
+	old := placementIDs(st.Tenants["t"].Members)
+	if len(old) != 3 {
+		t.Fatalf("size %d, want 3", len(old))
+	}
+	drained := slices.Clone(ms)
+	for i := range drained {
+		if slices.Contains(old, drained[i].ID) {
+			drained[i].Weight = 0
+		}
+	}
+	now = now.Add(time.Second)
+	st, _ = mustPlan(t, st, drained, map[string]float64{"t": 30}, p, now)
+	added := placementIDs(st.Tenants["t"].Members)
+	if len(added) != 3 || slices.ContainsFunc(added, func(id string) bool { return slices.Contains(old, id) }) {
+		t.Fatalf("subset %v after draining %v", added, old)
+	}
+	snap := NewSnapshot(st)
+	for _, at := range []time.Duration{0, p.Lookback, p.WarmUp - time.Nanosecond} {
+		if got := snap.Targets("t", now.Add(at)); !cmp.Equal(got, old) {
+			t.Fatalf("targets %v after the drain: %v, want the replaced members %v", at, got, old)
+		}
+	}
+	if got := snap.Targets("t", now.Add(p.WarmUp)); !cmp.Equal(got, added) {
+		t.Fatalf("targets once warm: %v, want %v", got, added)
+	}
+	// One new member ready: it is read, and the replaced ones for the
+	// lookback from now on (the others are not read yet).
+	st2, n, err := MarkReady(st, []Ready{{added[0], "t"}})
+	if err != nil || n != 1 {
+		t.Fatalf("MarkReady: %d applied, %v", n, err)
+	}
+	if got := NewSnapshot(st2).Targets("t", now.Add(time.Second)); !cmp.Equal(got, sorted(append(slices.Clone(old), added[0]))) {
+		t.Fatalf("targets after one ready: %v", got)
+	}
+}
+
 func sorted(s []string) []string { slices.Sort(s); return s }
 
 // TestLeaderChange: a new leader planning from the persisted State (and

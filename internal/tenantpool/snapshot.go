@@ -193,14 +193,18 @@ func buildView(ts TenantState, p Policy) *tenantView {
 				targets = append(targets, m.ID)
 			}
 		}
-		if len(targets) == 0 {
-			// Nothing is read yet: read the subset rather than nothing.
-			targets = placementIDs(ts.Members)
-		}
 		for _, r := range ts.Removed {
 			if t < r.At.Add(p.Lookback).UnixNano() || t < pending {
 				targets = append(targets, r.ID)
 			}
+		}
+		if len(targets) == 0 {
+			// No member is read yet and no member it replaced is left to
+			// read: read the subset rather than nothing. While a replaced
+			// member is still read, a new one is not, even if no member is
+			// ready: a member that has not seen its placement yet does not
+			// serve the tenant.
+			targets = placementIDs(ts.Members)
 		}
 		slices.Sort(targets)
 		targets = slices.Compact(targets)
