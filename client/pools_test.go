@@ -554,7 +554,10 @@ func TestPoolMemberRejoinsAndMarksReady(t *testing.T) {
 	// The session ends at the server: the next keep-alive finds it gone,
 	// and the member joins again.
 	fk.EndPoolSession("ps1")
-	fk.Clock().MustBlockUntil(t, 1) // the keep-alive's sleep (the follower's stream is open)
+	// The keep-alive's sleep, a third of the TTL (the follower's stream is
+	// open). Not any timer: while the first keep-alive is still on its way
+	// (a busy machine), its call's deadline, the whole TTL, is one too.
+	fk.Clock().MustBlockUntilDue(t, 1, 3*time.Second)
 	fk.Clock().Advance(3 * time.Second)
 	if e := recv(t, events, "lost"); e.Kind != PoolSessionLost || !errors.Is(e.Err, ErrSessionLost) || !errors.Is(e.Err, ErrNotFound) {
 		t.Fatalf("event %+v; want session lost, not found", e)

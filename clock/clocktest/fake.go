@@ -110,9 +110,28 @@ func (c *Fake) BlockUntil(n int) { _ = c.BlockUntilContext(context.Background(),
 // with how many timers were waiting, if ctx ends first, so that a test
 // whose code under test never sleeps fails instead of hanging.
 func (c *Fake) BlockUntilContext(ctx context.Context, n int) error {
+	return c.blockUntil(ctx, n, -1)
+}
+
+// BlockUntilDue is BlockUntilContext counting only the timers due within
+// d of the fake now. A test uses it to tell the sleep it wants to end
+// from a longer timer the code under test holds meanwhile (a call's
+// deadline, say): waiting for any timer would advance the clock while
+// the code has not gone to sleep yet.
+func (c *Fake) BlockUntilDue(ctx context.Context, n int, d time.Duration) error {
+	return c.blockUntil(ctx, n, d)
+}
+
+// blockUntil waits for n timers due within d (any, if d < 0).
+func (c *Fake) blockUntil(ctx context.Context, n int, d time.Duration) error {
 	for {
 		c.mu.Lock()
-		have := len(c.waiters)
+		have := 0
+		for _, w := range c.waiters {
+			if d < 0 || !w.when.After(c.now.Add(d)) {
+				have++
+			}
+		}
 		if have >= n {
 			c.mu.Unlock()
 			return nil
@@ -122,6 +141,9 @@ func (c *Fake) BlockUntilContext(ctx context.Context, n int) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			if d >= 0 {
+				return fmt.Errorf("clocktest: %d timers due within %v, want %d: %w", have, d, n, ctx.Err())
+			}
 			return fmt.Errorf("clocktest: %d timers waiting, want %d: %w", have, n, ctx.Err())
 		}
 	}
@@ -141,6 +163,17 @@ func (c *Fake) MustBlockUntil(tb testing.TB, n int) {
 	ctx, cancel := context.WithTimeout(tb.Context(), stuckAfter)
 	defer cancel()
 	if err := c.BlockUntilContext(ctx, n); err != nil {
+		tb.Fatalf("the code under test never slept on the fake clock: %v", err)
+	}
+}
+
+// MustBlockUntilDue is BlockUntilDue for a test's own goroutine, with
+// MustBlockUntil's guard against a hang.
+func (c *Fake) MustBlockUntilDue(tb testing.TB, n int, d time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), stuckAfter)
+	defer cancel()
+	if err := c.BlockUntilDue(ctx, n, d); err != nil {
 		tb.Fatalf("the code under test never slept on the fake clock: %v", err)
 	}
 }

@@ -83,3 +83,27 @@ func TestBlockUntilContext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBlockUntilDue: only timers due within d count; a longer one does
+// not end the wait, a shorter one added later does.
+func TestBlockUntilDue(t *testing.T) {
+	c := clocktest.NewFake(time.Unix(0, 0))
+	long := c.NewTimer(9 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.BlockUntilDue(ctx, 1, 3*time.Second); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "0 timers due within 3s, want 1") {
+		t.Fatalf("BlockUntilDue with only a 9s timer = %v", err)
+	}
+	c.Advance(6 * time.Second) // the 9s timer is now due within 3s
+	if err := c.BlockUntilDue(ctx, 1, 3*time.Second); err != nil {
+		t.Fatalf("BlockUntilDue with the timer 3s away = %v", err)
+	}
+	long.Stop()
+	done := make(chan error, 1)
+	go func() { done <- c.BlockUntilDue(context.Background(), 1, 3*time.Second) }() // exits once the short timer below is added
+	c.NewTimer(10 * time.Second)
+	c.NewTimer(2 * time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

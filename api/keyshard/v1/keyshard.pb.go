@@ -5067,7 +5067,15 @@ type ReportLoadRequest struct {
 	// the window is not counted (outcome STALE). Unset: now.
 	Time *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
 	// At most 10,000 entries; a tenant may appear more than once.
-	Counts        []*TenantCount `protobuf:"bytes,5,rep,name=counts,proto3" json:"counts,omitempty"`
+	Counts []*TenantCount `protobuf:"bytes,5,rep,name=counts,proto3" json:"counts,omitempty"`
+	// The span the counts were counted over, ending when the report was
+	// sent: the time since the reporter's previous report (or since it
+	// began counting), by its own clock. The leader spreads the counts over
+	// that much time ending at their arrival, so that a report sent late
+	// (a busy reporter) does not read as a burst, nor two reports in one
+	// measuring bucket as double the rate. Clamped to the pool's window.
+	// Unset: the counts are placed at their arrival.
+	Period        *durationpb.Duration `protobuf:"bytes,6,opt,name=period,proto3" json:"period,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5133,6 +5141,13 @@ func (x *ReportLoadRequest) GetTime() *timestamppb.Timestamp {
 func (x *ReportLoadRequest) GetCounts() []*TenantCount {
 	if x != nil {
 		return x.Counts
+	}
+	return nil
+}
+
+func (x *ReportLoadRequest) GetPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.Period
 	}
 	return nil
 }
@@ -6239,13 +6254,14 @@ const file_keyshard_proto_rawDesc = "" +
 	"\aignored\x18\x02 \x01(\rR\aignored\";\n" +
 	"\vTenantCount\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x03R\x05count\"\xb7\x01\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\"\xea\x01\n" +
 	"\x11ReportLoadRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
 	"\breporter\x18\x02 \x01(\tR\breporter\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x120\n" +
-	"\x06counts\x18\x05 \x03(\v2\x18.keyshard.v1.TenantCountR\x06counts\"d\n" +
+	"\x06counts\x18\x05 \x03(\v2\x18.keyshard.v1.TenantCountR\x06counts\x121\n" +
+	"\x06period\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x06period\"d\n" +
 	"\x12ReportLoadResponse\x124\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x1a.keyshard.v1.ReportOutcomeR\aoutcome\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\"V\n" +
@@ -6539,99 +6555,100 @@ var file_keyshard_proto_depIdxs = []int32{
 	100, // 62: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
 	100, // 63: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
 	83,  // 64: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
-	1,   // 65: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
-	100, // 66: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
-	100, // 67: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
-	100, // 68: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
-	87,  // 69: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
-	88,  // 70: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
-	86,  // 71: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
-	100, // 72: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
-	66,  // 73: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	11,  // 74: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
-	89,  // 75: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
-	99,  // 76: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
-	90,  // 77: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
-	89,  // 78: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
-	94,  // 79: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
-	65,  // 80: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
-	3,   // 81: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	5,   // 82: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	7,   // 83: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	9,   // 84: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	13,  // 85: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	15,  // 86: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	26,  // 87: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	53,  // 88: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	19,  // 89: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
-	21,  // 90: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
-	23,  // 91: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
-	55,  // 92: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	31,  // 93: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	33,  // 94: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	35,  // 95: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	37,  // 96: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	38,  // 97: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	40,  // 98: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	42,  // 99: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
-	45,  // 100: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	47,  // 101: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	48,  // 102: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	58,  // 103: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	62,  // 104: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	64,  // 105: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	68,  // 106: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
-	70,  // 107: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
-	72,  // 108: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
-	75,  // 109: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
-	77,  // 110: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
-	79,  // 111: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
-	81,  // 112: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
-	84,  // 113: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
-	91,  // 114: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
-	93,  // 115: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
-	95,  // 116: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
-	4,   // 117: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	6,   // 118: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	8,   // 119: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	10,  // 120: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	14,  // 121: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	16,  // 122: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	27,  // 123: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	54,  // 124: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	20,  // 125: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
-	22,  // 126: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
-	25,  // 127: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
-	56,  // 128: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	32,  // 129: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	34,  // 130: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	36,  // 131: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	36,  // 132: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	39,  // 133: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	41,  // 134: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	43,  // 135: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
-	46,  // 136: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	44,  // 137: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	50,  // 138: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	59,  // 139: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	63,  // 140: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	61,  // 141: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	69,  // 142: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
-	71,  // 143: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
-	73,  // 144: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
-	76,  // 145: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
-	78,  // 146: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
-	80,  // 147: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
-	82,  // 148: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
-	85,  // 149: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
-	92,  // 150: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
-	90,  // 151: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
-	96,  // 152: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
-	117, // [117:153] is the sub-list for method output_type
-	81,  // [81:117] is the sub-list for method input_type
-	81,  // [81:81] is the sub-list for extension type_name
-	81,  // [81:81] is the sub-list for extension extendee
-	0,   // [0:81] is the sub-list for field type_name
+	99,  // 65: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
+	1,   // 66: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
+	100, // 67: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
+	100, // 68: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
+	100, // 69: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
+	87,  // 70: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
+	88,  // 71: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
+	86,  // 72: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
+	100, // 73: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
+	66,  // 74: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	11,  // 75: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
+	89,  // 76: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
+	99,  // 77: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
+	90,  // 78: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
+	89,  // 79: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
+	94,  // 80: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
+	65,  // 81: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
+	3,   // 82: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	5,   // 83: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	7,   // 84: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	9,   // 85: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	13,  // 86: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	15,  // 87: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	26,  // 88: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	53,  // 89: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	19,  // 90: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	21,  // 91: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	23,  // 92: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	55,  // 93: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	31,  // 94: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	33,  // 95: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	35,  // 96: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	37,  // 97: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	38,  // 98: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	40,  // 99: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	42,  // 100: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	45,  // 101: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	47,  // 102: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	48,  // 103: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	58,  // 104: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	62,  // 105: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	64,  // 106: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	68,  // 107: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
+	70,  // 108: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
+	72,  // 109: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
+	75,  // 110: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
+	77,  // 111: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
+	79,  // 112: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
+	81,  // 113: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
+	84,  // 114: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
+	91,  // 115: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
+	93,  // 116: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
+	95,  // 117: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
+	4,   // 118: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	6,   // 119: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	8,   // 120: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	10,  // 121: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	14,  // 122: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	16,  // 123: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	27,  // 124: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	54,  // 125: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	20,  // 126: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	22,  // 127: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	25,  // 128: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	56,  // 129: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	32,  // 130: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	34,  // 131: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	36,  // 132: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	36,  // 133: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	39,  // 134: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	41,  // 135: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	43,  // 136: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	46,  // 137: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	44,  // 138: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	50,  // 139: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	59,  // 140: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	63,  // 141: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	61,  // 142: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	69,  // 143: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
+	71,  // 144: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
+	73,  // 145: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
+	76,  // 146: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
+	78,  // 147: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
+	80,  // 148: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
+	82,  // 149: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
+	85,  // 150: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
+	92,  // 151: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
+	90,  // 152: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
+	96,  // 153: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
+	118, // [118:154] is the sub-list for method output_type
+	82,  // [82:118] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }
