@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -57,6 +58,7 @@ type LoadReporter struct {
 
 	flushMu sync.Mutex // one report at a time
 	seq     uint64     // the last seq given to a report; under flushMu
+	taken   time.Time  // when counts were last taken into reports (or the reporter began); under flushMu
 	pending []*loadReport
 
 	mu    sync.Mutex
@@ -73,6 +75,7 @@ type loadShard struct {
 type loadReport struct {
 	seq    uint64
 	time   time.Time
+	period time.Duration // the time its counts were counted over
 	counts []*keyshardv1.TenantCount
 	total  int64
 }
@@ -130,6 +133,7 @@ func (c *Client) NewLoadReporter(pool, reporterID string, opts ...PoolOption) (*
 		log: o.log.With("tenant_pool", pool, "reporter", reporterID), ev: &emitter{f: o.onEvent},
 		shards: make([]loadShard, n),
 		done:   make(chan struct{}),
+		taken:  o.clock.Now(),
 	}
 	for i := range r.shards {
 		r.shards[i].m = map[string]int64{}
@@ -313,15 +317,17 @@ func (r *LoadReporter) take() {
 			acc[t] += n
 		}
 	}
+	now := r.clock.Now()
+	period := now.Sub(r.taken)
+	r.taken = now
 	if len(acc) == 0 {
 		return
 	}
-	now := r.clock.Now()
 	var cur *loadReport
 	for t, n := range acc {
 		if cur == nil || len(cur.counts) == MaxPoolBatch {
 			r.seq++
-			cur = &loadReport{seq: r.seq, time: now, counts: make([]*keyshardv1.TenantCount, 0, min(len(acc), MaxPoolBatch))}
+			cur = &loadReport{seq: r.seq, time: now, period: period, counts: make([]*keyshardv1.TenantCount, 0, min(len(acc), MaxPoolBatch))}
 			r.pending = append(r.pending, cur)
 		}
 		cur.counts = append(cur.counts, &keyshardv1.TenantCount{Tenant: t, Count: n})
@@ -333,7 +339,7 @@ func (r *LoadReporter) take() {
 func (r *LoadReporter) sendPending(ctx context.Context, dropped *[]error) error {
 	for len(r.pending) > 0 {
 		rep := r.pending[0]
-		req := &keyshardv1.ReportLoadRequest{Pool: r.pool, Reporter: r.id, Seq: rep.seq, Time: timestamppb.New(rep.time), Counts: rep.counts}
+		req := &keyshardv1.ReportLoadRequest{Pool: r.pool, Reporter: r.id, Seq: rep.seq, Time: timestamppb.New(rep.time), Period: durationpb.New(rep.period), Counts: rep.counts}
 		resp, err := callWithin(ctx, r.c, poolAPI.ReportLoad, req, budget{within: max(r.interval, reportTimeout)})
 		if err != nil && ctx.Err() != nil {
 			return err // stopping: Close sends it again

@@ -44,13 +44,15 @@ func TestLoadReporterFlush(t *testing.T) {
 		t.Fatalf("Flush with nothing counted: %v, %d reports sent; want nil and no call", err, fk.LoadReports().Len())
 	}
 
-	// The answer is lost: Flush waits a backoff and sends seq 2 again.
+	// The answer is lost: Flush waits a backoff and sends seq 2 again,
+	// with the same period: the 1.5s since the previous Flush.
+	fk.Clock().Advance(1500 * time.Millisecond)
 	r.Add("a", 5)
 	fk.LoseReportAnswers(1)
 	done := make(chan error, 1)
 	go func() { done <- r.Flush(ctx) }()
-	if rep := fk.LoadReports().Next(t); rep.GetSeq() != 2 {
-		t.Fatalf("seq %d; want 2", rep.GetSeq())
+	if rep := fk.LoadReports().Next(t); rep.GetSeq() != 2 || rep.GetPeriod().AsDuration() != 1500*time.Millisecond {
+		t.Fatalf("seq %d, period %v; want 2, 1.5s", rep.GetSeq(), rep.GetPeriod().AsDuration())
 	}
 	if e := reported(t, events, 2); !errors.Is(e.Err, ErrUnavailable) {
 		t.Fatalf("report 2: %v; want ErrUnavailable (the answer lost)", e.Err)
@@ -62,8 +64,8 @@ func TestLoadReporterFlush(t *testing.T) {
 	default:
 	}
 	fk.Clock().Advance(backoffCap)
-	if rep := fk.LoadReports().Next(t); rep.GetSeq() != 2 {
-		t.Fatalf("retry with seq %d; want 2", rep.GetSeq())
+	if rep := fk.LoadReports().Next(t); rep.GetSeq() != 2 || rep.GetPeriod().AsDuration() != 1500*time.Millisecond {
+		t.Fatalf("retry with seq %d, period %v; want 2, 1.5s", rep.GetSeq(), rep.GetPeriod().AsDuration())
 	}
 	if err := recv(t, done, "Flush"); err != nil {
 		t.Fatal(err)

@@ -192,7 +192,8 @@ export declare class Client {
     tenants: { assignment: TenantAssignment; rate: number; rateKnown: boolean; known: boolean }[];
     total: number;
   }>;
-  reportLoad(pool: string, reporter: string, seq: U64, counts: { tenant: string; count: U64 }[], options?: CallOptions): Promise<{ outcome: string; version: bigint }>;
+  /** options.period: the seconds the counts were counted over; omitted: placed at their arrival. */
+  reportLoad(pool: string, reporter: string, seq: U64, counts: { tenant: string; count: U64 }[], options?: CallOptions & { period?: number }): Promise<{ outcome: string; version: bigint }>;
 }
 
 // --- router -------------------------------------------------------------------

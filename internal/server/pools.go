@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -326,6 +327,7 @@ func leaderErr(err error) error {
 
 func (h *tenantPoolService) ReportLoad(ctx context.Context, req *connect.Request[v1.ReportLoadRequest]) (*connect.Response[v1.ReportLoadResponse], error) {
 	s := h.s
+	arrived := s.clock.Now() // counted at this time, however long the leader's loop takes to take it in
 	m := req.Msg
 	pool, err := s.tenantPool(ctx, m.GetPool())
 	if err != nil {
@@ -346,6 +348,15 @@ func (h *tenantPoolService) ReportLoad(ctx context.Context, req *connect.Request
 	}
 	if len(m.GetCounts()) > maxReportCounts {
 		return nil, invalid("counts: %d entries; send at most %d per report (split it)", len(m.GetCounts()), maxReportCounts)
+	}
+	var period time.Duration
+	if p := m.GetPeriod(); p != nil {
+		if err := p.CheckValid(); err != nil {
+			return nil, invalid("period: %v", err)
+		}
+		if period = p.AsDuration(); period < 0 {
+			return nil, invalid("period: %v; want >= 0, the time since the previous report (unset or 0: place the counts at their arrival)", period)
+		}
 	}
 	counts := make([]tenantpool.Count, len(m.GetCounts()))
 	for i, c := range m.GetCounts() {
@@ -369,7 +380,7 @@ func (h *tenantPoolService) ReportLoad(ctx context.Context, req *connect.Request
 		}
 		return connect.NewResponse(resp.Msg), nil
 	}
-	rep, err := local.ask(ctx, tpReq{pool: pool.Name, report: &tenantpool.Report{Reporter: m.GetReporter(), Seq: m.GetSeq(), Time: at, Counts: counts}})
+	rep, err := local.ask(ctx, tpReq{pool: pool.Name, at: arrived, report: &tenantpool.Report{Reporter: m.GetReporter(), Seq: m.GetSeq(), Time: at, Counts: counts, Period: period}})
 	if err != nil {
 		return nil, leaderErr(err)
 	}

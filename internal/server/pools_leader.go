@@ -43,6 +43,7 @@ type tpLeader struct {
 type tpReq struct {
 	pool   string
 	report *tenantpool.Report // ReportLoad
+	at     time.Time          // ReportLoad: when it arrived (it may wait while a round writes)
 	ready  []tenantpool.Ready // MarkReady (all of one member)
 	rates  []string           // GetTenants: these tenants' rates
 	all    bool               // GetTenants: every tenant's rate
@@ -226,7 +227,11 @@ func (s *Server) answer(ctx context.Context, pools map[string]*leaderPool, r tpR
 	now := s.clock.Now()
 	switch {
 	case r.report != nil:
-		out, err := lp.agg.Add(*r.report, now)
+		at := now
+		if !r.at.IsZero() && r.at.Before(now) {
+			at = r.at
+		}
+		out, err := lp.agg.Add(*r.report, at)
 		if err == nil {
 			s.metrics.tpReports.WithLabelValues(r.pool, out.String()).Inc()
 		}

@@ -327,6 +327,7 @@ func TestTenantPoolAPI(t *testing.T) {
 		{&v1.ReportLoadRequest{Pool: "gw", Reporter: "c3", Seq: 1, Counts: many}, "counts"},
 		{&v1.ReportLoadRequest{Pool: "gw", Reporter: "", Seq: 1}, "reporter"},
 		{&v1.ReportLoadRequest{Pool: "gw", Reporter: "c3", Seq: 0}, "seq"},
+		{&v1.ReportLoadRequest{Pool: "gw", Reporter: "c3", Seq: 1, Period: durationpb.New(-time.Second)}, "period: -1s; want >= 0"},
 	} {
 		_, err := r.member.ReportLoad(e.ctx, connect.NewRequest(c.req))
 		wantCode(t, err, connect.CodeInvalidArgument, c.want)

@@ -2,6 +2,7 @@ package tenantpool
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,14 @@ type Report struct {
 	// Counts are the requests per tenant since the reporter's previous
 	// report. A tenant may appear more than once; its counts add up.
 	Counts []Count
+	// Period is the span the counts were counted over, by the reporter's
+	// clock: the time since its previous report. Add spreads the counts
+	// evenly over that much time ending at their arrival, so that a late
+	// report does not read as a burst, nor two reports landing in one
+	// bucket as twice the rate. The part of the period before the window
+	// (or before the aggregator started) is not counted. Zero: every
+	// count goes to the bucket of its arrival.
+	Period time.Duration
 }
 
 // Count is the number of requests of one tenant.
@@ -96,11 +105,17 @@ type AggregatorConfig struct {
 // time it has measured (at least one bucket) until a window has passed.
 // Counts are placed by the time they arrive (now), not by Report.Time,
 // which only tells stale reports apart, so reporters' clocks need only be
-// within a window of the leader's.
+// within a window of the leader's. A report that says the Period its
+// counts cover has them spread over that much time ending at its
+// arrival; the rate then leaves out the last buckets such a report may
+// not have covered yet (the longest period heard, in buckets, at most
+// half the window). Without periods, one report more or less in a window
+// moves a rate by a report's worth (1/8 at a report every Window/8);
+// with them, the rate is as smooth as the load.
 //
 // Memory is bounded: per tenant, one count per bucket and for the current
 // one, a running sum and a time (Buckets+3 words and the tenant ID), at most MaxTenants tenants; per
-// reporter its last Seq and when it was last heard, at most MaxReporters.
+// reporter its last Seq, period and when it was last heard, at most MaxReporters.
 // A tenant with no report for a window, and a reporter not heard for two
 // windows, are forgotten. A reporter that stops reporting therefore stops
 // counting once its last counts leave the window.
@@ -117,11 +132,13 @@ type Aggregator struct {
 	free   []int32
 	reps   map[string]*reporter
 	idx    []int32 // scratch: resolved tenant index per count; -1 new
+	shares []share // scratch: the current report's spread
 }
 
 type reporter struct {
-	seq  uint64
-	seen int64 // unix ns
+	seq    uint64
+	seen   int64 // unix ns
+	period int64 // ns: the Period of its last report
 }
 
 // NewAggregator returns an empty aggregator, or a *FieldError for a bad
@@ -165,7 +182,10 @@ func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
 	return a, nil
 }
 
-// Add adds a report's counts at time now (the leader's clock). It returns
+// Add adds a report's counts that arrived at time now (the leader's
+// clock). now may be behind the aggregator's latest time (a report that
+// waited in a queue while the leader was busy): its counts go where they
+// arrived, within the window, not where they were taken in. It returns
 // the outcome, or an error for a refused report, of which nothing was
 // added: a *FieldError naming the field for an empty Reporter, a zero Seq
 // or Time, more than MaxCounts counts, an empty tenant ID or a negative
@@ -217,7 +237,7 @@ func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
 			return 0, ErrFull
 		}
 	}
-	col := a.col(a.cur)
+	spread := a.spread(n, r.Period)
 	for i, c := range r.Counts {
 		t := idx[i]
 		if t < 0 {
@@ -225,18 +245,68 @@ func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
 				t = t2
 			} else {
 				t = a.newTenant(c.Tenant)
-				col = a.col(a.cur)
 			}
 		}
-		col[t] += c.N
+		a.place(t, c.N, spread)
 		a.last[t] = a.cur
 	}
 	if rep == nil {
 		rep = &reporter{}
 		a.reps[r.Reporter] = rep
 	}
-	rep.seq, rep.seen = r.Seq, n
+	rep.seq, rep.seen, rep.period = r.Seq, n, min(int64(r.Period), int64(a.cfg.Window))
 	return Counted, nil
+}
+
+// share is the part of a report's period up to the end of bucket x,
+// cumulative from the period's start.
+type share struct {
+	x   int64
+	cum float64 // in [0, 1]
+}
+
+// spread returns how a report that arrived at n (not after the current
+// bucket) and covers period divides over the buckets. Its first entry
+// (x = -1) is the share that falls before the window, or before the
+// first call: those counts are not counted. Without a period, everything
+// goes to the bucket of n.
+func (a *Aggregator) spread(n int64, period time.Duration) []share {
+	last := n / a.width
+	a.shares = append(a.shares[:0], share{x: -1})
+	if period <= 0 {
+		return append(a.shares, share{x: last, cum: 1})
+	}
+	p := int64(period)
+	start := n - p
+	first := max(a.oldest(), start/a.width)
+	a.shares[0].cum = float64(max(first*a.width-start, 0)) / float64(p)
+	for x := first; x <= last; x++ {
+		end := min((x+1)*a.width, n)
+		a.shares = append(a.shares, share{x: x, cum: float64(end-start) / float64(p)})
+	}
+	return a.shares
+}
+
+// place adds n counts of tenant t as spread says: bucket x gets
+// ⌊n·cum(x)⌋ − ⌊n·cum(x−1)⌋, so that the parts add up to n over the whole
+// period. A complete bucket's part joins the window's sum at once.
+func (a *Aggregator) place(t int32, n int64, spread []share) {
+	prev := int64(math.Floor(float64(n) * spread[0].cum))
+	for _, s := range spread[1:] {
+		upto := n
+		if s.cum < 1 {
+			upto = min(int64(math.Floor(float64(n)*s.cum)), n)
+		}
+		part := upto - prev
+		prev = upto
+		if part <= 0 {
+			continue
+		}
+		a.col(s.x)[t] += part
+		if s.x < a.cur {
+			a.sum[t] += part
+		}
+	}
 }
 
 // validCounts checks counts without adding them, so that a replay of a bad
@@ -285,11 +355,14 @@ func (a *Aggregator) newTenant(id string) int32 {
 
 func (a *Aggregator) nanos(now time.Time) int64 {
 	n := now.UnixNano()
-	if a.cur != 0 && n < a.cur*a.width {
-		n = a.cur * a.width // time never goes back
+	if lo := a.oldest() * a.width; a.cur != 0 && n < lo {
+		n = lo // not before the window (nor before the first call)
 	}
 	return n
 }
+
+// oldest returns the number of the oldest bucket in the window.
+func (a *Aggregator) oldest() int64 { return max(a.cur-int64(a.cfg.Buckets), a.first) }
 
 // Start begins the measurement at now, before any report: rates then
 // divide by the time measured since now (not since the first report),
@@ -341,30 +414,56 @@ func (a *Aggregator) col(x int64) []int64 {
 	return a.counts[((x%m)+m)%m]
 }
 
+// lag returns how many of the window's last complete buckets to leave
+// out of the rate: those a reporter that spreads its counts over a
+// period may not have covered yet (its next report fills them). It is
+// the longest period among the reporters heard within the window, in
+// buckets rounded up, at most half the window; 0 when no reporter gives
+// a period, so arrival-placed counts are read as they always were.
+func (a *Aggregator) lag() int64 {
+	var p int64
+	n := a.cur * a.width
+	for _, r := range a.reps {
+		if r.seen >= n-int64(a.cfg.Window) {
+			p = max(p, r.period)
+		}
+	}
+	return min((p+a.width-1)/a.width, int64(a.cfg.Buckets)/2)
+}
+
 // rate returns tenant t's rate: the sum of the complete buckets of the
-// window (or of those since the first call) over their span; only the
-// current bucket if none is complete yet.
-func (a *Aggregator) rate(t int32) float64 {
+// window (or of those since the first call), less the last lag of them,
+// over their span; only the current bucket if none is complete yet.
+func (a *Aggregator) rate(t int32, lag int64) float64 {
 	k := min(int64(a.cfg.Buckets), a.cur-a.first)
 	if k == 0 {
 		return float64(a.col(a.cur)[t]) / (a.cfg.Window.Seconds() / float64(a.cfg.Buckets))
 	}
+	sum := a.sum[t]
+	if lag > 0 && lag < k {
+		for x := a.cur - lag; x < a.cur; x++ {
+			sum -= a.col(x)[t]
+		}
+		k -= lag
+	}
 	// The nominal span (k buckets of Window/Buckets), not k*width: width
 	// is truncated to whole nanoseconds, and dividing by it would read a
 	// steady 50/s as 50.00000002/s.
-	return float64(a.sum[t]) / (float64(k) * a.cfg.Window.Seconds() / float64(a.cfg.Buckets))
+	return float64(sum) / (float64(k) * a.cfg.Window.Seconds() / float64(a.cfg.Buckets))
 }
 
 // Rates returns the rate (counts per second) of every tenant reported
 // within the window, including tenants reported at 0. The rate is the
 // counts of the window's complete buckets over their span, so it lags by
-// up to one bucket (Window/Buckets).
+// up to one bucket (Window/Buckets), and by the longest report period
+// more when reporters give periods.
 func (a *Aggregator) Rates(now time.Time) map[string]float64 {
 	a.advance(now)
 	out := make(map[string]float64, len(a.ids))
+	lag := a.lag()
 	for t, id := range a.names {
 		if id != "" {
-			out[id] = a.rate(int32(t))
+			out[id] = a.rate(int32(t), lag)
 		}
 	}
 	return out
@@ -378,7 +477,7 @@ func (a *Aggregator) Rate(tenant string, now time.Time) (float64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return a.rate(t), true
+	return a.rate(t, a.lag()), true
 }
 
 // Len returns the number of tenants and reporters tracked.

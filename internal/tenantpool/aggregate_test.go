@@ -210,3 +210,170 @@ func TestAggregatorOddWindowExact(t *testing.T) {
 		t.Fatalf("rate %v; want exactly 50", r)
 	}
 }
+
+// TestAggregatorPeriodSmoothsLateReports: three reporters send a steady
+// 72 requests/s every 500ms into a 4s window of 12 buckets (the tenants
+// demo's shape), with send jitter, and one of them now and then a second
+// late (a busy process). Placed at arrival, one report more or less in
+// the window moves the rate by an eighth of a reporter's share and a late
+// report reads as a burst (up to +12%: a steady tenant grows); spread
+// over the periods they give, the rate never reads above the load.
+func TestAggregatorPeriodSmoothsLateReports(t *testing.T) {
+	const rate = 72.0
+	run := func(withPeriod bool) (lo, hi float64) {
+		a, err := NewAggregator(AggregatorConfig{Window: 4 * time.Second, Buckets: 12})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Start(t0)
+		type rep struct {
+			id       string
+			next     time.Duration // the next scheduled send
+			last     time.Duration // the previous send
+			owed     float64
+			seq      uint64
+			inflight []Report // sent, not arrived
+			arrive   []time.Duration
+		}
+		reps := []*rep{{id: "c0", next: 500 * time.Millisecond}, {id: "c1", next: 667 * time.Millisecond}, {id: "c2", next: 833 * time.Millisecond}}
+		lo, hi = math.Inf(1), math.Inf(-1)
+		step := 10 * time.Millisecond
+		for now := step; now <= 60*time.Second; now += step {
+			at := t0.Add(now)
+			for i, r := range reps {
+				if now >= r.next {
+					r.seq++
+					dt := now - r.last
+					r.owed += rate / 3 * dt.Seconds()
+					n := int64(r.owed)
+					r.owed -= float64(n)
+					rp := Report{Reporter: r.id, Seq: r.seq, Time: at, Counts: []Count{{"t", n}}}
+					if withPeriod {
+						rp.Period = dt
+					}
+					r.inflight = append(r.inflight, rp)
+					r.arrive = append(r.arrive, now+time.Duration(5+int(r.seq*7)%40)*time.Millisecond)
+					r.last = now
+					r.next += 500 * time.Millisecond
+					if i == 0 && r.seq%7 == 0 {
+						r.next += time.Second // a starved sender: its next report comes a second late
+					}
+					r.next += time.Duration(int(r.seq*13)%80) * time.Millisecond
+				}
+				for len(r.arrive) > 0 && now >= r.arrive[0] {
+					mustAdd(t, a, r.inflight[0], at, Counted)
+					r.inflight, r.arrive = r.inflight[1:], r.arrive[1:]
+				}
+			}
+			if now >= 6*time.Second {
+				got, _ := a.Rate("t", at)
+				lo, hi = min(lo, got), max(hi, got)
+			}
+		}
+		return lo, hi
+	}
+	lo, hi := run(true)
+	t.Logf("with periods: %.1f–%.1f/s", lo, hi)
+	// Above: never more than a hair (a growth applies at once). Below: a
+	// late report's counts are not known until it arrives, so the rate
+	// dips by what it holds (a shrink waits out a cooldown).
+	if lo < rate*0.9 || hi > rate*1.03 {
+		t.Errorf("with periods the rate of a steady %v/s ranged %.1f–%.1f; want within -10%%/+3%%", rate, lo, hi)
+	}
+	lo0, hi0 := run(false)
+	t.Logf("at arrival: %.1f–%.1f/s", lo0, hi0)
+	if hi0 < rate*1.1 {
+		t.Errorf("at arrival the rate ranged %.1f–%.1f: the test no longer shows what periods fix", lo0, hi0)
+	}
+}
+
+// TestAggregatorPeriodConserves: counts spread over a period add up to
+// the report's counts once the period lies in the window, and the part of
+// a period before the aggregator started is not counted.
+func TestAggregatorPeriodConserves(t *testing.T) {
+	a, err := NewAggregator(AggregatorConfig{Window: 10 * time.Second, Buckets: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Start(t0)
+	// 2.5s of counts, 1001 of them, arriving 5.5s in: all in the window.
+	mustAdd(t, a, Report{Reporter: "c", Seq: 1, Time: t0.Add(5500 * time.Millisecond), Period: 2500 * time.Millisecond, Counts: []Count{{"t", 1001}}}, t0.Add(5500*time.Millisecond), Counted)
+	var total int64
+	for _, col := range a.counts {
+		total += col[a.ids["t"]]
+	}
+	if total != 1001 {
+		t.Fatalf("placed %d counts of 1001", total)
+	}
+	// A 4s period arriving 1s after the start: only its last quarter counts.
+	b, err := NewAggregator(AggregatorConfig{Window: 10 * time.Second, Buckets: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start(t0)
+	mustAdd(t, b, Report{Reporter: "c", Seq: 1, Time: t0.Add(time.Second), Period: 4 * time.Second, Counts: []Count{{"t", 400}}}, t0.Add(time.Second), Counted)
+	total = 0
+	for _, col := range b.counts {
+		total += col[b.ids["t"]]
+	}
+	if total != 100 {
+		t.Fatalf("placed %d counts of a period that began 3s before the start; want 100 (its last quarter)", total)
+	}
+}
+
+// TestAggregatorQueuedReports: a leader busy for 2s at a time (a round's
+// writes on a loaded machine) takes the reports that queued meanwhile all
+// at once. Added at the time each arrived, they never read above the
+// steady 72/s they are; added at the time they were taken in, two seconds
+// of counts land in the last half second, and the rate reads a burst.
+func TestAggregatorQueuedReports(t *testing.T) {
+	const rate = 72.0
+	run := func(atArrival bool) (lo, hi float64) {
+		a, err := NewAggregator(AggregatorConfig{Window: 4 * time.Second, Buckets: 12})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Start(t0)
+		type queued struct {
+			r  Report
+			at time.Time
+		}
+		var queue []queued
+		lo, hi = math.Inf(1), math.Inf(-1)
+		seq := uint64(0)
+		for ms := 100; ms <= 60_000; ms += 100 {
+			now := t0.Add(time.Duration(ms) * time.Millisecond)
+			if ms%500 == 0 {
+				seq++
+				queue = append(queue, queued{Report{Reporter: "c", Seq: seq, Time: now, Period: 500 * time.Millisecond, Counts: []Count{{"t", int64(rate / 2)}}}, now})
+			}
+			if ms%2000 == 0 { // the leader is free again
+				for _, q := range queue {
+					at := now
+					if atArrival {
+						at = q.at
+					}
+					mustAdd(t, a, q.r, at, Counted)
+				}
+				queue = queue[:0]
+			}
+			if ms >= 6000 {
+				got, _ := a.Rate("t", now)
+				lo, hi = min(lo, got), max(hi, got)
+			}
+		}
+		return lo, hi
+	}
+	lo, hi := run(true)
+	t.Logf("added at arrival: %.1f–%.1f/s", lo, hi)
+	// While reports wait, their counts are not known: the rate dips (a
+	// shrink waits out a cooldown). It must never read above the load.
+	if hi > rate*1.03 {
+		t.Errorf("added at arrival, the rate of a steady %v/s ranged %.1f–%.1f; want at most +3%%", rate, lo, hi)
+	}
+	lo0, hi0 := run(false)
+	t.Logf("added when taken in: %.1f–%.1f/s", lo0, hi0)
+	if hi0 < rate*1.1 {
+		t.Errorf("added when taken in, the rate ranged %.1f–%.1f: the test no longer shows what arrival times fix", lo0, hi0)
+	}
+}

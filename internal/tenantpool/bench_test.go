@@ -12,7 +12,14 @@ import (
 // BenchmarkAggregate: 100,000 tenants reported by 100 reporters every
 // second, each reporter splitting its counts into reports of
 // DefaultMaxCounts. One op is one report-tenant entry.
-func BenchmarkAggregate(b *testing.B) {
+func BenchmarkAggregate(b *testing.B) { benchAggregate(b, 0) }
+
+// BenchmarkAggregatePeriod: the same reports, each saying it covers the
+// 5s since the previous one (a bucket of the default window): every
+// count is spread over two buckets.
+func BenchmarkAggregatePeriod(b *testing.B) { benchAggregate(b, 5*time.Second) }
+
+func benchAggregate(b *testing.B, period time.Duration) {
 	const tenants, reporters = 100_000, 100
 	a, err := NewAggregator(AggregatorConfig{})
 	if err != nil {
@@ -39,11 +46,11 @@ func BenchmarkAggregate(b *testing.B) {
 	b.ResetTimer()
 	entries, sec := 0, 0
 	for entries < b.N {
-		now := t0.Add(time.Duration(sec) * time.Second)
+		now := t0.Add(time.Duration(sec)*time.Second + 1500*time.Millisecond)
 		for r := 0; r < reporters && entries < b.N; r++ {
 			for _, cs := range batches {
 				seq[r]++
-				if _, err := a.Add(Report{Reporter: reps[r], Seq: seq[r], Time: now, Counts: cs}, now); err != nil {
+				if _, err := a.Add(Report{Reporter: reps[r], Seq: seq[r], Time: now, Counts: cs, Period: period}, now); err != nil {
 					b.Fatal(err)
 				}
 				entries += len(cs)

@@ -367,7 +367,11 @@ export class Client {
     };
   }
 
-  /** reportLoad(pool, reporter, seq, [{tenant, count}]) -> {outcome, version} */
+  /**
+   * reportLoad(pool, reporter, seq, [{tenant, count}], {period}) -> {outcome, version}.
+   * period: the seconds the counts were counted over (the leader spreads
+   * them over that much time); omitted: placed at their arrival.
+   */
   async reportLoad(pool, reporter, seq, counts, opts) {
     checkName('reportLoad', 'pool', pool);
     checkName('reportLoad', 'reporter', reporter);
@@ -377,7 +381,10 @@ export class Client {
       checkObject('reportLoad', `counts[${i}]`, c);
       return { tenant: checkString('reportLoad', `counts[${i}].tenant`, c.tenant, { nonEmpty: true }), count: u64In('reportLoad', `counts[${i}].count`, c.count, { optional: false }) };
     });
-    const r = await this._call('keyshard.v1.TenantPoolService/ReportLoad', { pool, reporter, seq: s, counts: cs }, opts);
+    const body = { pool, reporter, seq: s, counts: cs };
+    const period = durationIn('reportLoad', 'period', opts?.period);
+    if (period !== undefined) body.period = period;
+    const r = await this._call('keyshard.v1.TenantPoolService/ReportLoad', body, opts);
     return { outcome: r.outcome ?? 'REPORT_OUTCOME_UNSPECIFIED', version: u64(r.version) };
   }
 }

@@ -141,6 +141,7 @@ export class LoadReporter extends EventEmitter {
     this._counts = new Map();
     this._pending = null; // {seq, counts} sent but not answered
     this._seq = 0n;
+    this._taken = performance.now(); // when counts were last taken into a report
     this.stats = { reports: 0, failures: 0, dropped: 0 };
     this._timer = setInterval(() => { this.flush().catch(() => {}); }, interval * 1000);
     this._timer.unref?.();
@@ -162,9 +163,14 @@ export class LoadReporter extends EventEmitter {
 
   async _flush() {
     if (!this._pending) {
+      const now = performance.now();
+      const period = Math.max(now - this._taken, 0) / 1000;
+      this._taken = now;
       if (this._counts.size === 0) return;
       this._seq++;
-      this._pending = { seq: this._seq, counts: [...this._counts].map(([tenant, count]) => ({ tenant, count })) };
+      // period: the time the counts were counted over, so that a late
+      // report does not read as a burst at the leader.
+      this._pending = { seq: this._seq, period, counts: [...this._counts].map(([tenant, count]) => ({ tenant, count })) };
       this._counts = new Map();
     }
     const p = this._pending;
@@ -172,7 +178,7 @@ export class LoadReporter extends EventEmitter {
       // more than 10,000 tenants: one seq per chunk
       const chunk = p.counts.length > 10000 ? p.counts.slice(i, i + 10000) : p.counts;
       try {
-        const r = await this.client.reportLoad(this.pool, this.reporter, p.seq, chunk);
+        const r = await this.client.reportLoad(this.pool, this.reporter, p.seq, chunk, { period: p.period });
         this.stats.reports++;
         if (r.outcome === 'REPORT_OUTCOME_STALE') {
           this.stats.dropped += chunk.length;

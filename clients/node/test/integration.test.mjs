@@ -296,6 +296,8 @@ test('PoolFollower: targets and serves for a tenant the snapshot does not know (
     assert.equal(lr.stats.reports, 1);
     assert.equal(lr.stats.dropped, 0);
     assert.throws(() => lr.add('', 1), TypeError);
+    await assert.rejects(client.reportLoad('gateways', 'r', 1, [], { period: -1 }), RangeError);
+    assert.equal((await client.reportLoad('gateways', 'frontend-2', 1, [{ tenant: 'acme', count: 3 }], { period: 0.5 })).outcome, 'REPORT_OUTCOME_COUNTED');
   } finally {
     await lr.close();
     await f.close();

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as E
 from ._backoff import Backoff
-from ._wire import check_num, check_str, u64
+from ._wire import check_num, check_str, dur, u64
 from .client import Cancel, Client
 
 __all__ = ["PoolFollower", "LoadReporter", "parse_time"]
@@ -205,7 +205,9 @@ class LoadReporter:
 
     add(tenant, n) counts requests; flush() sends the counts since the
     previous report (one report at a time; a failed report is retried
-    with the same seq and counts, so it counts once).
+    with the same seq and counts, so it counts once), with the time they
+    were counted over (period), so that a late report does not read as a
+    burst at the leader.
     """
 
     def __init__(self, client: Client, pool: str, reporter: str) -> None:
@@ -218,7 +220,8 @@ class LoadReporter:
         self._send_lock = threading.Lock()
         self._counts: Dict[str, int] = {}
         self._seq = 0
-        self._unsent: Optional[Tuple[int, Dict[str, int]]] = None
+        self._taken = time.monotonic()
+        self._unsent: Optional[Tuple[int, Dict[str, int], float]] = None
 
     def add(self, tenant: str, n: int = 1) -> None:
         check_str(tenant, "tenant")
@@ -229,20 +232,24 @@ class LoadReporter:
         """Sends one report; returns its outcome (REPORT_OUTCOME_COUNTED, ...)."""
         with self._send_lock:
             if self._unsent is None:
+                now = time.monotonic()
                 with self._lock:
                     counts, self._counts = self._counts, {}
                 self._seq += 1
-                self._unsent = (self._seq, counts)
-            seq, counts = self._unsent
-            r = report_load(self._c, self.pool, self.reporter, seq, counts, timeout=timeout)
+                self._unsent = (self._seq, counts, max(now - self._taken, 0.0))
+                self._taken = now
+            seq, counts, period = self._unsent
+            r = report_load(self._c, self.pool, self.reporter, seq, counts, timeout=timeout, period=period)
             self._unsent = None
             return r
 
 
 def report_load(client: Client, pool: str, reporter: str, seq: int, counts: Mapping[str, int],
-                timeout: Optional[float] = None) -> str:
+                timeout: Optional[float] = None, period: Optional[float] = None) -> str:
     """One ReportLoad call: counts per tenant since the reporter's previous
-    report, seq starting at 1 and rising by one. Returns the outcome."""
+    report, seq starting at 1 and rising by one, and period, the seconds
+    they were counted over (None: the leader places them at their
+    arrival). Returns the outcome."""
     check_str(pool, "pool")
     check_str(reporter, "reporter")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
@@ -253,6 +260,8 @@ def report_load(client: Client, pool: str, reporter: str, seq: int, counts: Mapp
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError("counts[%r]: want an int >= 0" % t)
         items.append({"tenant": t, "count": str(n)})
-    r = client.call("TenantPoolService", "ReportLoad",
-                    {"pool": pool, "reporter": reporter, "seq": str(seq), "counts": items}, timeout=timeout)
+    body: Dict[str, Any] = {"pool": pool, "reporter": reporter, "seq": str(seq), "counts": items}
+    if period is not None:
+        body["period"] = dur(period, "period")
+    r = client.call("TenantPoolService", "ReportLoad", body, timeout=timeout)
     return str(r.get("outcome", "REPORT_OUTCOME_UNSPECIFIED"))

@@ -291,6 +291,9 @@ class IntegrationTest(unittest.TestCase):
             self.assertEqual(rep.flush(), "REPORT_OUTCOME_COUNTED")
             with self.assertRaises(ValueError):
                 ks.report_load(self.c, pool, "r", 0, {})
+            with self.assertRaises(ValueError):
+                ks.report_load(self.c, pool, "r", 1, {}, period=-1.0)
+            self.assertEqual(ks.report_load(self.c, pool, unique("r"), 1, {"acme": 3}, period=0.5), "REPORT_OUTCOME_COUNTED")
         for s in sessions:
             self.c.call("TenantPoolService", "LeavePool", {"session": s, "endSession": True})
 
