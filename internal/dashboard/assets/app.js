@@ -191,6 +191,9 @@ const ksLink = (name) => html`<a href="#/keyspace/${encodeURIComponent(name)}">$
 function fnv1a(s) {
   let h = 0x811c9dc5;
   for (let i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 0x01000193) >>> 0; }
+  // A finalizer (murmur3's) so ids that differ in one character (w1, w3)
+  // get far-apart hues.
+  h ^= h >>> 16; h = Math.imul(h, 0x85ebca6b); h ^= h >>> 13; h = Math.imul(h, 0xc2b2ae35); h ^= h >>> 16;
   return h >>> 0;
 }
 function hsl(h, s, l) {
@@ -237,7 +240,7 @@ class Grid {
     this.canvas.style.height = `${(rows * cell) / dpr}px`;
     this.img = this.ctx.createImageData(this.canvas.width, this.canvas.height);
     this.px = new Uint32Array(this.img.data.buffer);
-    this.keys = new Uint32Array(n).fill(0xffffffff);
+    this.keys = new Uint32Array(n); // 0: no colour drawn (every colour is opaque)
   }
   // colours builds the table: key = owner*4 + variant, owner 0 = none.
   colours(memberIds) {
@@ -257,22 +260,24 @@ class Grid {
     this.markColour = pack([0, 0, 0]);
     this.paleMark = pack([255, 255, 255]);
   }
-  // paint draws every bucket whose key (owner*4+variant) changed.
+  // paint draws every bucket whose colour changed: the colour is the
+  // key, so a new map (whose member indexes shift) redraws only the
+  // buckets that moved.
   paint(owners, variants) {
     const { cols, cell, px, keys, table } = this;
     const w = this.canvas.width;
     let changed = 0;
     for (let b = 0; b < this.n; b++) {
       const v = variants ? variants[b] : 0;
-      const key = owners[b] * 4 + v;
-      if (keys[b] === key) continue;
-      keys[b] = key;
+      const c = table[owners[b] * 4 + v] ?? table[0];
+      if (keys[b] === c) continue;
+      keys[b] = c;
       changed++;
-      const c = table[key] ?? table[0];
       const x0 = (b % cols) * cell, y0 = ((b / cols) | 0) * cell;
-      for (let dy = 0; dy < cell; dy++) {
+      const fillTo = cell >= 6 ? cell - 1 : cell; // big blocks keep a 1 px gap
+      for (let dy = 0; dy < fillTo; dy++) {
         const row = (y0 + dy) * w + x0;
-        px.fill(c, row, row + cell);
+        px.fill(c, row, row + fillTo);
       }
       // releasing: a dark centre; awaiting grant: a white centre (when a
       // block is big enough to hold a mark besides its colour).
@@ -464,9 +469,6 @@ function onMap(ks, m) {
   const first = ks.grid.n !== n;
   if (first) ks.grid.layout(n);
   ks.grid.colours(ids);
-  // Member indexes change between maps: a block's key is only valid for
-  // the table it was drawn with, so a new table repaints every block.
-  if (!first && !sameIds(ks.ids, ids)) ks.grid.keys.fill(0xffffffff);
   ks.map = m; ks.owners = owners; ks.ids = ids;
   if (ks.variants && ks.variants.length !== n) ks.variants = null;
   ks.grid.paint(owners, ks.variants);
@@ -476,7 +478,6 @@ function onMap(ks, m) {
   T.buckets = n; T.members = ids.length;
   view.dataset.epoch = String(num(m.epoch));
 }
-const sameIds = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 async function loadMembers(ks, signal) {
   const r = await soft(api('AdminService', 'ListMembers', { keyspace: ks.name }, signal));
@@ -567,7 +568,7 @@ function renderMembers(ks, counts) {
   let rows;
   if (ks.members) {
     $('#members-note').textContent = ro ? `Drain buttons are disabled: ${READ_ONLY_MSG}.` : '';
-    rows = ks.members.map((s) => ({ ...s.member, leaseLeft: s.leaseLeft, target: s.targetBuckets, granted: s.grantedBuckets, releasing: s.releasingBuckets, draining: s.draining }));
+    rows = ks.members.map((s) => ({ ...s.member, leaseLeft: s.leaseLeft, target: s.targetBuckets || 0, granted: s.grantedBuckets || 0, releasing: s.releasingBuckets || 0, draining: s.draining }));
   } else {
     // Degraded: the map's members, with counts from the map.
     $('#members-note').textContent = `${ks.membersErr ? `member details are ${why(ks.membersErr)}` : 'loading'}; showing the map's members.${ro ? ` Drain buttons are disabled: ${READ_ONLY_MSG}.` : ''}`;
