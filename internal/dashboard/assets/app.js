@@ -283,9 +283,11 @@ class Grid {
       // block is big enough to hold a mark besides its colour).
       if (v !== V_PLAIN && cell >= 3) {
         const m = v === V_RELEASING ? this.markColour : this.paleMark;
-        const mid = (cell / 2) | 0;
-        px[(y0 + mid) * w + x0 + mid] = m;
-        if (cell >= 5) { px[(y0 + mid - 1) * w + x0 + mid] = m; px[(y0 + mid) * w + x0 + mid - 1] = m; }
+        const size = Math.max(1, (fillTo / 3) | 0), at = ((fillTo - size) / 2) | 0;
+        for (let dy = 0; dy < size; dy++) {
+          const row = (y0 + at + dy) * w + x0 + at;
+          px.fill(m, row, row + size);
+        }
       }
     }
     if (changed) this.ctx.putImageData(this.img, 0, 0);
