@@ -569,7 +569,7 @@ func large(t *testing.T, p *page, s *serve) {
 	}
 	t.Logf("%d members joined in %v", members, time.Since(start).Round(time.Millisecond))
 	// Joins land in the map as the leader places them: wait for all 200.
-	eventually(t, 30*time.Second, func() (bool, string) {
+	eventually(t, 45*time.Second, func() (bool, string) {
 		_, counts := s.mapCounts(t, "", "big")
 		return len(counts) == members, fmt.Sprintf("%d of %d members in the map", len(counts), members)
 	})

@@ -92,7 +92,7 @@ func TestDashboardContract(t *testing.T) {
 	p.run("the overview", 15*time.Second, chromedp.Navigate(srv.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#ov-store`)))
 	p.waitJS("replicas, store, draining and releasing", 5*time.Second, `(() => {
 		const t = document.querySelector('#view').innerText;
-		return t.includes('http://r2:7400') && t.includes('leader') && t.includes('healthy') && t.includes('2.0 MiB') && t.includes('revision 812')
+		return t.includes('http://r2:7400') && t.includes('leader') && t.includes('healthy') && t.includes('2.0 MiB') && t.includes('revision 812') && t.includes('read 3.0 ms')
 			&& document.querySelector('#keyspaces tr[data-keyspace="rooms"]').innerText.replace(/\s+/g, ' ').includes('9 2 0 2 1 1');
 	})()`)
 	p.screenshot("contract-overview")

@@ -169,6 +169,7 @@ async function loop(signal, pause, step) {
 const num = (v) => Number(v || 0);
 const fmtInt = (v) => num(v).toLocaleString('en-US');
 const fmtRate = (v) => num(v).toLocaleString('en-US', { maximumFractionDigits: 1 });
+const fmtMs = (s) => (s ? `${(num(String(s).replace(/s$/, '')) * 1000).toFixed(1)} ms` : '—');
 const fmtDur = (s) => (s ? `${num(String(s).replace(/s$/, '')).toFixed(1)}s` : '—');
 function fmtTime(ts) {
   if (!ts) return '—';
@@ -371,7 +372,7 @@ function renderCluster(st) {
     ${replicas.length ? html`<div class="panel"><div class="muted">replicas</div><ul>${replicas.map((r) => html`<li class="mono">${r.id} <small>${r.url}</small> ${r.leader ? html`<span class="pill leader">leader</span>` : ''}</li>`)}</ul></div>` : ''}
     ${store ? html`<div class="panel" id="ov-store"><div class="muted">store</div>
       <div class="${store.healthy ? 'ok' : 'error'}">${store.healthy ? 'healthy' : `unhealthy: ${store.error || ''}`}</div>
-      <div><small>${(store.endpoints || []).join(', ') || 'embedded'} · ${fmtBytes(store.dbSizeBytes)} · revision ${fmtInt(store.revision)} · read ${fmtDur(store.latency)}</small></div></div>` : ''}`);
+      <div><small>${(store.endpoints || []).join(', ') || 'embedded'} · ${fmtBytes(store.dbSizeBytes)} · revision ${fmtInt(store.revision)} · read ${fmtMs(store.latency)}</small></div></div>` : ''}`);
 }
 
 function keyspaceTable(list) {
