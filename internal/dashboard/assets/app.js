@@ -97,7 +97,7 @@ function why(err) {
   if (err.code === 'not_found') return `not found: ${err.message}`;
   return `${err.code}: ${err.message}`;
 }
-const errHTML = (err) => html`<p class="error panel-error">${why(err)}</p>`;
+const errHTML = (err) => html`<p class="${err.code === 'unimplemented' ? 'muted' : 'error'} panel-error">${why(err)}</p>`;
 
 // ---- auth --------------------------------------------------------------------
 
