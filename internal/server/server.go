@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/clock"
+	"github.com/keyshard/keyshard/internal/dashboard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -302,6 +304,11 @@ func (s *Server) httpServer() (*http.Server, error) {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	// The dashboard's page needs no token (it asks for one); the API calls
+	// it makes carry it, and the gate above checks them as any other.
+	ui := dashboard.Handler()
+	mux.Handle(dashboard.Prefix, ui)
+	mux.Handle(strings.TrimSuffix(dashboard.Prefix, "/"), ui)
 	// Streams and long polls end when shutdown begins, so clients move to
 	// another replica at once instead of holding Shutdown for its timeout.
 	base, endStreams := context.WithCancel(context.Background())
