@@ -75,9 +75,10 @@ type why struct {
 // joined, a crash (its session ended without a Leave: a member that left
 // had its buckets moved while still joined), or an import's end for an
 // imported instance that never joined; to a member that owned nothing, a
-// join. When one epoch folds several kinds of event, the kind that moved
-// the most buckets is the reason, and the detail says it is a best guess
-// and names the others.
+// join (a bucket can count for both). When one epoch folds several kinds
+// of event, the kind that moved the most buckets is the reason (a member
+// going away before a join on a tie), and the detail says it is a best
+// guess and names the others.
 func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now time.Time) why {
 	if !k.hasMap {
 		return why{reason: ReasonCreate, detail: fmt.Sprintf("first map of %d buckets over %d members", k.cfg.Buckets, len(k.effectiveMembers(now)))}
@@ -106,8 +107,7 @@ func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now
 		kd.buckets++
 	}
 	for _, mv := range moves {
-		switch {
-		case mv.From != "":
+		if mv.From != "" {
 			if _, joined := k.members[mv.From]; !joined {
 				if reserved[mv.From] {
 					add(ReasonImport, mv.From)
@@ -118,10 +118,11 @@ func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now
 				add(ReasonLeave, mv.From)
 			} else if draining {
 				add(ReasonDrain, mv.From)
-			} else if mv.To != "" && owned[mv.To] == 0 {
-				add(ReasonJoin, mv.To)
 			}
-		case mv.To != "" && owned[mv.To] == 0:
+		}
+		// A bucket moved from a member that went away to one that joined
+		// counts for both.
+		if mv.To != "" && owned[mv.To] == 0 {
 			add(ReasonJoin, mv.To)
 		}
 	}
@@ -136,7 +137,7 @@ func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now
 		ranked = append(ranked, kd)
 	}
 	slices.SortFunc(ranked, func(a, b *kind) int {
-		return cmp.Or(cmp.Compare(b.buckets, a.buckets), cmp.Compare(a.reason, b.reason))
+		return cmp.Or(cmp.Compare(b.buckets, a.buckets), cmp.Compare(precedence[a.reason], precedence[b.reason]))
 	})
 	top := ranked[0]
 	w := why{reason: top.reason, members: sortedKeys(top.members)}
@@ -150,6 +151,11 @@ func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now
 	}
 	return w
 }
+
+// precedence breaks ties between kinds of event that moved as many
+// buckets: a member going away forces its buckets to move, a join only
+// invites them.
+var precedence = map[MapReason]int{ReasonCrash: 0, ReasonLeave: 1, ReasonDrain: 2, ReasonImport: 3, ReasonJoin: 4}
 
 func allFromNone(moves []placement.Move) bool {
 	for _, mv := range moves {
