@@ -1,8 +1,12 @@
 package server
 
 import (
+	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 )
@@ -50,4 +54,38 @@ func TestBucketRuns(t *testing.T) {
 	if r = bucketRuns(nil, nil, nil, nil); len(r.Runs) != 0 || r.Buckets != 0 {
 		t.Fatalf("empty: %v", r)
 	}
+}
+
+// TestBucketRunsSize logs the time and size of GetBuckets' answer for the
+// dashboard's largest case, 65,536 buckets over 200 members, each bucket
+// with its own token (the worst case for runs). Logged, not asserted.
+func TestBucketRunsSize(t *testing.T) {
+	const n, members = 65536, 200
+	owners, holders := make([]string, n), make([]string, n)
+	tokens := make([]uint64, n)
+	ids := make([]string, members)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("member-%03d", i)
+	}
+	for b := range owners {
+		owners[b] = ids[b*members/n]
+		holders[b] = owners[b]
+		tokens[b] = uint64(b + 1)
+	}
+	start := time.Now()
+	r := bucketRuns(owners, holders, tokens, nil)
+	took := time.Since(start)
+	js, err := protojson.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("65536 buckets x 200 members, a token each: %d runs in %v, %d bytes of JSON", len(r.Runs), took, len(js))
+	for b := range tokens {
+		tokens[b] = uint64(b*members/n + 1) // one token per member's range
+	}
+	start = time.Now()
+	r = bucketRuns(owners, holders, tokens, nil)
+	took = time.Since(start)
+	js, _ = protojson.Marshal(r)
+	t.Logf("65536 buckets x 200 members, a token per member: %d runs in %v, %d bytes of JSON", len(r.Runs), took, len(js))
 }
