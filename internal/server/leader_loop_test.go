@@ -193,6 +193,12 @@ func TestLeadJoin(t *testing.T) {
 		if diff := cmp.Diff(want, written(st.calls(), 0)); diff != "" {
 			t.Errorf("writes (-want +got):\n%s", diff)
 		}
+		// Each map is written with its history entry, in one commit.
+		for i, e := range []uint64{1, 2} {
+			if keys := st.calls()[i].keys; !slices.Contains(keys, store.HistoryKey("rooms", e)) {
+				t.Errorf("map write %d: keys %v, no history entry of epoch %d", i, keys, e)
+			}
+		}
 		snap := st.snapshot()
 		ks := snap.Keyspaces["rooms"]
 		if m := ks.Map.Value; m.Epoch != 2 || m.Hash != loopKeyspace.Hash {
