@@ -25,3 +25,18 @@ func (a adminService) ResetPositions(context.Context, *connect.Request[keyshardv
 func (a adminService) ImportKeyspace(context.Context, *connect.Request[keyshardv1.ImportKeyspaceRequest]) (*connect.Response[keyshardv1.ImportKeyspaceResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("import keyspace: not in the fake; test this against keyshardtest.Start"))
 }
+
+// The dashboard's reads (map history, buckets, hot-key reports) answer
+// UNIMPLEMENTED too: the fake keeps no history, grants or reports to read.
+
+func (a adminService) GetKeyspaceHistory(context.Context, *connect.Request[keyshardv1.GetKeyspaceHistoryRequest]) (*connect.Response[keyshardv1.GetKeyspaceHistoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("get keyspace history: not in the fake; test this against keyshardtest.Start"))
+}
+
+func (a adminService) GetBuckets(context.Context, *connect.Request[keyshardv1.GetBucketsRequest]) (*connect.Response[keyshardv1.GetBucketsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("get buckets: not in the fake; test this against keyshardtest.Start"))
+}
+
+func (a adminService) GetHotKeyReports(context.Context, *connect.Request[keyshardv1.GetHotKeyReportsRequest]) (*connect.Response[keyshardv1.GetHotKeyReportsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("get hot-key reports: not in the fake; test this against keyshardtest.Start"))
+}

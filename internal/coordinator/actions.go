@@ -19,6 +19,14 @@ type WriteMap struct {
 	Expect   Expect
 	// Moves is how many buckets changed target owner.
 	Moves int
+	// Why the epoch: the reason, the members whose event caused it (for
+	// join, leave, crash, drain and import), the moved buckets per (from,
+	// to) pair, and a sentence for people, which says when the reason is a
+	// best guess. The server records them in the map history.
+	Reason  MapReason
+	Members []string
+	Pairs   []MovePair
+	Detail  string
 }
 
 // WriteGrants is one grant round: the full new grants of every member

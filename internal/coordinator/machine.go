@@ -382,11 +382,16 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	if !k.hasMap || len(p.Moves) > 0 {
 		epoch := k.m.Epoch + 1
 		k.mapInflight = epoch
+		w := k.explain(cur, p.Moves, now)
 		return []Action{WriteMap{
 			Keyspace: name,
 			Map:      shard.Map{Epoch: epoch, Hash: k.cfg.Hash, Assignment: p.Assignment},
 			Expect:   Expect{Kind: KeyMap, Rev: k.mapRev},
 			Moves:    len(p.Moves),
+			Reason:   w.reason,
+			Members:  w.members,
+			Pairs:    Pairs(p.Moves),
+			Detail:   w.detail,
 		}}
 	}
 

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/internal/shard"
@@ -101,6 +102,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 		return nil, err
 	}
 	resp := &v1.ListMembersResponse{}
+	leaseOf := map[string]shard.LeaseID{}
 	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		ks := snap.Keyspaces[name]
 		if ks == nil {
@@ -123,10 +125,21 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 			}
 			d, ok := ks.Drains[id]
 			st.Draining = ok && d.Lease == m.Lease // a replaced session's drain ends with it
+			leaseOf[id] = m.Lease
 			resp.Members = append(resp.Members, st)
 		}
 	})
 	sort.Slice(resp.Members, func(i, j int) bool { return resp.Members[i].Member.Id < resp.Members[j].Member.Id })
+	leases := make([]shard.LeaseID, 0, len(leaseOf))
+	for _, l := range leaseOf {
+		leases = append(leases, l)
+	}
+	left := a.s.leasesLeft(ctx, leases)
+	for _, st := range resp.Members {
+		if d, ok := left[leaseOf[st.Member.Id]]; ok {
+			st.LeaseLeft = durationpb.New(d)
+		}
+	}
 	return connect.NewResponse(resp), nil
 }
 
@@ -154,7 +167,9 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 		return nil, apiError(err)
 	}
 	resp.Leader = leader
+	resp.Store = storeHealthProto(a.s.store.Health(ctx, storeHealthTimeout))
 	a.s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		resp.Replicas = replicas(snap, leader)
 		for _, ks := range snap.Keyspaces {
 			if !ks.Config.Exists() {
 				continue
@@ -172,6 +187,16 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 					st.UnassignedBuckets++
 				} else if holder[b] != o {
 					st.HandoffsInFlight++
+				}
+			}
+			for b, h := range holder {
+				if ks.Map.Value.Assignment.Owner(b) != h {
+					st.ReleasingBuckets++
+				}
+			}
+			for id, d := range ks.Drains {
+				if m, ok := ks.Members[id]; ok && d.Lease == m.Lease {
+					st.DrainingMembers++
 				}
 			}
 			if !ks.Map.Exists() {

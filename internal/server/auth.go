@@ -9,7 +9,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/descriptorpb"
 
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 )
 
@@ -23,7 +25,8 @@ const (
 )
 
 // authenticator checks bearer tokens against the roles each service needs:
-// admin for AdminService, member for MemberService, either for MapService
+// admin for AdminService except its read-only calls (adminReadCalls),
+// which take either token, member for MemberService, either for MapService
 // and HotKeyService (routers and producers may run with either token).
 // Its gate runs once the request headers are in, before any byte of the
 // body is read: a caller without a valid token costs no more than its
@@ -72,8 +75,8 @@ func (a *authenticator) roleOf(token string) role {
 }
 
 // check returns nil if header carries a token allowed to call procedure:
-// any known token, except that AdminService needs an admin token and
-// MemberService a member token.
+// any known token, except that AdminService's calls that change something
+// need an admin token and MemberService a member token.
 func (a *authenticator) check(procedure string, header http.Header) error {
 	if a.open {
 		return nil
@@ -90,7 +93,7 @@ func (a *authenticator) check(procedure string, header http.Header) error {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("unknown bearer token"))
 	}
 	switch {
-	case strings.HasPrefix(procedure, "/"+keyshardv1connect.AdminServiceName+"/") && r != roleAdmin:
+	case strings.HasPrefix(procedure, "/"+keyshardv1connect.AdminServiceName+"/") && r != roleAdmin && !adminReadCalls[procedure]:
 		a.refused.WithLabelValues(procedure, "role").Inc()
 		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs an admin token; the token given is a member token"))
 	case strings.HasPrefix(procedure, "/"+keyshardv1connect.MemberServiceName+"/") && r != roleMember:
@@ -104,6 +107,35 @@ func (a *authenticator) check(procedure string, header http.Header) error {
 		return connect.NewError(connect.CodePermissionDenied, errors.New("this call needs a member token; the token given is an admin token"))
 	}
 	return nil
+}
+
+// adminReadCalls are AdminService's read-only procedures: those the proto
+// marks idempotency_level = NO_SIDE_EFFECTS. A member token may call them
+// (a dashboard or a worker's tooling reads status with the token it has);
+// every other AdminService call needs an admin token. Read from the
+// proto's descriptor, so a read-only call added to the proto follows.
+var adminReadCalls = readOnlyProcedures(keyshardv1connect.AdminServiceName)
+
+// readOnlyProcedures returns the procedures ("/<service>/<method>") of
+// service whose idempotency level is NO_SIDE_EFFECTS.
+func readOnlyProcedures(service string) map[string]bool {
+	out := map[string]bool{}
+	svcs := v1.File_keyshard_proto.Services()
+	for i := range svcs.Len() {
+		svc := svcs.Get(i)
+		if string(svc.FullName()) != service {
+			continue
+		}
+		methods := svc.Methods()
+		for j := range methods.Len() {
+			m := methods.Get(j)
+			opts, _ := m.Options().(*descriptorpb.MethodOptions)
+			if opts.GetIdempotencyLevel() == descriptorpb.MethodOptions_NO_SIDE_EFFECTS {
+				out["/"+service+"/"+string(m.Name())] = true
+			}
+		}
+	}
+	return out
 }
 
 // TenantPoolService mixes roles: changing a pool needs admin, a member's

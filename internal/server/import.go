@@ -3,12 +3,16 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 	"github.com/keyshard/keyshard/placement"
@@ -128,6 +132,12 @@ func (a *adminService) ImportKeyspace(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	k := p.imp.Keyspace
+	p.imp.History = &store.EpochChange{
+		Epoch: p.imp.Map.Epoch, Time: a.s.clock.Now(), Reason: string(coordinator.ReasonImport),
+		Members: slices.Sorted(maps.Keys(p.imp.Map.Assignment.Counts())), Moved: k.Buckets,
+		Detail: fmt.Sprintf("imported a static mapping of %d buckets over %d instances", k.Buckets, len(p.instances)),
+	}
+	p.imp.History.Moves = importMoves(p.imp.Map)
 	rev, err := a.s.store.ImportKeyspace(ctx, p.imp)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
@@ -144,4 +154,15 @@ func (a *adminService) ImportKeyspace(ctx context.Context, req *connect.Request[
 	a.s.log.Info("imported keyspace", "keyspace", k.Name, "buckets", k.Buckets, "mode", k.Mode, "instances", len(p.instances),
 		"buckets_per_instance", per, "wait_for_instances", p.wait.String(), "until", p.imp.Reserved.Until.UTC().Format(time.RFC3339))
 	return connect.NewResponse(resp), nil
+}
+
+// importMoves are the moves of an import's first map: every bucket from
+// no owner to its instance.
+func importMoves(m shard.Map) []store.HistoryMove {
+	var out []store.HistoryMove
+	counts := m.Assignment.Counts()
+	for _, id := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, store.HistoryMove{To: id, Buckets: counts[id]})
+	}
+	return out
 }

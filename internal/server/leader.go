@@ -431,13 +431,15 @@ func (o ownWrites) events(evs []coordinator.Event, u store.Update) []coordinator
 func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
 	case coordinator.WriteMap:
-		rev, err := st.Commit(ctx, fence, []store.Write{store.PutMap(a.Keyspace, a.Map)}, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		// The map and its entry in the map history, in one transaction.
+		writes := append([]store.Write{store.PutMap(a.Keyspace, a.Map)}, store.PutHistory(a.Keyspace, historyEntry(a, s.clock.Now()))...)
+		rev, err := st.Commit(ctx, fence, writes, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
 		if err != nil {
 			return 0, err
 		}
 		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
 		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
-		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "members", len(a.Map.Assignment.Counts()), "buckets_per_member", countsSummary(a.Map.Assignment))
+		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "reason", a.Reason, "why", a.Detail, "members", len(a.Map.Assignment.Counts()), "buckets_per_member", countsSummary(a.Map.Assignment))
 		return rev, nil
 	case coordinator.WriteGrants:
 		var writes []store.Write
@@ -496,6 +498,15 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
 	}
 	return 0, nil
+}
+
+// historyEntry is the map history's entry for map write a, at now.
+func historyEntry(a coordinator.WriteMap, now time.Time) store.EpochChange {
+	c := store.EpochChange{Epoch: a.Map.Epoch, Time: now, Reason: string(a.Reason), Members: a.Members, Moved: a.Moves, Detail: a.Detail}
+	for _, p := range a.Pairs {
+		c.Moves = append(c.Moves, store.HistoryMove{From: p.From, To: p.To, Buckets: p.Buckets})
+	}
+	return c
 }
 
 // countsSummary is "a:12 b:11 ..." for up to 16 members, for logs.

@@ -271,6 +271,9 @@ func (m *memStore) commit(f store.Fence, writes []store.Write, expects []store.E
 	}
 	changes := make([]store.Change, 0, len(writes))
 	for _, w := range writes {
+		if w.History() {
+			continue // outside the layout the watch delivers
+		}
 		c, err := w.Change(m.rev + 1)
 		if err != nil {
 			return 0, err

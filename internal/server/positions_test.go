@@ -108,10 +108,14 @@ func TestPositionsAPI(t *testing.T) {
 		wantCode(t, err, tc.code, tc.want)
 	}
 
-	// Members may not call them; plain HTTP/JSON works.
+	// Members may read them (GetPositions has no side effects) but not
+	// reset them; plain HTTP/JSON works.
 	mem := keyshardv1connect.NewAdminServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(memberToken)))
-	_, err = mem.GetPositions(ctx, connect.NewRequest(&v1.GetPositionsRequest{Keyspace: "ev"}))
-	wantCode(t, err, connect.CodePermissionDenied, "")
+	if _, err := mem.GetPositions(ctx, connect.NewRequest(&v1.GetPositionsRequest{Keyspace: "ev"})); err != nil {
+		t.Fatalf("get positions as member: %v", err)
+	}
+	_, err = mem.ResetPositions(ctx, connect.NewRequest(&v1.ResetPositionsRequest{Keyspace: "ev", AllBuckets: true}))
+	wantCode(t, err, connect.CodePermissionDenied, "needs an admin token")
 	status, e := call(t, http.MethodPost, ts.url+keyshardv1connect.AdminServiceResetPositionsProcedure, "application/json", `{"keyspace":"ev","buckets":[1],"all_buckets":true,"position":"5"}`)
 	if status != 400 || !strings.Contains(e.Message, "all_buckets") {
 		t.Errorf("JSON reset with both: %d %+v", status, e)

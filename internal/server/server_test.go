@@ -127,7 +127,23 @@ func TestAuth(t *testing.T) {
 	_, err = wrong.ListKeyspaces(ctx, connect.NewRequest(&v1.ListKeyspacesRequest{}))
 	wantCode(t, err, connect.CodeUnauthenticated, "unknown bearer token")
 	asMember := keyshardv1connect.NewAdminServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(memberToken)))
-	_, err = asMember.ListKeyspaces(ctx, connect.NewRequest(&v1.ListKeyspacesRequest{}))
+	// AdminService's read-only calls take a member token; the others need
+	// an admin token.
+	if _, err := asMember.ListKeyspaces(ctx, connect.NewRequest(&v1.ListKeyspacesRequest{})); err != nil {
+		t.Fatalf("list keyspaces as member: %v", err)
+	}
+	if _, err := asMember.Status(ctx, connect.NewRequest(&v1.StatusRequest{})); err != nil {
+		t.Fatalf("status as member: %v", err)
+	}
+	_, err = asMember.GetKeyspaceHistory(ctx, connect.NewRequest(&v1.GetKeyspaceHistoryRequest{Keyspace: "nope"}))
+	wantCode(t, err, connect.CodeNotFound, "does not exist") // past the gate
+	_, err = asMember.GetBuckets(ctx, connect.NewRequest(&v1.GetBucketsRequest{Keyspace: "nope"}))
+	wantCode(t, err, connect.CodeNotFound, "does not exist")
+	_, err = asMember.GetHotKeyReports(ctx, connect.NewRequest(&v1.GetHotKeyReportsRequest{Pool: "nope"}))
+	wantCode(t, err, connect.CodeNotFound, "does not exist")
+	_, err = asMember.DrainMember(ctx, connect.NewRequest(&v1.DrainMemberRequest{Keyspace: "x", Member: "m"}))
+	wantCode(t, err, connect.CodePermissionDenied, "needs an admin token")
+	_, err = asMember.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "x"}}))
 	wantCode(t, err, connect.CodePermissionDenied, "needs an admin token")
 	asAdmin := keyshardv1connect.NewMemberServiceClient(http.DefaultClient, ts.url, connect.WithInterceptors(bearer(adminToken)))
 	_, err = asAdmin.Join(ctx, connect.NewRequest(&v1.JoinRequest{Keyspace: "x"}))

@@ -23,6 +23,10 @@ type Write struct {
 	lease shard.LeaseID
 	del   bool
 	err   error
+	// end: a delete of the range [key, end). history: a map history
+	// write (PutHistory).
+	end     string
+	history bool
 }
 
 // Key returns the key written.
@@ -174,6 +178,8 @@ func (s *Store) Commit(ctx context.Context, f Fence, writes []Write, expects []E
 		}
 		keys[w.key] = true
 		switch {
+		case w.del && w.end != "":
+			ops = append(ops, clientv3.OpDelete(w.key, clientv3.WithRange(w.end)))
 		case w.del:
 			ops = append(ops, clientv3.OpDelete(w.key))
 		case w.lease != 0:

@@ -96,6 +96,8 @@ type Import struct {
 	Positions shard.BucketPositions
 	// Reserved awaits the imported instances; no members: none.
 	Reserved shard.Reservation
+	// History is the first map's entry in the map history; nil: none.
+	History *EpochChange
 }
 
 // ImportKeyspace creates keyspace imp.Keyspace with its first map, its
@@ -128,6 +130,9 @@ func (s *Store) ImportKeyspace(ctx context.Context, imp Import) (int64, error) {
 	writes = append(writes, PutBucketPositions(k.Name, shard.BucketPositions{}, imp.Positions)...)
 	if len(imp.Reserved.Members) > 0 {
 		writes = append(writes, PutReservation(k.Name, imp.Reserved))
+	}
+	if imp.History != nil {
+		writes = append(writes, PutHistory(k.Name, *imp.History)[0]) // a new keyspace has nothing to trim
 	}
 	val, err := EncodeKeyspace(k)
 	if err != nil {

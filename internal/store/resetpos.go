@@ -277,3 +277,10 @@ func (s *Store) tryReset(ctx context.Context, op string, st *KeyspaceState, rev 
 	}
 	return resp.Header.Revision, resp.Succeeded, nil
 }
+
+// BucketPositions returns each bucket's committed position in stream
+// keyspace st and its holder (as GetPositions reads them), from the state
+// as read: a replica's view answers without a round trip.
+func (st *KeyspaceState) BucketPositions() ([]uint64, []shard.Holder) {
+	return shard.KeyspacePositions(heldPositions(st))
+}

@@ -420,6 +420,7 @@ func (s *Store) DeleteKeyspace(ctx context.Context, ks string) (int64, error) {
 		clientv3.OpDelete(MapKey(ks)),
 		clientv3.OpDelete(TokensKey(ks)),
 		clientv3.OpDelete(ReservedKey(ks)),
+		clientv3.OpDelete(historyPrefix(ks), clientv3.WithPrefix()),
 	}
 	for _, k := range keyspaceKinds {
 		dels = append(dels, clientv3.OpDelete(kindPrefix(k, ks), clientv3.WithPrefix()))

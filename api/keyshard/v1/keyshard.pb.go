@@ -5,9 +5,10 @@
 //     http://127.0.0.1:7400/keyshard.v1.MapService/GetMap -d '{"keyspace":"rooms"}'
 //
 // Four services, by who calls them:
-//   AdminService  (role admin)           keyspaces (also imported from a static
-//                                        mapping), drains, status, stream
-//                                        positions, hot-key pools
+//   AdminService  (role admin; its       keyspaces (also imported from a static
+//    NO_SIDE_EFFECTS calls: member or    mapping), drains, status, stream
+//    admin)                              positions, hot-key pools, map
+//                                        history, buckets, hot-key reports
 //   MemberService (role member)          a worker's session: join, keep-alive,
 //                                        grants, release, leave, and in stream
 //                                        keyspaces commit
@@ -98,6 +99,148 @@ func (KeyspaceMode) EnumDescriptor() ([]byte, []int) {
 	return file_keyshard_proto_rawDescGZIP(), []int{0}
 }
 
+// MoveReason is why the leader wrote a new epoch of a keyspace's map.
+type MoveReason int32
+
+const (
+	MoveReason_MOVE_REASON_UNSPECIFIED MoveReason = 0
+	// The keyspace's first map.
+	MoveReason_MOVE_REASON_CREATE MoveReason = 1
+	// Members joined (their first keep-alive).
+	MoveReason_MOVE_REASON_JOIN MoveReason = 2
+	// Members left (Leave): their buckets moved away.
+	MoveReason_MOVE_REASON_LEAVE MoveReason = 3
+	// Members' sessions ended without a Leave: their session lease expired
+	// (or was revoked), so their buckets moved away.
+	MoveReason_MOVE_REASON_CRASH MoveReason = 4
+	// Members were drained (DrainMember): their buckets moved away while
+	// they stay joined.
+	MoveReason_MOVE_REASON_DRAIN MoveReason = 5
+	// The same members with other weights or zones (a Join with replace
+	// that changed them), or a rebalance.
+	MoveReason_MOVE_REASON_LOAD MoveReason = 6
+	// The keyspace's settings changed.
+	MoveReason_MOVE_REASON_UPDATE MoveReason = 7
+	// ImportKeyspace wrote the first map, or an import's reservation ended
+	// and the buckets of instances that never joined were placed.
+	MoveReason_MOVE_REASON_IMPORT MoveReason = 8
+)
+
+// Enum value maps for MoveReason.
+var (
+	MoveReason_name = map[int32]string{
+		0: "MOVE_REASON_UNSPECIFIED",
+		1: "MOVE_REASON_CREATE",
+		2: "MOVE_REASON_JOIN",
+		3: "MOVE_REASON_LEAVE",
+		4: "MOVE_REASON_CRASH",
+		5: "MOVE_REASON_DRAIN",
+		6: "MOVE_REASON_LOAD",
+		7: "MOVE_REASON_UPDATE",
+		8: "MOVE_REASON_IMPORT",
+	}
+	MoveReason_value = map[string]int32{
+		"MOVE_REASON_UNSPECIFIED": 0,
+		"MOVE_REASON_CREATE":      1,
+		"MOVE_REASON_JOIN":        2,
+		"MOVE_REASON_LEAVE":       3,
+		"MOVE_REASON_CRASH":       4,
+		"MOVE_REASON_DRAIN":       5,
+		"MOVE_REASON_LOAD":        6,
+		"MOVE_REASON_UPDATE":      7,
+		"MOVE_REASON_IMPORT":      8,
+	}
+)
+
+func (x MoveReason) Enum() *MoveReason {
+	p := new(MoveReason)
+	*p = x
+	return p
+}
+
+func (x MoveReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_keyshard_proto_enumTypes[1].Descriptor()
+}
+
+func (MoveReason) Type() protoreflect.EnumType {
+	return &file_keyshard_proto_enumTypes[1]
+}
+
+func (x MoveReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveReason.Descriptor instead.
+func (MoveReason) EnumDescriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{1}
+}
+
+// BucketState is where a bucket stands between its target owner (the
+// map) and its holder (the grants).
+type BucketState int32
+
+const (
+	BucketState_BUCKET_STATE_UNSPECIFIED BucketState = 0
+	// No target owner and no holder.
+	BucketState_BUCKET_STATE_UNASSIGNED BucketState = 1
+	// Held by its target owner.
+	BucketState_BUCKET_STATE_GRANTED BucketState = 2
+	// Held by a member that is not its target owner (or held with no
+	// target owner): its release is awaited.
+	BucketState_BUCKET_STATE_RELEASING BucketState = 3
+	// Its target owner is set; nobody holds it yet.
+	BucketState_BUCKET_STATE_AWAITING_GRANT BucketState = 4
+)
+
+// Enum value maps for BucketState.
+var (
+	BucketState_name = map[int32]string{
+		0: "BUCKET_STATE_UNSPECIFIED",
+		1: "BUCKET_STATE_UNASSIGNED",
+		2: "BUCKET_STATE_GRANTED",
+		3: "BUCKET_STATE_RELEASING",
+		4: "BUCKET_STATE_AWAITING_GRANT",
+	}
+	BucketState_value = map[string]int32{
+		"BUCKET_STATE_UNSPECIFIED":    0,
+		"BUCKET_STATE_UNASSIGNED":     1,
+		"BUCKET_STATE_GRANTED":        2,
+		"BUCKET_STATE_RELEASING":      3,
+		"BUCKET_STATE_AWAITING_GRANT": 4,
+	}
+)
+
+func (x BucketState) Enum() *BucketState {
+	p := new(BucketState)
+	*p = x
+	return p
+}
+
+func (x BucketState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BucketState) Descriptor() protoreflect.EnumDescriptor {
+	return file_keyshard_proto_enumTypes[2].Descriptor()
+}
+
+func (BucketState) Type() protoreflect.EnumType {
+	return &file_keyshard_proto_enumTypes[2]
+}
+
+func (x BucketState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BucketState.Descriptor instead.
+func (BucketState) EnumDescriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{2}
+}
+
 type ReportOutcome int32
 
 const (
@@ -134,11 +277,11 @@ func (x ReportOutcome) String() string {
 }
 
 func (ReportOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_keyshard_proto_enumTypes[1].Descriptor()
+	return file_keyshard_proto_enumTypes[3].Descriptor()
 }
 
 func (ReportOutcome) Type() protoreflect.EnumType {
-	return &file_keyshard_proto_enumTypes[1]
+	return &file_keyshard_proto_enumTypes[3]
 }
 
 func (x ReportOutcome) Number() protoreflect.EnumNumber {
@@ -147,7 +290,7 @@ func (x ReportOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReportOutcome.Descriptor instead.
 func (ReportOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{1}
+	return file_keyshard_proto_rawDescGZIP(), []int{3}
 }
 
 // Keyspace is a named set of buckets that keys hash into.
@@ -680,8 +823,12 @@ type MemberStatus struct {
 	// Buckets moving away from the member whose release is awaited.
 	ReleasingBuckets uint32 `protobuf:"varint,4,opt,name=releasing_buckets,json=releasingBuckets,proto3" json:"releasing_buckets,omitempty"`
 	Draining         bool   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Time until the member's session lease expires unless renewed, as the
+	// answering replica knows it (its copy of the lease's last keep-alive);
+	// absent if the replica does not know the lease.
+	LeaseLeft     *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_left,json=leaseLeft,proto3" json:"lease_left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MemberStatus) Reset() {
@@ -747,6 +894,13 @@ func (x *MemberStatus) GetDraining() bool {
 		return x.Draining
 	}
 	return false
+}
+
+func (x *MemberStatus) GetLeaseLeft() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseLeft
+	}
+	return nil
 }
 
 type ListMembersRequest struct {
@@ -1574,9 +1728,14 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The serve replica that answered, and the one that leads.
-	Replica       string            `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
-	Leader        string            `protobuf:"bytes,2,opt,name=leader,proto3" json:"leader,omitempty"`
-	Keyspaces     []*KeyspaceStatus `protobuf:"bytes,3,rep,name=keyspaces,proto3" json:"keyspaces,omitempty"`
+	Replica   string            `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
+	Leader    string            `protobuf:"bytes,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	Keyspaces []*KeyspaceStatus `protobuf:"bytes,3,rep,name=keyspaces,proto3" json:"keyspaces,omitempty"`
+	// The serve replicas that advertise themselves in the store (those
+	// alive), sorted by id, the leader marked.
+	Replicas []*ReplicaInfo `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The store (etcd) as the answering replica sees it.
+	Store         *StoreHealth `protobuf:"bytes,5,opt,name=store,proto3" json:"store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1632,6 +1791,177 @@ func (x *StatusResponse) GetKeyspaces() []*KeyspaceStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetReplicas() []*ReplicaInfo {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetStore() *StoreHealth {
+	if x != nil {
+		return x.Store
+	}
+	return nil
+}
+
+// ReplicaInfo is one serve replica.
+type ReplicaInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica's id (serve --replica).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The API URL it advertises; empty if it advertises none.
+	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	// It is the leader.
+	Leader        bool `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaInfo) Reset() {
+	*x = ReplicaInfo{}
+	mi := &file_keyshard_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaInfo) ProtoMessage() {}
+
+func (x *ReplicaInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaInfo.ProtoReflect.Descriptor instead.
+func (*ReplicaInfo) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReplicaInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReplicaInfo) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ReplicaInfo) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+// StoreHealth is the result of one bounded status read of the store's
+// endpoints by the answering replica.
+type StoreHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every endpoint answered within the bound.
+	Healthy bool `protobuf:"varint,1,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Why the store is not healthy, naming the endpoint; empty if healthy.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The etcd endpoints the replica uses.
+	Endpoints []string `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// The etcd database size, as the first endpoint that answered reports
+	// it; 0 if none did.
+	DbSizeBytes int64 `protobuf:"varint,4,opt,name=db_size_bytes,json=dbSizeBytes,proto3" json:"db_size_bytes,omitempty"`
+	// The store revision that endpoint reported.
+	Revision int64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// How long the health read took.
+	Latency       *durationpb.Duration `protobuf:"bytes,6,opt,name=latency,proto3" json:"latency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreHealth) Reset() {
+	*x = StoreHealth{}
+	mi := &file_keyshard_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreHealth) ProtoMessage() {}
+
+func (x *StoreHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreHealth.ProtoReflect.Descriptor instead.
+func (*StoreHealth) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StoreHealth) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *StoreHealth) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *StoreHealth) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *StoreHealth) GetDbSizeBytes() int64 {
+	if x != nil {
+		return x.DbSizeBytes
+	}
+	return 0
+}
+
+func (x *StoreHealth) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *StoreHealth) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
 type KeyspaceStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Keyspace          *Keyspace              `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
@@ -1640,13 +1970,18 @@ type KeyspaceStatus struct {
 	UnassignedBuckets uint32                 `protobuf:"varint,4,opt,name=unassigned_buckets,json=unassignedBuckets,proto3" json:"unassigned_buckets,omitempty"`
 	// Buckets whose target owner has no grant yet.
 	HandoffsInFlight uint32 `protobuf:"varint,5,opt,name=handoffs_in_flight,json=handoffsInFlight,proto3" json:"handoffs_in_flight,omitempty"`
+	// Members draining (DrainMember or Leave) whose session is still on.
+	DrainingMembers uint32 `protobuf:"varint,6,opt,name=draining_members,json=drainingMembers,proto3" json:"draining_members,omitempty"`
+	// Buckets held by a member that is not their target owner: their
+	// release is awaited.
+	ReleasingBuckets uint32 `protobuf:"varint,7,opt,name=releasing_buckets,json=releasingBuckets,proto3" json:"releasing_buckets,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
 
 func (x *KeyspaceStatus) Reset() {
 	*x = KeyspaceStatus{}
-	mi := &file_keyshard_proto_msgTypes[26]
+	mi := &file_keyshard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1993,7 @@ func (x *KeyspaceStatus) String() string {
 func (*KeyspaceStatus) ProtoMessage() {}
 
 func (x *KeyspaceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[26]
+	mi := &file_keyshard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +2006,7 @@ func (x *KeyspaceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyspaceStatus.ProtoReflect.Descriptor instead.
 func (*KeyspaceStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{26}
+	return file_keyshard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *KeyspaceStatus) GetKeyspace() *Keyspace {
@@ -1709,6 +2044,663 @@ func (x *KeyspaceStatus) GetHandoffsInFlight() uint32 {
 	return 0
 }
 
+func (x *KeyspaceStatus) GetDrainingMembers() uint32 {
+	if x != nil {
+		return x.DrainingMembers
+	}
+	return 0
+}
+
+func (x *KeyspaceStatus) GetReleasingBuckets() uint32 {
+	if x != nil {
+		return x.ReleasingBuckets
+	}
+	return 0
+}
+
+// GetKeyspaceHistoryRequest asks for the latest epoch changes of a
+// keyspace's map. The leader records one with each new epoch, in the
+// same transaction as the map; the last 500 are kept.
+type GetKeyspaceHistoryRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	// How many changes, newest first; 0 means 50, at most 500.
+	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyspaceHistoryRequest) Reset() {
+	*x = GetKeyspaceHistoryRequest{}
+	mi := &file_keyshard_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyspaceHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyspaceHistoryRequest) ProtoMessage() {}
+
+func (x *GetKeyspaceHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyspaceHistoryRequest.ProtoReflect.Descriptor instead.
+func (*GetKeyspaceHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetKeyspaceHistoryRequest) GetKeyspace() string {
+	if x != nil {
+		return x.Keyspace
+	}
+	return ""
+}
+
+func (x *GetKeyspaceHistoryRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type GetKeyspaceHistoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first.
+	Changes       []*EpochChange `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyspaceHistoryResponse) Reset() {
+	*x = GetKeyspaceHistoryResponse{}
+	mi := &file_keyshard_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyspaceHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyspaceHistoryResponse) ProtoMessage() {}
+
+func (x *GetKeyspaceHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyspaceHistoryResponse.ProtoReflect.Descriptor instead.
+func (*GetKeyspaceHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetKeyspaceHistoryResponse) GetChanges() []*EpochChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// EpochChange is one new epoch of a keyspace's map.
+type EpochChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// When the leader wrote it (the leader's clock).
+	Time   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	Reason MoveReason             `protobuf:"varint,3,opt,name=reason,proto3,enum=keyshard.v1.MoveReason" json:"reason,omitempty"`
+	// The members whose event caused it (joined, left, crashed, drained),
+	// sorted; empty for CREATE, LOAD and UPDATE.
+	Members []string `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
+	// Buckets whose target owner changed.
+	MovedBuckets uint32 `protobuf:"varint,5,opt,name=moved_buckets,json=movedBuckets,proto3" json:"moved_buckets,omitempty"`
+	// The moved buckets per (from, to) pair, most buckets first.
+	Moves []*Move `protobuf:"bytes,6,rep,name=moves,proto3" json:"moves,omitempty"`
+	// A sentence for people, which also says when the reason is a best
+	// guess (several events folded into one epoch).
+	Detail        string `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochChange) Reset() {
+	*x = EpochChange{}
+	mi := &file_keyshard_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochChange) ProtoMessage() {}
+
+func (x *EpochChange) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochChange.ProtoReflect.Descriptor instead.
+func (*EpochChange) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *EpochChange) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochChange) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *EpochChange) GetReason() MoveReason {
+	if x != nil {
+		return x.Reason
+	}
+	return MoveReason_MOVE_REASON_UNSPECIFIED
+}
+
+func (x *EpochChange) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *EpochChange) GetMovedBuckets() uint32 {
+	if x != nil {
+		return x.MovedBuckets
+	}
+	return 0
+}
+
+func (x *EpochChange) GetMoves() []*Move {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *EpochChange) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// Move is a number of buckets whose target owner went from one member to
+// another; "" is no owner (unassigned).
+type Move struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	Buckets       uint32                 `protobuf:"varint,3,opt,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Move) Reset() {
+	*x = Move{}
+	mi := &file_keyshard_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Move) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Move) ProtoMessage() {}
+
+func (x *Move) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Move.ProtoReflect.Descriptor instead.
+func (*Move) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Move) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *Move) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *Move) GetBuckets() uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return 0
+}
+
+type GetBucketsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace      string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBucketsRequest) Reset() {
+	*x = GetBucketsRequest{}
+	mi := &file_keyshard_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBucketsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBucketsRequest) ProtoMessage() {}
+
+func (x *GetBucketsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBucketsRequest.ProtoReflect.Descriptor instead.
+func (*GetBucketsRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GetBucketsRequest) GetKeyspace() string {
+	if x != nil {
+		return x.Keyspace
+	}
+	return ""
+}
+
+// GetBucketsResponse is every bucket of a keyspace, run-length encoded,
+// as the answering replica's copy of the store has them.
+type GetBucketsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The map's epoch.
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The keyspace's bucket count.
+	Buckets uint32 `protobuf:"varint,2,opt,name=buckets,proto3" json:"buckets,omitempty"`
+	// The members the runs name: owner or holder i is members[i-1] (0 is
+	// none). Sorted.
+	Members []string `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	// In bucket order, covering 0..buckets-1 exactly once. Consecutive
+	// buckets equal in every field but first and count are one run.
+	Runs []*BucketRun `protobuf:"bytes,4,rep,name=runs,proto3" json:"runs,omitempty"`
+	// The keyspace is in stream mode: positions are meaningful.
+	Stream        bool `protobuf:"varint,5,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBucketsResponse) Reset() {
+	*x = GetBucketsResponse{}
+	mi := &file_keyshard_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBucketsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBucketsResponse) ProtoMessage() {}
+
+func (x *GetBucketsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBucketsResponse.ProtoReflect.Descriptor instead.
+func (*GetBucketsResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetBucketsResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GetBucketsResponse) GetBuckets() uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return 0
+}
+
+func (x *GetBucketsResponse) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GetBucketsResponse) GetRuns() []*BucketRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *GetBucketsResponse) GetStream() bool {
+	if x != nil {
+		return x.Stream
+	}
+	return false
+}
+
+// BucketRun is count buckets from first on, alike.
+type BucketRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	First uint32                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Count uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// The target owner by the map (index into members, 1-based), 0 none.
+	Owner uint32 `protobuf:"varint,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The member holding the grant (index into members, 1-based), 0 none.
+	Holder uint32 `protobuf:"varint,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The holder's fencing token, 0 none.
+	Token uint64      `protobuf:"varint,5,opt,name=token,proto3" json:"token,omitempty"`
+	State BucketState `protobuf:"varint,6,opt,name=state,proto3,enum=keyshard.v1.BucketState" json:"state,omitempty"`
+	// Stream keyspaces: the bucket's committed position (its holder's last
+	// Commit, or its grant's from, or the folded position); 0 otherwise.
+	Position      uint64 `protobuf:"varint,7,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketRun) Reset() {
+	*x = BucketRun{}
+	mi := &file_keyshard_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketRun) ProtoMessage() {}
+
+func (x *BucketRun) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketRun.ProtoReflect.Descriptor instead.
+func (*BucketRun) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *BucketRun) GetFirst() uint32 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *BucketRun) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *BucketRun) GetOwner() uint32 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+func (x *BucketRun) GetHolder() uint32 {
+	if x != nil {
+		return x.Holder
+	}
+	return 0
+}
+
+func (x *BucketRun) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *BucketRun) GetState() BucketState {
+	if x != nil {
+		return x.State
+	}
+	return BucketState_BUCKET_STATE_UNSPECIFIED
+}
+
+func (x *BucketRun) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+type GetHotKeyReportsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHotKeyReportsRequest) Reset() {
+	*x = GetHotKeyReportsRequest{}
+	mi := &file_keyshard_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHotKeyReportsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHotKeyReportsRequest) ProtoMessage() {}
+
+func (x *GetHotKeyReportsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHotKeyReportsRequest.ProtoReflect.Descriptor instead.
+func (*GetHotKeyReportsRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GetHotKeyReportsRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+type GetHotKeyReportsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The latest report of each producer stored for the pool, sorted by
+	// producer.
+	Reports       []*HotKeyReportInfo `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHotKeyReportsResponse) Reset() {
+	*x = GetHotKeyReportsResponse{}
+	mi := &file_keyshard_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHotKeyReportsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHotKeyReportsResponse) ProtoMessage() {}
+
+func (x *GetHotKeyReportsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHotKeyReportsResponse.ProtoReflect.Descriptor instead.
+func (*GetHotKeyReportsResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *GetHotKeyReportsResponse) GetReports() []*HotKeyReportInfo {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+// HotKeyReportInfo is one producer's latest report.
+type HotKeyReportInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Producer string                 `protobuf:"bytes,1,opt,name=producer,proto3" json:"producer,omitempty"`
+	// When the producer reported it.
+	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// The keys it reported, sorted by rate, highest first.
+	Keys          []*KeyRate `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotKeyReportInfo) Reset() {
+	*x = HotKeyReportInfo{}
+	mi := &file_keyshard_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotKeyReportInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotKeyReportInfo) ProtoMessage() {}
+
+func (x *HotKeyReportInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotKeyReportInfo.ProtoReflect.Descriptor instead.
+func (*HotKeyReportInfo) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *HotKeyReportInfo) GetProducer() string {
+	if x != nil {
+		return x.Producer
+	}
+	return ""
+}
+
+func (x *HotKeyReportInfo) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *HotKeyReportInfo) GetKeys() []*KeyRate {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 // BucketGrant is the right to act on one bucket. token strictly increases
 // per bucket: pass it to storage so a stale owner's writes are rejected.
 type BucketGrant struct {
@@ -1728,7 +2720,7 @@ type BucketGrant struct {
 
 func (x *BucketGrant) Reset() {
 	*x = BucketGrant{}
-	mi := &file_keyshard_proto_msgTypes[27]
+	mi := &file_keyshard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +2732,7 @@ func (x *BucketGrant) String() string {
 func (*BucketGrant) ProtoMessage() {}
 
 func (x *BucketGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[27]
+	mi := &file_keyshard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2745,7 @@ func (x *BucketGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketGrant.ProtoReflect.Descriptor instead.
 func (*BucketGrant) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{27}
+	return file_keyshard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BucketGrant) GetBucket() uint32 {
@@ -1791,7 +2783,7 @@ type BucketPosition struct {
 
 func (x *BucketPosition) Reset() {
 	*x = BucketPosition{}
-	mi := &file_keyshard_proto_msgTypes[28]
+	mi := &file_keyshard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2795,7 @@ func (x *BucketPosition) String() string {
 func (*BucketPosition) ProtoMessage() {}
 
 func (x *BucketPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[28]
+	mi := &file_keyshard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2808,7 @@ func (x *BucketPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketPosition.ProtoReflect.Descriptor instead.
 func (*BucketPosition) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{28}
+	return file_keyshard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BucketPosition) GetBucket() uint32 {
@@ -1865,7 +2857,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_keyshard_proto_msgTypes[29]
+	mi := &file_keyshard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +2869,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[29]
+	mi := &file_keyshard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +2882,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{29}
+	return file_keyshard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *JoinRequest) GetKeyspace() string {
@@ -1935,7 +2927,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_keyshard_proto_msgTypes[30]
+	mi := &file_keyshard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2939,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[30]
+	mi := &file_keyshard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2952,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{30}
+	return file_keyshard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *JoinResponse) GetSession() string {
@@ -1998,7 +2990,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_keyshard_proto_msgTypes[31]
+	mi := &file_keyshard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +3002,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[31]
+	mi := &file_keyshard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +3015,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{31}
+	return file_keyshard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *KeepAliveRequest) GetSession() string {
@@ -2043,7 +3035,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_keyshard_proto_msgTypes[32]
+	mi := &file_keyshard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +3047,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[32]
+	mi := &file_keyshard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +3060,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{32}
+	return file_keyshard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -2098,7 +3090,7 @@ type GetGrantsRequest struct {
 
 func (x *GetGrantsRequest) Reset() {
 	*x = GetGrantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[33]
+	mi := &file_keyshard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +3102,7 @@ func (x *GetGrantsRequest) String() string {
 func (*GetGrantsRequest) ProtoMessage() {}
 
 func (x *GetGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[33]
+	mi := &file_keyshard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +3115,7 @@ func (x *GetGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGrantsRequest.ProtoReflect.Descriptor instead.
 func (*GetGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{33}
+	return file_keyshard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetGrantsRequest) GetSession() string {
@@ -2173,7 +3165,7 @@ type GetGrantsResponse struct {
 
 func (x *GetGrantsResponse) Reset() {
 	*x = GetGrantsResponse{}
-	mi := &file_keyshard_proto_msgTypes[34]
+	mi := &file_keyshard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +3177,7 @@ func (x *GetGrantsResponse) String() string {
 func (*GetGrantsResponse) ProtoMessage() {}
 
 func (x *GetGrantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[34]
+	mi := &file_keyshard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +3190,7 @@ func (x *GetGrantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGrantsResponse.ProtoReflect.Descriptor instead.
 func (*GetGrantsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{34}
+	return file_keyshard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetGrantsResponse) GetGrants() []*BucketGrant {
@@ -2240,7 +3232,7 @@ type WatchGrantsRequest struct {
 
 func (x *WatchGrantsRequest) Reset() {
 	*x = WatchGrantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[35]
+	mi := &file_keyshard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +3244,7 @@ func (x *WatchGrantsRequest) String() string {
 func (*WatchGrantsRequest) ProtoMessage() {}
 
 func (x *WatchGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[35]
+	mi := &file_keyshard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +3257,7 @@ func (x *WatchGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchGrantsRequest.ProtoReflect.Descriptor instead.
 func (*WatchGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{35}
+	return file_keyshard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchGrantsRequest) GetSession() string {
@@ -2308,7 +3300,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_keyshard_proto_msgTypes[36]
+	mi := &file_keyshard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +3312,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[36]
+	mi := &file_keyshard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +3325,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{36}
+	return file_keyshard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReleaseRequest) GetSession() string {
@@ -2368,7 +3360,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_keyshard_proto_msgTypes[37]
+	mi := &file_keyshard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +3372,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[37]
+	mi := &file_keyshard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +3385,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{37}
+	return file_keyshard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReleaseResponse) GetRevision() uint64 {
@@ -2414,7 +3406,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_keyshard_proto_msgTypes[38]
+	mi := &file_keyshard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +3418,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[38]
+	mi := &file_keyshard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +3431,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{38}
+	return file_keyshard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LeaveRequest) GetSession() string {
@@ -2457,7 +3449,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_keyshard_proto_msgTypes[39]
+	mi := &file_keyshard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +3461,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[39]
+	mi := &file_keyshard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +3474,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{39}
+	return file_keyshard_proto_rawDescGZIP(), []int{51}
 }
 
 // CommitRequest records the session's stream positions, the whole of them
@@ -2514,7 +3506,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_keyshard_proto_msgTypes[40]
+	mi := &file_keyshard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +3518,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[40]
+	mi := &file_keyshard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +3531,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{40}
+	return file_keyshard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CommitRequest) GetSession() string {
@@ -2580,7 +3572,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_keyshard_proto_msgTypes[41]
+	mi := &file_keyshard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +3584,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[41]
+	mi := &file_keyshard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +3597,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{41}
+	return file_keyshard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CommitResponse) GetRevision() uint64 {
@@ -2631,7 +3623,7 @@ type Map struct {
 
 func (x *Map) Reset() {
 	*x = Map{}
-	mi := &file_keyshard_proto_msgTypes[42]
+	mi := &file_keyshard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +3635,7 @@ func (x *Map) String() string {
 func (*Map) ProtoMessage() {}
 
 func (x *Map) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[42]
+	mi := &file_keyshard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +3648,7 @@ func (x *Map) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Map.ProtoReflect.Descriptor instead.
 func (*Map) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{42}
+	return file_keyshard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Map) GetKeyspace() string {
@@ -2714,7 +3706,7 @@ type GetMapRequest struct {
 
 func (x *GetMapRequest) Reset() {
 	*x = GetMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[43]
+	mi := &file_keyshard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +3718,7 @@ func (x *GetMapRequest) String() string {
 func (*GetMapRequest) ProtoMessage() {}
 
 func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[43]
+	mi := &file_keyshard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +3731,7 @@ func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapRequest.ProtoReflect.Descriptor instead.
 func (*GetMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{43}
+	return file_keyshard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetMapRequest) GetKeyspace() string {
@@ -2774,7 +3766,7 @@ type GetMapResponse struct {
 
 func (x *GetMapResponse) Reset() {
 	*x = GetMapResponse{}
-	mi := &file_keyshard_proto_msgTypes[44]
+	mi := &file_keyshard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3778,7 @@ func (x *GetMapResponse) String() string {
 func (*GetMapResponse) ProtoMessage() {}
 
 func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[44]
+	mi := &file_keyshard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3791,7 @@ func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapResponse.ProtoReflect.Descriptor instead.
 func (*GetMapResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{44}
+	return file_keyshard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetMapResponse) GetMap() *Map {
@@ -2826,7 +3818,7 @@ type WatchMapRequest struct {
 
 func (x *WatchMapRequest) Reset() {
 	*x = WatchMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[45]
+	mi := &file_keyshard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2838,7 +3830,7 @@ func (x *WatchMapRequest) String() string {
 func (*WatchMapRequest) ProtoMessage() {}
 
 func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[45]
+	mi := &file_keyshard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2851,7 +3843,7 @@ func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMapRequest.ProtoReflect.Descriptor instead.
 func (*WatchMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{45}
+	return file_keyshard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WatchMapRequest) GetKeyspace() string {
@@ -2878,7 +3870,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keyshard_proto_msgTypes[46]
+	mi := &file_keyshard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3882,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[46]
+	mi := &file_keyshard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3895,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{46}
+	return file_keyshard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *LookupRequest) GetKeyspace() string {
@@ -2933,7 +3925,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_keyshard_proto_msgTypes[47]
+	mi := &file_keyshard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3937,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[47]
+	mi := &file_keyshard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3950,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{47}
+	return file_keyshard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Owner) GetKey() string {
@@ -2999,7 +3991,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +4003,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +4016,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{48}
+	return file_keyshard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LookupResponse) GetEpoch() uint64 {
@@ -3056,7 +4048,7 @@ type WrongOwner struct {
 
 func (x *WrongOwner) Reset() {
 	*x = WrongOwner{}
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +4060,7 @@ func (x *WrongOwner) String() string {
 func (*WrongOwner) ProtoMessage() {}
 
 func (x *WrongOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +4073,7 @@ func (x *WrongOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WrongOwner.ProtoReflect.Descriptor instead.
 func (*WrongOwner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{49}
+	return file_keyshard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *WrongOwner) GetBucket() uint32 {
@@ -3146,7 +4138,7 @@ type HotKeyPool struct {
 
 func (x *HotKeyPool) Reset() {
 	*x = HotKeyPool{}
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3158,7 +4150,7 @@ func (x *HotKeyPool) String() string {
 func (*HotKeyPool) ProtoMessage() {}
 
 func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3171,7 +4163,7 @@ func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeyPool.ProtoReflect.Descriptor instead.
 func (*HotKeyPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{50}
+	return file_keyshard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *HotKeyPool) GetName() string {
@@ -3232,7 +4224,7 @@ type PutHotKeyPoolRequest struct {
 
 func (x *PutHotKeyPoolRequest) Reset() {
 	*x = PutHotKeyPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3244,7 +4236,7 @@ func (x *PutHotKeyPoolRequest) String() string {
 func (*PutHotKeyPoolRequest) ProtoMessage() {}
 
 func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3257,7 +4249,7 @@ func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{51}
+	return file_keyshard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PutHotKeyPoolRequest) GetPool() *HotKeyPool {
@@ -3277,7 +4269,7 @@ type PutHotKeyPoolResponse struct {
 
 func (x *PutHotKeyPoolResponse) Reset() {
 	*x = PutHotKeyPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3289,7 +4281,7 @@ func (x *PutHotKeyPoolResponse) String() string {
 func (*PutHotKeyPoolResponse) ProtoMessage() {}
 
 func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3302,7 +4294,7 @@ func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{52}
+	return file_keyshard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PutHotKeyPoolResponse) GetPool() *HotKeyPool {
@@ -3320,7 +4312,7 @@ type ListHotKeyPoolsRequest struct {
 
 func (x *ListHotKeyPoolsRequest) Reset() {
 	*x = ListHotKeyPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +4324,7 @@ func (x *ListHotKeyPoolsRequest) String() string {
 func (*ListHotKeyPoolsRequest) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +4337,7 @@ func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{53}
+	return file_keyshard_proto_rawDescGZIP(), []int{65}
 }
 
 type ListHotKeyPoolsResponse struct {
@@ -3357,7 +4349,7 @@ type ListHotKeyPoolsResponse struct {
 
 func (x *ListHotKeyPoolsResponse) Reset() {
 	*x = ListHotKeyPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +4361,7 @@ func (x *ListHotKeyPoolsResponse) String() string {
 func (*ListHotKeyPoolsResponse) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +4374,7 @@ func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{54}
+	return file_keyshard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListHotKeyPoolsResponse) GetPools() []*HotKeyPool {
@@ -3405,7 +4397,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3417,7 +4409,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3430,7 +4422,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{55}
+	return file_keyshard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -3465,7 +4457,7 @@ type ReportHotKeysRequest struct {
 
 func (x *ReportHotKeysRequest) Reset() {
 	*x = ReportHotKeysRequest{}
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +4469,7 @@ func (x *ReportHotKeysRequest) String() string {
 func (*ReportHotKeysRequest) ProtoMessage() {}
 
 func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +4482,7 @@ func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{56}
+	return file_keyshard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReportHotKeysRequest) GetPool() string {
@@ -3526,7 +4518,7 @@ type ReportHotKeysResponse struct {
 
 func (x *ReportHotKeysResponse) Reset() {
 	*x = ReportHotKeysResponse{}
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3538,7 +4530,7 @@ func (x *ReportHotKeysResponse) String() string {
 func (*ReportHotKeysResponse) ProtoMessage() {}
 
 func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +4543,7 @@ func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{57}
+	return file_keyshard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReportHotKeysResponse) GetPool() *HotKeyPool {
@@ -3586,7 +4578,7 @@ type OverflowKey struct {
 
 func (x *OverflowKey) Reset() {
 	*x = OverflowKey{}
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3598,7 +4590,7 @@ func (x *OverflowKey) String() string {
 func (*OverflowKey) ProtoMessage() {}
 
 func (x *OverflowKey) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +4603,7 @@ func (x *OverflowKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowKey.ProtoReflect.Descriptor instead.
 func (*OverflowKey) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{58}
+	return file_keyshard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *OverflowKey) GetKey() string {
@@ -3656,7 +4648,7 @@ type OverflowSet struct {
 
 func (x *OverflowSet) Reset() {
 	*x = OverflowSet{}
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3668,7 +4660,7 @@ func (x *OverflowSet) String() string {
 func (*OverflowSet) ProtoMessage() {}
 
 func (x *OverflowSet) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3681,7 +4673,7 @@ func (x *OverflowSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowSet.ProtoReflect.Descriptor instead.
 func (*OverflowSet) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{59}
+	return file_keyshard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *OverflowSet) GetPool() string {
@@ -3718,7 +4710,7 @@ type GetOverflowSetRequest struct {
 
 func (x *GetOverflowSetRequest) Reset() {
 	*x = GetOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3730,7 +4722,7 @@ func (x *GetOverflowSetRequest) String() string {
 func (*GetOverflowSetRequest) ProtoMessage() {}
 
 func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3743,7 +4735,7 @@ func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{60}
+	return file_keyshard_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetOverflowSetRequest) GetPool() string {
@@ -3778,7 +4770,7 @@ type GetOverflowSetResponse struct {
 
 func (x *GetOverflowSetResponse) Reset() {
 	*x = GetOverflowSetResponse{}
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3790,7 +4782,7 @@ func (x *GetOverflowSetResponse) String() string {
 func (*GetOverflowSetResponse) ProtoMessage() {}
 
 func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3803,7 +4795,7 @@ func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetResponse.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{61}
+	return file_keyshard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetOverflowSetResponse) GetSet() *OverflowSet {
@@ -3830,7 +4822,7 @@ type WatchOverflowSetRequest struct {
 
 func (x *WatchOverflowSetRequest) Reset() {
 	*x = WatchOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3842,7 +4834,7 @@ func (x *WatchOverflowSetRequest) String() string {
 func (*WatchOverflowSetRequest) ProtoMessage() {}
 
 func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3855,7 +4847,7 @@ func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*WatchOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{62}
+	return file_keyshard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *WatchOverflowSetRequest) GetPool() string {
@@ -3887,7 +4879,7 @@ type TenantOverride struct {
 
 func (x *TenantOverride) Reset() {
 	*x = TenantOverride{}
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3899,7 +4891,7 @@ func (x *TenantOverride) String() string {
 func (*TenantOverride) ProtoMessage() {}
 
 func (x *TenantOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3912,7 +4904,7 @@ func (x *TenantOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantOverride.ProtoReflect.Descriptor instead.
 func (*TenantOverride) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{63}
+	return file_keyshard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *TenantOverride) GetSize() uint32 {
@@ -3986,7 +4978,7 @@ type TenantPoolPolicy struct {
 
 func (x *TenantPoolPolicy) Reset() {
 	*x = TenantPoolPolicy{}
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3998,7 +4990,7 @@ func (x *TenantPoolPolicy) String() string {
 func (*TenantPoolPolicy) ProtoMessage() {}
 
 func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4011,7 +5003,7 @@ func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolPolicy.ProtoReflect.Descriptor instead.
 func (*TenantPoolPolicy) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{64}
+	return file_keyshard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *TenantPoolPolicy) GetCapacityPerMember() float64 {
@@ -4127,7 +5119,7 @@ type TenantPool struct {
 
 func (x *TenantPool) Reset() {
 	*x = TenantPool{}
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4139,7 +5131,7 @@ func (x *TenantPool) String() string {
 func (*TenantPool) ProtoMessage() {}
 
 func (x *TenantPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4152,7 +5144,7 @@ func (x *TenantPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPool.ProtoReflect.Descriptor instead.
 func (*TenantPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{65}
+	return file_keyshard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *TenantPool) GetName() string {
@@ -4189,7 +5181,7 @@ type PutTenantPoolRequest struct {
 
 func (x *PutTenantPoolRequest) Reset() {
 	*x = PutTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4201,7 +5193,7 @@ func (x *PutTenantPoolRequest) String() string {
 func (*PutTenantPoolRequest) ProtoMessage() {}
 
 func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4214,7 +5206,7 @@ func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{66}
+	return file_keyshard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *PutTenantPoolRequest) GetPool() *TenantPool {
@@ -4234,7 +5226,7 @@ type PutTenantPoolResponse struct {
 
 func (x *PutTenantPoolResponse) Reset() {
 	*x = PutTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4246,7 +5238,7 @@ func (x *PutTenantPoolResponse) String() string {
 func (*PutTenantPoolResponse) ProtoMessage() {}
 
 func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4259,7 +5251,7 @@ func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{67}
+	return file_keyshard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *PutTenantPoolResponse) GetPool() *TenantPool {
@@ -4278,7 +5270,7 @@ type DeleteTenantPoolRequest struct {
 
 func (x *DeleteTenantPoolRequest) Reset() {
 	*x = DeleteTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4290,7 +5282,7 @@ func (x *DeleteTenantPoolRequest) String() string {
 func (*DeleteTenantPoolRequest) ProtoMessage() {}
 
 func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4303,7 +5295,7 @@ func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{68}
+	return file_keyshard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeleteTenantPoolRequest) GetName() string {
@@ -4321,7 +5313,7 @@ type DeleteTenantPoolResponse struct {
 
 func (x *DeleteTenantPoolResponse) Reset() {
 	*x = DeleteTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4333,7 +5325,7 @@ func (x *DeleteTenantPoolResponse) String() string {
 func (*DeleteTenantPoolResponse) ProtoMessage() {}
 
 func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4346,7 +5338,7 @@ func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{69}
+	return file_keyshard_proto_rawDescGZIP(), []int{81}
 }
 
 type ListTenantPoolsRequest struct {
@@ -4357,7 +5349,7 @@ type ListTenantPoolsRequest struct {
 
 func (x *ListTenantPoolsRequest) Reset() {
 	*x = ListTenantPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +5361,7 @@ func (x *ListTenantPoolsRequest) String() string {
 func (*ListTenantPoolsRequest) ProtoMessage() {}
 
 func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +5374,7 @@ func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{70}
+	return file_keyshard_proto_rawDescGZIP(), []int{82}
 }
 
 type ListTenantPoolsResponse struct {
@@ -4394,7 +5386,7 @@ type ListTenantPoolsResponse struct {
 
 func (x *ListTenantPoolsResponse) Reset() {
 	*x = ListTenantPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4406,7 +5398,7 @@ func (x *ListTenantPoolsResponse) String() string {
 func (*ListTenantPoolsResponse) ProtoMessage() {}
 
 func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4419,7 +5411,7 @@ func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{71}
+	return file_keyshard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListTenantPoolsResponse) GetPools() []*TenantPoolStatus {
@@ -4445,7 +5437,7 @@ type TenantPoolStatus struct {
 
 func (x *TenantPoolStatus) Reset() {
 	*x = TenantPoolStatus{}
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +5449,7 @@ func (x *TenantPoolStatus) String() string {
 func (*TenantPoolStatus) ProtoMessage() {}
 
 func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +5462,7 @@ func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolStatus.ProtoReflect.Descriptor instead.
 func (*TenantPoolStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{72}
+	return file_keyshard_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *TenantPoolStatus) GetPool() *TenantPool {
@@ -4525,7 +5517,7 @@ type JoinPoolRequest struct {
 
 func (x *JoinPoolRequest) Reset() {
 	*x = JoinPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4537,7 +5529,7 @@ func (x *JoinPoolRequest) String() string {
 func (*JoinPoolRequest) ProtoMessage() {}
 
 func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4550,7 +5542,7 @@ func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolRequest.ProtoReflect.Descriptor instead.
 func (*JoinPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{73}
+	return file_keyshard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *JoinPoolRequest) GetPool() string {
@@ -4585,7 +5577,7 @@ type JoinPoolResponse struct {
 
 func (x *JoinPoolResponse) Reset() {
 	*x = JoinPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4597,7 +5589,7 @@ func (x *JoinPoolResponse) String() string {
 func (*JoinPoolResponse) ProtoMessage() {}
 
 func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4610,7 +5602,7 @@ func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolResponse.ProtoReflect.Descriptor instead.
 func (*JoinPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{74}
+	return file_keyshard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *JoinPoolResponse) GetSession() string {
@@ -4643,7 +5635,7 @@ type PoolKeepAliveRequest struct {
 
 func (x *PoolKeepAliveRequest) Reset() {
 	*x = PoolKeepAliveRequest{}
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +5647,7 @@ func (x *PoolKeepAliveRequest) String() string {
 func (*PoolKeepAliveRequest) ProtoMessage() {}
 
 func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +5660,7 @@ func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{75}
+	return file_keyshard_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *PoolKeepAliveRequest) GetSession() string {
@@ -4688,7 +5680,7 @@ type PoolKeepAliveResponse struct {
 
 func (x *PoolKeepAliveResponse) Reset() {
 	*x = PoolKeepAliveResponse{}
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4700,7 +5692,7 @@ func (x *PoolKeepAliveResponse) String() string {
 func (*PoolKeepAliveResponse) ProtoMessage() {}
 
 func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4713,7 +5705,7 @@ func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{76}
+	return file_keyshard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *PoolKeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -4757,7 +5749,7 @@ type LeavePoolRequest struct {
 
 func (x *LeavePoolRequest) Reset() {
 	*x = LeavePoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4769,7 +5761,7 @@ func (x *LeavePoolRequest) String() string {
 func (*LeavePoolRequest) ProtoMessage() {}
 
 func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4782,7 +5774,7 @@ func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolRequest.ProtoReflect.Descriptor instead.
 func (*LeavePoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{77}
+	return file_keyshard_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *LeavePoolRequest) GetSession() string {
@@ -4826,7 +5818,7 @@ type LeavePoolResponse struct {
 
 func (x *LeavePoolResponse) Reset() {
 	*x = LeavePoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4838,7 +5830,7 @@ func (x *LeavePoolResponse) String() string {
 func (*LeavePoolResponse) ProtoMessage() {}
 
 func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4851,7 +5843,7 @@ func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolResponse.ProtoReflect.Descriptor instead.
 func (*LeavePoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{78}
+	return file_keyshard_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *LeavePoolResponse) GetDone() bool {
@@ -4897,7 +5889,7 @@ type MarkReadyRequest struct {
 
 func (x *MarkReadyRequest) Reset() {
 	*x = MarkReadyRequest{}
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4909,7 +5901,7 @@ func (x *MarkReadyRequest) String() string {
 func (*MarkReadyRequest) ProtoMessage() {}
 
 func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4922,7 +5914,7 @@ func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyRequest.ProtoReflect.Descriptor instead.
 func (*MarkReadyRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{79}
+	return file_keyshard_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *MarkReadyRequest) GetSession() string {
@@ -4949,7 +5941,7 @@ type MarkReadyResponse struct {
 
 func (x *MarkReadyResponse) Reset() {
 	*x = MarkReadyResponse{}
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4961,7 +5953,7 @@ func (x *MarkReadyResponse) String() string {
 func (*MarkReadyResponse) ProtoMessage() {}
 
 func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4974,7 +5966,7 @@ func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyResponse.ProtoReflect.Descriptor instead.
 func (*MarkReadyResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{80}
+	return file_keyshard_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *MarkReadyResponse) GetMarked() uint32 {
@@ -5005,7 +5997,7 @@ type TenantCount struct {
 
 func (x *TenantCount) Reset() {
 	*x = TenantCount{}
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5017,7 +6009,7 @@ func (x *TenantCount) String() string {
 func (*TenantCount) ProtoMessage() {}
 
 func (x *TenantCount) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5030,7 +6022,7 @@ func (x *TenantCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantCount.ProtoReflect.Descriptor instead.
 func (*TenantCount) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{81}
+	return file_keyshard_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *TenantCount) GetTenant() string {
@@ -5082,7 +6074,7 @@ type ReportLoadRequest struct {
 
 func (x *ReportLoadRequest) Reset() {
 	*x = ReportLoadRequest{}
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5094,7 +6086,7 @@ func (x *ReportLoadRequest) String() string {
 func (*ReportLoadRequest) ProtoMessage() {}
 
 func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5107,7 +6099,7 @@ func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadRequest.ProtoReflect.Descriptor instead.
 func (*ReportLoadRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{82}
+	return file_keyshard_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ReportLoadRequest) GetPool() string {
@@ -5163,7 +6155,7 @@ type ReportLoadResponse struct {
 
 func (x *ReportLoadResponse) Reset() {
 	*x = ReportLoadResponse{}
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5175,7 +6167,7 @@ func (x *ReportLoadResponse) String() string {
 func (*ReportLoadResponse) ProtoMessage() {}
 
 func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5188,7 +6180,7 @@ func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadResponse.ProtoReflect.Descriptor instead.
 func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{83}
+	return file_keyshard_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ReportLoadResponse) GetOutcome() ReportOutcome {
@@ -5219,7 +6211,7 @@ type TargetSpan struct {
 
 func (x *TargetSpan) Reset() {
 	*x = TargetSpan{}
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5231,7 +6223,7 @@ func (x *TargetSpan) String() string {
 func (*TargetSpan) ProtoMessage() {}
 
 func (x *TargetSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5244,7 +6236,7 @@ func (x *TargetSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetSpan.ProtoReflect.Descriptor instead.
 func (*TargetSpan) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{84}
+	return file_keyshard_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *TargetSpan) GetFrom() *timestamppb.Timestamp {
@@ -5276,7 +6268,7 @@ type TenantPlacement struct {
 
 func (x *TenantPlacement) Reset() {
 	*x = TenantPlacement{}
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5288,7 +6280,7 @@ func (x *TenantPlacement) String() string {
 func (*TenantPlacement) ProtoMessage() {}
 
 func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5301,7 +6293,7 @@ func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPlacement.ProtoReflect.Descriptor instead.
 func (*TenantPlacement) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{85}
+	return file_keyshard_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *TenantPlacement) GetMember() string {
@@ -5335,7 +6327,7 @@ type TenantRemoval struct {
 
 func (x *TenantRemoval) Reset() {
 	*x = TenantRemoval{}
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5347,7 +6339,7 @@ func (x *TenantRemoval) String() string {
 func (*TenantRemoval) ProtoMessage() {}
 
 func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5360,7 +6352,7 @@ func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRemoval.ProtoReflect.Descriptor instead.
 func (*TenantRemoval) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{86}
+	return file_keyshard_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *TenantRemoval) GetMember() string {
@@ -5399,7 +6391,7 @@ type TenantAssignment struct {
 
 func (x *TenantAssignment) Reset() {
 	*x = TenantAssignment{}
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5411,7 +6403,7 @@ func (x *TenantAssignment) String() string {
 func (*TenantAssignment) ProtoMessage() {}
 
 func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5424,7 +6416,7 @@ func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantAssignment.ProtoReflect.Descriptor instead.
 func (*TenantAssignment) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{87}
+	return file_keyshard_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *TenantAssignment) GetTenant() string {
@@ -5499,7 +6491,7 @@ type PoolSnapshot struct {
 
 func (x *PoolSnapshot) Reset() {
 	*x = PoolSnapshot{}
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5511,7 +6503,7 @@ func (x *PoolSnapshot) String() string {
 func (*PoolSnapshot) ProtoMessage() {}
 
 func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5524,7 +6516,7 @@ func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSnapshot.ProtoReflect.Descriptor instead.
 func (*PoolSnapshot) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{88}
+	return file_keyshard_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *PoolSnapshot) GetPool() string {
@@ -5590,7 +6582,7 @@ type GetPoolSnapshotRequest struct {
 
 func (x *GetPoolSnapshotRequest) Reset() {
 	*x = GetPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5602,7 +6594,7 @@ func (x *GetPoolSnapshotRequest) String() string {
 func (*GetPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5615,7 +6607,7 @@ func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{89}
+	return file_keyshard_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *GetPoolSnapshotRequest) GetPool() string {
@@ -5651,7 +6643,7 @@ type GetPoolSnapshotResponse struct {
 
 func (x *GetPoolSnapshotResponse) Reset() {
 	*x = GetPoolSnapshotResponse{}
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +6655,7 @@ func (x *GetPoolSnapshotResponse) String() string {
 func (*GetPoolSnapshotResponse) ProtoMessage() {}
 
 func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +6668,7 @@ func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{90}
+	return file_keyshard_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *GetPoolSnapshotResponse) GetSnapshot() *PoolSnapshot {
@@ -5706,7 +6698,7 @@ type WatchPoolSnapshotRequest struct {
 
 func (x *WatchPoolSnapshotRequest) Reset() {
 	*x = WatchPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5718,7 +6710,7 @@ func (x *WatchPoolSnapshotRequest) String() string {
 func (*WatchPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5731,7 +6723,7 @@ func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*WatchPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{91}
+	return file_keyshard_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *WatchPoolSnapshotRequest) GetPool() string {
@@ -5764,7 +6756,7 @@ type TenantStatus struct {
 
 func (x *TenantStatus) Reset() {
 	*x = TenantStatus{}
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5776,7 +6768,7 @@ func (x *TenantStatus) String() string {
 func (*TenantStatus) ProtoMessage() {}
 
 func (x *TenantStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5789,7 +6781,7 @@ func (x *TenantStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStatus.ProtoReflect.Descriptor instead.
 func (*TenantStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{92}
+	return file_keyshard_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TenantStatus) GetAssignment() *TenantAssignment {
@@ -5834,7 +6826,7 @@ type GetTenantsRequest struct {
 
 func (x *GetTenantsRequest) Reset() {
 	*x = GetTenantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5846,7 +6838,7 @@ func (x *GetTenantsRequest) String() string {
 func (*GetTenantsRequest) ProtoMessage() {}
 
 func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5859,7 +6851,7 @@ func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{93}
+	return file_keyshard_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *GetTenantsRequest) GetPool() string {
@@ -5895,7 +6887,7 @@ type GetTenantsResponse struct {
 
 func (x *GetTenantsResponse) Reset() {
 	*x = GetTenantsResponse{}
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5907,7 +6899,7 @@ func (x *GetTenantsResponse) String() string {
 func (*GetTenantsResponse) ProtoMessage() {}
 
 func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5920,7 +6912,7 @@ func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{94}
+	return file_keyshard_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *GetTenantsResponse) GetVersion() uint64 {
@@ -5979,13 +6971,15 @@ const file_keyshard_proto_rawDesc = "" +
 	"\bmetadata\x18\x05 \x03(\v2!.keyshard.v1.Member.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x02\n" +
 	"\fMemberStatus\x12+\n" +
 	"\x06member\x18\x01 \x01(\v2\x13.keyshard.v1.MemberR\x06member\x12%\n" +
 	"\x0etarget_buckets\x18\x02 \x01(\rR\rtargetBuckets\x12'\n" +
 	"\x0fgranted_buckets\x18\x03 \x01(\rR\x0egrantedBuckets\x12+\n" +
 	"\x11releasing_buckets\x18\x04 \x01(\rR\x10releasingBuckets\x12\x1a\n" +
-	"\bdraining\x18\x05 \x01(\bR\bdraining\"0\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x128\n" +
+	"\n" +
+	"lease_left\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tleaseLeft\"0\n" +
 	"\x12ListMembersRequest\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\"`\n" +
 	"\x13ListMembersResponse\x123\n" +
@@ -6035,17 +7029,73 @@ const file_keyshard_proto_rawDesc = "" +
 	"\bkeyspace\x18\x01 \x01(\v2\x15.keyshard.v1.KeyspaceR\bkeyspace\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\abuckets\x18\x03 \x03(\rR\abuckets\"\x0f\n" +
-	"\rStatusRequest\"}\n" +
+	"\rStatusRequest\"\xe3\x01\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x129\n" +
-	"\tkeyspaces\x18\x03 \x03(\v2\x1b.keyshard.v1.KeyspaceStatusR\tkeyspaces\"\xd0\x01\n" +
+	"\tkeyspaces\x18\x03 \x03(\v2\x1b.keyshard.v1.KeyspaceStatusR\tkeyspaces\x124\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.keyshard.v1.ReplicaInfoR\breplicas\x12.\n" +
+	"\x05store\x18\x05 \x01(\v2\x18.keyshard.v1.StoreHealthR\x05store\"G\n" +
+	"\vReplicaInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\"\xd0\x01\n" +
+	"\vStoreHealth\x12\x18\n" +
+	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1c\n" +
+	"\tendpoints\x18\x03 \x03(\tR\tendpoints\x12\"\n" +
+	"\rdb_size_bytes\x18\x04 \x01(\x03R\vdbSizeBytes\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x03R\brevision\x123\n" +
+	"\alatency\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xa8\x02\n" +
 	"\x0eKeyspaceStatus\x121\n" +
 	"\bkeyspace\x18\x01 \x01(\v2\x15.keyshard.v1.KeyspaceR\bkeyspace\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\amembers\x18\x03 \x01(\rR\amembers\x12-\n" +
 	"\x12unassigned_buckets\x18\x04 \x01(\rR\x11unassignedBuckets\x12,\n" +
-	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\"O\n" +
+	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\x12)\n" +
+	"\x10draining_members\x18\x06 \x01(\rR\x0fdrainingMembers\x12+\n" +
+	"\x11releasing_buckets\x18\a \x01(\rR\x10releasingBuckets\"M\n" +
+	"\x19GetKeyspaceHistoryRequest\x12\x1a\n" +
+	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"P\n" +
+	"\x1aGetKeyspaceHistoryResponse\x122\n" +
+	"\achanges\x18\x01 \x03(\v2\x18.keyshard.v1.EpochChangeR\achanges\"\x84\x02\n" +
+	"\vEpochChange\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
+	"\x06reason\x18\x03 \x01(\x0e2\x17.keyshard.v1.MoveReasonR\x06reason\x12\x18\n" +
+	"\amembers\x18\x04 \x03(\tR\amembers\x12#\n" +
+	"\rmoved_buckets\x18\x05 \x01(\rR\fmovedBuckets\x12'\n" +
+	"\x05moves\x18\x06 \x03(\v2\x11.keyshard.v1.MoveR\x05moves\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\"D\n" +
+	"\x04Move\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\x12\x18\n" +
+	"\abuckets\x18\x03 \x01(\rR\abuckets\"/\n" +
+	"\x11GetBucketsRequest\x12\x1a\n" +
+	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\"\xa2\x01\n" +
+	"\x12GetBucketsResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\abuckets\x18\x02 \x01(\rR\abuckets\x12\x18\n" +
+	"\amembers\x18\x03 \x03(\tR\amembers\x12*\n" +
+	"\x04runs\x18\x04 \x03(\v2\x16.keyshard.v1.BucketRunR\x04runs\x12\x16\n" +
+	"\x06stream\x18\x05 \x01(\bR\x06stream\"\xc7\x01\n" +
+	"\tBucketRun\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\rR\x05first\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\rR\x05owner\x12\x16\n" +
+	"\x06holder\x18\x04 \x01(\rR\x06holder\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x04R\x05token\x12.\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x18.keyshard.v1.BucketStateR\x05state\x12\x1a\n" +
+	"\bposition\x18\a \x01(\x04R\bposition\"-\n" +
+	"\x17GetHotKeyReportsRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\"S\n" +
+	"\x18GetHotKeyReportsResponse\x127\n" +
+	"\areports\x18\x01 \x03(\v2\x1d.keyshard.v1.HotKeyReportInfoR\areports\"\x88\x01\n" +
+	"\x10HotKeyReportInfo\x12\x1a\n" +
+	"\bproducer\x18\x01 \x01(\tR\bproducer\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12(\n" +
+	"\x04keys\x18\x03 \x03(\v2\x14.keyshard.v1.KeyRateR\x04keys\"O\n" +
 	"\vBucketGrant\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\rR\x06bucket\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x12\n" +
@@ -6321,12 +7371,30 @@ const file_keyshard_proto_rawDesc = "" +
 	"\fKeyspaceMode\x12\x1d\n" +
 	"\x19KEYSPACE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17KEYSPACE_MODE_EXCLUSIVE\x10\x01\x12\x18\n" +
-	"\x14KEYSPACE_MODE_STREAM\x10\x02*\x82\x01\n" +
+	"\x14KEYSPACE_MODE_STREAM\x10\x02*\xe2\x01\n" +
+	"\n" +
+	"MoveReason\x12\x1b\n" +
+	"\x17MOVE_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12MOVE_REASON_CREATE\x10\x01\x12\x14\n" +
+	"\x10MOVE_REASON_JOIN\x10\x02\x12\x15\n" +
+	"\x11MOVE_REASON_LEAVE\x10\x03\x12\x15\n" +
+	"\x11MOVE_REASON_CRASH\x10\x04\x12\x15\n" +
+	"\x11MOVE_REASON_DRAIN\x10\x05\x12\x14\n" +
+	"\x10MOVE_REASON_LOAD\x10\x06\x12\x16\n" +
+	"\x12MOVE_REASON_UPDATE\x10\a\x12\x16\n" +
+	"\x12MOVE_REASON_IMPORT\x10\b*\x9f\x01\n" +
+	"\vBucketState\x12\x1c\n" +
+	"\x18BUCKET_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17BUCKET_STATE_UNASSIGNED\x10\x01\x12\x18\n" +
+	"\x14BUCKET_STATE_GRANTED\x10\x02\x12\x1a\n" +
+	"\x16BUCKET_STATE_RELEASING\x10\x03\x12\x1f\n" +
+	"\x1bBUCKET_STATE_AWAITING_GRANT\x10\x04*\x82\x01\n" +
 	"\rReportOutcome\x12\x1e\n" +
 	"\x1aREPORT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_OUTCOME_COUNTED\x10\x01\x12\x1b\n" +
 	"\x17REPORT_OUTCOME_REPLAYED\x10\x02\x12\x18\n" +
-	"\x14REPORT_OUTCOME_STALE\x10\x032\xb9\b\n" +
+	"\x14REPORT_OUTCOME_STALE\x10\x032\xdf\n" +
+	"\n" +
 	"\fAdminService\x12Y\n" +
 	"\x0eCreateKeyspace\x12\".keyshard.v1.CreateKeyspaceRequest\x1a#.keyshard.v1.CreateKeyspaceResponse\x12U\n" +
 	"\vGetKeyspace\x12\x1f.keyshard.v1.GetKeyspaceRequest\x1a .keyshard.v1.GetKeyspaceResponse\"\x03\x90\x02\x01\x12[\n" +
@@ -6339,7 +7407,11 @@ const file_keyshard_proto_rawDesc = "" +
 	"\fGetPositions\x12 .keyshard.v1.GetPositionsRequest\x1a!.keyshard.v1.GetPositionsResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\x0eResetPositions\x12\".keyshard.v1.ResetPositionsRequest\x1a#.keyshard.v1.ResetPositionsResponse\x12Y\n" +
 	"\x0eImportKeyspace\x12\".keyshard.v1.ImportKeyspaceRequest\x1a#.keyshard.v1.ImportKeyspaceResponse\x12a\n" +
-	"\x0fListHotKeyPools\x12#.keyshard.v1.ListHotKeyPoolsRequest\x1a$.keyshard.v1.ListHotKeyPoolsResponse\"\x03\x90\x02\x012\xff\x03\n" +
+	"\x0fListHotKeyPools\x12#.keyshard.v1.ListHotKeyPoolsRequest\x1a$.keyshard.v1.ListHotKeyPoolsResponse\"\x03\x90\x02\x01\x12j\n" +
+	"\x12GetKeyspaceHistory\x12&.keyshard.v1.GetKeyspaceHistoryRequest\x1a'.keyshard.v1.GetKeyspaceHistoryResponse\"\x03\x90\x02\x01\x12R\n" +
+	"\n" +
+	"GetBuckets\x12\x1e.keyshard.v1.GetBucketsRequest\x1a\x1f.keyshard.v1.GetBucketsResponse\"\x03\x90\x02\x01\x12d\n" +
+	"\x10GetHotKeyReports\x12$.keyshard.v1.GetHotKeyReportsRequest\x1a%.keyshard.v1.GetHotKeyReportsResponse\"\x03\x90\x02\x012\xff\x03\n" +
 	"\rMemberService\x12;\n" +
 	"\x04Join\x12\x18.keyshard.v1.JoinRequest\x1a\x19.keyshard.v1.JoinResponse\x12J\n" +
 	"\tKeepAlive\x12\x1d.keyshard.v1.KeepAliveRequest\x1a\x1e.keyshard.v1.KeepAliveResponse\x12J\n" +
@@ -6384,271 +7456,304 @@ func file_keyshard_proto_rawDescGZIP() []byte {
 	return file_keyshard_proto_rawDescData
 }
 
-var file_keyshard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
+var file_keyshard_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_keyshard_proto_goTypes = []any{
-	(KeyspaceMode)(0),                // 0: keyshard.v1.KeyspaceMode
-	(ReportOutcome)(0),               // 1: keyshard.v1.ReportOutcome
-	(*Keyspace)(nil),                 // 2: keyshard.v1.Keyspace
-	(*CreateKeyspaceRequest)(nil),    // 3: keyshard.v1.CreateKeyspaceRequest
-	(*CreateKeyspaceResponse)(nil),   // 4: keyshard.v1.CreateKeyspaceResponse
-	(*GetKeyspaceRequest)(nil),       // 5: keyshard.v1.GetKeyspaceRequest
-	(*GetKeyspaceResponse)(nil),      // 6: keyshard.v1.GetKeyspaceResponse
-	(*ListKeyspacesRequest)(nil),     // 7: keyshard.v1.ListKeyspacesRequest
-	(*ListKeyspacesResponse)(nil),    // 8: keyshard.v1.ListKeyspacesResponse
-	(*UpdateKeyspaceRequest)(nil),    // 9: keyshard.v1.UpdateKeyspaceRequest
-	(*UpdateKeyspaceResponse)(nil),   // 10: keyshard.v1.UpdateKeyspaceResponse
-	(*Member)(nil),                   // 11: keyshard.v1.Member
-	(*MemberStatus)(nil),             // 12: keyshard.v1.MemberStatus
-	(*ListMembersRequest)(nil),       // 13: keyshard.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),      // 14: keyshard.v1.ListMembersResponse
-	(*DrainMemberRequest)(nil),       // 15: keyshard.v1.DrainMemberRequest
-	(*DrainMemberResponse)(nil),      // 16: keyshard.v1.DrainMemberResponse
-	(*PositionRun)(nil),              // 17: keyshard.v1.PositionRun
-	(*BucketBehind)(nil),             // 18: keyshard.v1.BucketBehind
-	(*GetPositionsRequest)(nil),      // 19: keyshard.v1.GetPositionsRequest
-	(*GetPositionsResponse)(nil),     // 20: keyshard.v1.GetPositionsResponse
-	(*ResetPositionsRequest)(nil),    // 21: keyshard.v1.ResetPositionsRequest
-	(*ResetPositionsResponse)(nil),   // 22: keyshard.v1.ResetPositionsResponse
-	(*ImportKeyspaceRequest)(nil),    // 23: keyshard.v1.ImportKeyspaceRequest
-	(*ImportInstance)(nil),           // 24: keyshard.v1.ImportInstance
-	(*ImportKeyspaceResponse)(nil),   // 25: keyshard.v1.ImportKeyspaceResponse
-	(*StatusRequest)(nil),            // 26: keyshard.v1.StatusRequest
-	(*StatusResponse)(nil),           // 27: keyshard.v1.StatusResponse
-	(*KeyspaceStatus)(nil),           // 28: keyshard.v1.KeyspaceStatus
-	(*BucketGrant)(nil),              // 29: keyshard.v1.BucketGrant
-	(*BucketPosition)(nil),           // 30: keyshard.v1.BucketPosition
-	(*JoinRequest)(nil),              // 31: keyshard.v1.JoinRequest
-	(*JoinResponse)(nil),             // 32: keyshard.v1.JoinResponse
-	(*KeepAliveRequest)(nil),         // 33: keyshard.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),        // 34: keyshard.v1.KeepAliveResponse
-	(*GetGrantsRequest)(nil),         // 35: keyshard.v1.GetGrantsRequest
-	(*GetGrantsResponse)(nil),        // 36: keyshard.v1.GetGrantsResponse
-	(*WatchGrantsRequest)(nil),       // 37: keyshard.v1.WatchGrantsRequest
-	(*ReleaseRequest)(nil),           // 38: keyshard.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 39: keyshard.v1.ReleaseResponse
-	(*LeaveRequest)(nil),             // 40: keyshard.v1.LeaveRequest
-	(*LeaveResponse)(nil),            // 41: keyshard.v1.LeaveResponse
-	(*CommitRequest)(nil),            // 42: keyshard.v1.CommitRequest
-	(*CommitResponse)(nil),           // 43: keyshard.v1.CommitResponse
-	(*Map)(nil),                      // 44: keyshard.v1.Map
-	(*GetMapRequest)(nil),            // 45: keyshard.v1.GetMapRequest
-	(*GetMapResponse)(nil),           // 46: keyshard.v1.GetMapResponse
-	(*WatchMapRequest)(nil),          // 47: keyshard.v1.WatchMapRequest
-	(*LookupRequest)(nil),            // 48: keyshard.v1.LookupRequest
-	(*Owner)(nil),                    // 49: keyshard.v1.Owner
-	(*LookupResponse)(nil),           // 50: keyshard.v1.LookupResponse
-	(*WrongOwner)(nil),               // 51: keyshard.v1.WrongOwner
-	(*HotKeyPool)(nil),               // 52: keyshard.v1.HotKeyPool
-	(*PutHotKeyPoolRequest)(nil),     // 53: keyshard.v1.PutHotKeyPoolRequest
-	(*PutHotKeyPoolResponse)(nil),    // 54: keyshard.v1.PutHotKeyPoolResponse
-	(*ListHotKeyPoolsRequest)(nil),   // 55: keyshard.v1.ListHotKeyPoolsRequest
-	(*ListHotKeyPoolsResponse)(nil),  // 56: keyshard.v1.ListHotKeyPoolsResponse
-	(*KeyRate)(nil),                  // 57: keyshard.v1.KeyRate
-	(*ReportHotKeysRequest)(nil),     // 58: keyshard.v1.ReportHotKeysRequest
-	(*ReportHotKeysResponse)(nil),    // 59: keyshard.v1.ReportHotKeysResponse
-	(*OverflowKey)(nil),              // 60: keyshard.v1.OverflowKey
-	(*OverflowSet)(nil),              // 61: keyshard.v1.OverflowSet
-	(*GetOverflowSetRequest)(nil),    // 62: keyshard.v1.GetOverflowSetRequest
-	(*GetOverflowSetResponse)(nil),   // 63: keyshard.v1.GetOverflowSetResponse
-	(*WatchOverflowSetRequest)(nil),  // 64: keyshard.v1.WatchOverflowSetRequest
-	(*TenantOverride)(nil),           // 65: keyshard.v1.TenantOverride
-	(*TenantPoolPolicy)(nil),         // 66: keyshard.v1.TenantPoolPolicy
-	(*TenantPool)(nil),               // 67: keyshard.v1.TenantPool
-	(*PutTenantPoolRequest)(nil),     // 68: keyshard.v1.PutTenantPoolRequest
-	(*PutTenantPoolResponse)(nil),    // 69: keyshard.v1.PutTenantPoolResponse
-	(*DeleteTenantPoolRequest)(nil),  // 70: keyshard.v1.DeleteTenantPoolRequest
-	(*DeleteTenantPoolResponse)(nil), // 71: keyshard.v1.DeleteTenantPoolResponse
-	(*ListTenantPoolsRequest)(nil),   // 72: keyshard.v1.ListTenantPoolsRequest
-	(*ListTenantPoolsResponse)(nil),  // 73: keyshard.v1.ListTenantPoolsResponse
-	(*TenantPoolStatus)(nil),         // 74: keyshard.v1.TenantPoolStatus
-	(*JoinPoolRequest)(nil),          // 75: keyshard.v1.JoinPoolRequest
-	(*JoinPoolResponse)(nil),         // 76: keyshard.v1.JoinPoolResponse
-	(*PoolKeepAliveRequest)(nil),     // 77: keyshard.v1.PoolKeepAliveRequest
-	(*PoolKeepAliveResponse)(nil),    // 78: keyshard.v1.PoolKeepAliveResponse
-	(*LeavePoolRequest)(nil),         // 79: keyshard.v1.LeavePoolRequest
-	(*LeavePoolResponse)(nil),        // 80: keyshard.v1.LeavePoolResponse
-	(*MarkReadyRequest)(nil),         // 81: keyshard.v1.MarkReadyRequest
-	(*MarkReadyResponse)(nil),        // 82: keyshard.v1.MarkReadyResponse
-	(*TenantCount)(nil),              // 83: keyshard.v1.TenantCount
-	(*ReportLoadRequest)(nil),        // 84: keyshard.v1.ReportLoadRequest
-	(*ReportLoadResponse)(nil),       // 85: keyshard.v1.ReportLoadResponse
-	(*TargetSpan)(nil),               // 86: keyshard.v1.TargetSpan
-	(*TenantPlacement)(nil),          // 87: keyshard.v1.TenantPlacement
-	(*TenantRemoval)(nil),            // 88: keyshard.v1.TenantRemoval
-	(*TenantAssignment)(nil),         // 89: keyshard.v1.TenantAssignment
-	(*PoolSnapshot)(nil),             // 90: keyshard.v1.PoolSnapshot
-	(*GetPoolSnapshotRequest)(nil),   // 91: keyshard.v1.GetPoolSnapshotRequest
-	(*GetPoolSnapshotResponse)(nil),  // 92: keyshard.v1.GetPoolSnapshotResponse
-	(*WatchPoolSnapshotRequest)(nil), // 93: keyshard.v1.WatchPoolSnapshotRequest
-	(*TenantStatus)(nil),             // 94: keyshard.v1.TenantStatus
-	(*GetTenantsRequest)(nil),        // 95: keyshard.v1.GetTenantsRequest
-	(*GetTenantsResponse)(nil),       // 96: keyshard.v1.GetTenantsResponse
-	nil,                              // 97: keyshard.v1.Member.MetadataEntry
-	nil,                              // 98: keyshard.v1.TenantPoolPolicy.OverridesEntry
-	(*durationpb.Duration)(nil),      // 99: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 100: google.protobuf.Timestamp
+	(KeyspaceMode)(0),                  // 0: keyshard.v1.KeyspaceMode
+	(MoveReason)(0),                    // 1: keyshard.v1.MoveReason
+	(BucketState)(0),                   // 2: keyshard.v1.BucketState
+	(ReportOutcome)(0),                 // 3: keyshard.v1.ReportOutcome
+	(*Keyspace)(nil),                   // 4: keyshard.v1.Keyspace
+	(*CreateKeyspaceRequest)(nil),      // 5: keyshard.v1.CreateKeyspaceRequest
+	(*CreateKeyspaceResponse)(nil),     // 6: keyshard.v1.CreateKeyspaceResponse
+	(*GetKeyspaceRequest)(nil),         // 7: keyshard.v1.GetKeyspaceRequest
+	(*GetKeyspaceResponse)(nil),        // 8: keyshard.v1.GetKeyspaceResponse
+	(*ListKeyspacesRequest)(nil),       // 9: keyshard.v1.ListKeyspacesRequest
+	(*ListKeyspacesResponse)(nil),      // 10: keyshard.v1.ListKeyspacesResponse
+	(*UpdateKeyspaceRequest)(nil),      // 11: keyshard.v1.UpdateKeyspaceRequest
+	(*UpdateKeyspaceResponse)(nil),     // 12: keyshard.v1.UpdateKeyspaceResponse
+	(*Member)(nil),                     // 13: keyshard.v1.Member
+	(*MemberStatus)(nil),               // 14: keyshard.v1.MemberStatus
+	(*ListMembersRequest)(nil),         // 15: keyshard.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),        // 16: keyshard.v1.ListMembersResponse
+	(*DrainMemberRequest)(nil),         // 17: keyshard.v1.DrainMemberRequest
+	(*DrainMemberResponse)(nil),        // 18: keyshard.v1.DrainMemberResponse
+	(*PositionRun)(nil),                // 19: keyshard.v1.PositionRun
+	(*BucketBehind)(nil),               // 20: keyshard.v1.BucketBehind
+	(*GetPositionsRequest)(nil),        // 21: keyshard.v1.GetPositionsRequest
+	(*GetPositionsResponse)(nil),       // 22: keyshard.v1.GetPositionsResponse
+	(*ResetPositionsRequest)(nil),      // 23: keyshard.v1.ResetPositionsRequest
+	(*ResetPositionsResponse)(nil),     // 24: keyshard.v1.ResetPositionsResponse
+	(*ImportKeyspaceRequest)(nil),      // 25: keyshard.v1.ImportKeyspaceRequest
+	(*ImportInstance)(nil),             // 26: keyshard.v1.ImportInstance
+	(*ImportKeyspaceResponse)(nil),     // 27: keyshard.v1.ImportKeyspaceResponse
+	(*StatusRequest)(nil),              // 28: keyshard.v1.StatusRequest
+	(*StatusResponse)(nil),             // 29: keyshard.v1.StatusResponse
+	(*ReplicaInfo)(nil),                // 30: keyshard.v1.ReplicaInfo
+	(*StoreHealth)(nil),                // 31: keyshard.v1.StoreHealth
+	(*KeyspaceStatus)(nil),             // 32: keyshard.v1.KeyspaceStatus
+	(*GetKeyspaceHistoryRequest)(nil),  // 33: keyshard.v1.GetKeyspaceHistoryRequest
+	(*GetKeyspaceHistoryResponse)(nil), // 34: keyshard.v1.GetKeyspaceHistoryResponse
+	(*EpochChange)(nil),                // 35: keyshard.v1.EpochChange
+	(*Move)(nil),                       // 36: keyshard.v1.Move
+	(*GetBucketsRequest)(nil),          // 37: keyshard.v1.GetBucketsRequest
+	(*GetBucketsResponse)(nil),         // 38: keyshard.v1.GetBucketsResponse
+	(*BucketRun)(nil),                  // 39: keyshard.v1.BucketRun
+	(*GetHotKeyReportsRequest)(nil),    // 40: keyshard.v1.GetHotKeyReportsRequest
+	(*GetHotKeyReportsResponse)(nil),   // 41: keyshard.v1.GetHotKeyReportsResponse
+	(*HotKeyReportInfo)(nil),           // 42: keyshard.v1.HotKeyReportInfo
+	(*BucketGrant)(nil),                // 43: keyshard.v1.BucketGrant
+	(*BucketPosition)(nil),             // 44: keyshard.v1.BucketPosition
+	(*JoinRequest)(nil),                // 45: keyshard.v1.JoinRequest
+	(*JoinResponse)(nil),               // 46: keyshard.v1.JoinResponse
+	(*KeepAliveRequest)(nil),           // 47: keyshard.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),          // 48: keyshard.v1.KeepAliveResponse
+	(*GetGrantsRequest)(nil),           // 49: keyshard.v1.GetGrantsRequest
+	(*GetGrantsResponse)(nil),          // 50: keyshard.v1.GetGrantsResponse
+	(*WatchGrantsRequest)(nil),         // 51: keyshard.v1.WatchGrantsRequest
+	(*ReleaseRequest)(nil),             // 52: keyshard.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 53: keyshard.v1.ReleaseResponse
+	(*LeaveRequest)(nil),               // 54: keyshard.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 55: keyshard.v1.LeaveResponse
+	(*CommitRequest)(nil),              // 56: keyshard.v1.CommitRequest
+	(*CommitResponse)(nil),             // 57: keyshard.v1.CommitResponse
+	(*Map)(nil),                        // 58: keyshard.v1.Map
+	(*GetMapRequest)(nil),              // 59: keyshard.v1.GetMapRequest
+	(*GetMapResponse)(nil),             // 60: keyshard.v1.GetMapResponse
+	(*WatchMapRequest)(nil),            // 61: keyshard.v1.WatchMapRequest
+	(*LookupRequest)(nil),              // 62: keyshard.v1.LookupRequest
+	(*Owner)(nil),                      // 63: keyshard.v1.Owner
+	(*LookupResponse)(nil),             // 64: keyshard.v1.LookupResponse
+	(*WrongOwner)(nil),                 // 65: keyshard.v1.WrongOwner
+	(*HotKeyPool)(nil),                 // 66: keyshard.v1.HotKeyPool
+	(*PutHotKeyPoolRequest)(nil),       // 67: keyshard.v1.PutHotKeyPoolRequest
+	(*PutHotKeyPoolResponse)(nil),      // 68: keyshard.v1.PutHotKeyPoolResponse
+	(*ListHotKeyPoolsRequest)(nil),     // 69: keyshard.v1.ListHotKeyPoolsRequest
+	(*ListHotKeyPoolsResponse)(nil),    // 70: keyshard.v1.ListHotKeyPoolsResponse
+	(*KeyRate)(nil),                    // 71: keyshard.v1.KeyRate
+	(*ReportHotKeysRequest)(nil),       // 72: keyshard.v1.ReportHotKeysRequest
+	(*ReportHotKeysResponse)(nil),      // 73: keyshard.v1.ReportHotKeysResponse
+	(*OverflowKey)(nil),                // 74: keyshard.v1.OverflowKey
+	(*OverflowSet)(nil),                // 75: keyshard.v1.OverflowSet
+	(*GetOverflowSetRequest)(nil),      // 76: keyshard.v1.GetOverflowSetRequest
+	(*GetOverflowSetResponse)(nil),     // 77: keyshard.v1.GetOverflowSetResponse
+	(*WatchOverflowSetRequest)(nil),    // 78: keyshard.v1.WatchOverflowSetRequest
+	(*TenantOverride)(nil),             // 79: keyshard.v1.TenantOverride
+	(*TenantPoolPolicy)(nil),           // 80: keyshard.v1.TenantPoolPolicy
+	(*TenantPool)(nil),                 // 81: keyshard.v1.TenantPool
+	(*PutTenantPoolRequest)(nil),       // 82: keyshard.v1.PutTenantPoolRequest
+	(*PutTenantPoolResponse)(nil),      // 83: keyshard.v1.PutTenantPoolResponse
+	(*DeleteTenantPoolRequest)(nil),    // 84: keyshard.v1.DeleteTenantPoolRequest
+	(*DeleteTenantPoolResponse)(nil),   // 85: keyshard.v1.DeleteTenantPoolResponse
+	(*ListTenantPoolsRequest)(nil),     // 86: keyshard.v1.ListTenantPoolsRequest
+	(*ListTenantPoolsResponse)(nil),    // 87: keyshard.v1.ListTenantPoolsResponse
+	(*TenantPoolStatus)(nil),           // 88: keyshard.v1.TenantPoolStatus
+	(*JoinPoolRequest)(nil),            // 89: keyshard.v1.JoinPoolRequest
+	(*JoinPoolResponse)(nil),           // 90: keyshard.v1.JoinPoolResponse
+	(*PoolKeepAliveRequest)(nil),       // 91: keyshard.v1.PoolKeepAliveRequest
+	(*PoolKeepAliveResponse)(nil),      // 92: keyshard.v1.PoolKeepAliveResponse
+	(*LeavePoolRequest)(nil),           // 93: keyshard.v1.LeavePoolRequest
+	(*LeavePoolResponse)(nil),          // 94: keyshard.v1.LeavePoolResponse
+	(*MarkReadyRequest)(nil),           // 95: keyshard.v1.MarkReadyRequest
+	(*MarkReadyResponse)(nil),          // 96: keyshard.v1.MarkReadyResponse
+	(*TenantCount)(nil),                // 97: keyshard.v1.TenantCount
+	(*ReportLoadRequest)(nil),          // 98: keyshard.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil),         // 99: keyshard.v1.ReportLoadResponse
+	(*TargetSpan)(nil),                 // 100: keyshard.v1.TargetSpan
+	(*TenantPlacement)(nil),            // 101: keyshard.v1.TenantPlacement
+	(*TenantRemoval)(nil),              // 102: keyshard.v1.TenantRemoval
+	(*TenantAssignment)(nil),           // 103: keyshard.v1.TenantAssignment
+	(*PoolSnapshot)(nil),               // 104: keyshard.v1.PoolSnapshot
+	(*GetPoolSnapshotRequest)(nil),     // 105: keyshard.v1.GetPoolSnapshotRequest
+	(*GetPoolSnapshotResponse)(nil),    // 106: keyshard.v1.GetPoolSnapshotResponse
+	(*WatchPoolSnapshotRequest)(nil),   // 107: keyshard.v1.WatchPoolSnapshotRequest
+	(*TenantStatus)(nil),               // 108: keyshard.v1.TenantStatus
+	(*GetTenantsRequest)(nil),          // 109: keyshard.v1.GetTenantsRequest
+	(*GetTenantsResponse)(nil),         // 110: keyshard.v1.GetTenantsResponse
+	nil,                                // 111: keyshard.v1.Member.MetadataEntry
+	nil,                                // 112: keyshard.v1.TenantPoolPolicy.OverridesEntry
+	(*durationpb.Duration)(nil),        // 113: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 114: google.protobuf.Timestamp
 }
 var file_keyshard_proto_depIdxs = []int32{
 	0,   // 0: keyshard.v1.Keyspace.mode:type_name -> keyshard.v1.KeyspaceMode
-	99,  // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
-	99,  // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
-	2,   // 3: keyshard.v1.CreateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
-	2,   // 4: keyshard.v1.CreateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	2,   // 5: keyshard.v1.GetKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	2,   // 6: keyshard.v1.ListKeyspacesResponse.keyspaces:type_name -> keyshard.v1.Keyspace
-	2,   // 7: keyshard.v1.UpdateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
-	2,   // 8: keyshard.v1.UpdateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	97,  // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
-	11,  // 10: keyshard.v1.MemberStatus.member:type_name -> keyshard.v1.Member
-	12,  // 11: keyshard.v1.ListMembersResponse.members:type_name -> keyshard.v1.MemberStatus
-	17,  // 12: keyshard.v1.GetPositionsResponse.runs:type_name -> keyshard.v1.PositionRun
-	18,  // 13: keyshard.v1.GetPositionsResponse.behind:type_name -> keyshard.v1.BucketBehind
-	2,   // 14: keyshard.v1.ImportKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
-	24,  // 15: keyshard.v1.ImportKeyspaceRequest.instances:type_name -> keyshard.v1.ImportInstance
-	99,  // 16: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
-	2,   // 17: keyshard.v1.ImportKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	28,  // 18: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
-	2,   // 19: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
-	11,  // 20: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
-	99,  // 21: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
-	2,   // 22: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	99,  // 23: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	99,  // 24: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
-	29,  // 25: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
-	29,  // 26: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
-	30,  // 27: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
-	30,  // 28: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
-	11,  // 29: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
-	99,  // 30: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
-	44,  // 31: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
-	49,  // 32: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
-	99,  // 33: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
-	99,  // 34: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
-	52,  // 35: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
-	52,  // 36: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	52,  // 37: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
-	57,  // 38: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
-	52,  // 39: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	100, // 40: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
-	100, // 41: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
-	60,  // 42: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
-	99,  // 43: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
-	61,  // 44: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
-	99,  // 45: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
-	99,  // 46: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
-	99,  // 47: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
-	98,  // 48: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
-	99,  // 49: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
-	99,  // 50: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
-	66,  // 51: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	99,  // 52: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
-	67,  // 53: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
-	67,  // 54: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	74,  // 55: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
-	67,  // 56: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
-	100, // 57: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
-	11,  // 58: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
-	99,  // 59: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
-	67,  // 60: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	99,  // 61: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	100, // 62: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
-	100, // 63: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
-	83,  // 64: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
-	99,  // 65: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
-	1,   // 66: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
-	100, // 67: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
-	100, // 68: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
-	100, // 69: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
-	87,  // 70: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
-	88,  // 71: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
-	86,  // 72: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
-	100, // 73: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
-	66,  // 74: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	11,  // 75: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
-	89,  // 76: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
-	99,  // 77: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
-	90,  // 78: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
-	89,  // 79: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
-	94,  // 80: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
-	65,  // 81: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
-	3,   // 82: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	5,   // 83: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	7,   // 84: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	9,   // 85: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	13,  // 86: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	15,  // 87: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	26,  // 88: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	53,  // 89: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	19,  // 90: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
-	21,  // 91: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
-	23,  // 92: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
-	55,  // 93: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	31,  // 94: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	33,  // 95: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	35,  // 96: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	37,  // 97: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	38,  // 98: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	40,  // 99: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	42,  // 100: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
-	45,  // 101: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	47,  // 102: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	48,  // 103: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	58,  // 104: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	62,  // 105: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	64,  // 106: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	68,  // 107: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
-	70,  // 108: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
-	72,  // 109: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
-	75,  // 110: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
-	77,  // 111: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
-	79,  // 112: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
-	81,  // 113: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
-	84,  // 114: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
-	91,  // 115: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
-	93,  // 116: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
-	95,  // 117: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
-	4,   // 118: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	6,   // 119: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	8,   // 120: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	10,  // 121: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	14,  // 122: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	16,  // 123: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	27,  // 124: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	54,  // 125: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	20,  // 126: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
-	22,  // 127: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
-	25,  // 128: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
-	56,  // 129: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	32,  // 130: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	34,  // 131: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	36,  // 132: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	36,  // 133: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	39,  // 134: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	41,  // 135: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	43,  // 136: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
-	46,  // 137: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	44,  // 138: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	50,  // 139: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	59,  // 140: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	63,  // 141: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	61,  // 142: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	69,  // 143: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
-	71,  // 144: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
-	73,  // 145: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
-	76,  // 146: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
-	78,  // 147: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
-	80,  // 148: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
-	82,  // 149: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
-	85,  // 150: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
-	92,  // 151: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
-	90,  // 152: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
-	96,  // 153: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
-	118, // [118:154] is the sub-list for method output_type
-	82,  // [82:118] is the sub-list for method input_type
-	82,  // [82:82] is the sub-list for extension type_name
-	82,  // [82:82] is the sub-list for extension extendee
-	0,   // [0:82] is the sub-list for field type_name
+	113, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
+	113, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
+	4,   // 3: keyshard.v1.CreateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
+	4,   // 4: keyshard.v1.CreateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	4,   // 5: keyshard.v1.GetKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	4,   // 6: keyshard.v1.ListKeyspacesResponse.keyspaces:type_name -> keyshard.v1.Keyspace
+	4,   // 7: keyshard.v1.UpdateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
+	4,   // 8: keyshard.v1.UpdateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	111, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
+	13,  // 10: keyshard.v1.MemberStatus.member:type_name -> keyshard.v1.Member
+	113, // 11: keyshard.v1.MemberStatus.lease_left:type_name -> google.protobuf.Duration
+	14,  // 12: keyshard.v1.ListMembersResponse.members:type_name -> keyshard.v1.MemberStatus
+	19,  // 13: keyshard.v1.GetPositionsResponse.runs:type_name -> keyshard.v1.PositionRun
+	20,  // 14: keyshard.v1.GetPositionsResponse.behind:type_name -> keyshard.v1.BucketBehind
+	4,   // 15: keyshard.v1.ImportKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
+	26,  // 16: keyshard.v1.ImportKeyspaceRequest.instances:type_name -> keyshard.v1.ImportInstance
+	113, // 17: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
+	4,   // 18: keyshard.v1.ImportKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	32,  // 19: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
+	30,  // 20: keyshard.v1.StatusResponse.replicas:type_name -> keyshard.v1.ReplicaInfo
+	31,  // 21: keyshard.v1.StatusResponse.store:type_name -> keyshard.v1.StoreHealth
+	113, // 22: keyshard.v1.StoreHealth.latency:type_name -> google.protobuf.Duration
+	4,   // 23: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
+	35,  // 24: keyshard.v1.GetKeyspaceHistoryResponse.changes:type_name -> keyshard.v1.EpochChange
+	114, // 25: keyshard.v1.EpochChange.time:type_name -> google.protobuf.Timestamp
+	1,   // 26: keyshard.v1.EpochChange.reason:type_name -> keyshard.v1.MoveReason
+	36,  // 27: keyshard.v1.EpochChange.moves:type_name -> keyshard.v1.Move
+	39,  // 28: keyshard.v1.GetBucketsResponse.runs:type_name -> keyshard.v1.BucketRun
+	2,   // 29: keyshard.v1.BucketRun.state:type_name -> keyshard.v1.BucketState
+	42,  // 30: keyshard.v1.GetHotKeyReportsResponse.reports:type_name -> keyshard.v1.HotKeyReportInfo
+	114, // 31: keyshard.v1.HotKeyReportInfo.time:type_name -> google.protobuf.Timestamp
+	71,  // 32: keyshard.v1.HotKeyReportInfo.keys:type_name -> keyshard.v1.KeyRate
+	13,  // 33: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
+	113, // 34: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
+	4,   // 35: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
+	113, // 36: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	113, // 37: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
+	43,  // 38: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
+	43,  // 39: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
+	44,  // 40: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
+	44,  // 41: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
+	13,  // 42: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
+	113, // 43: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
+	58,  // 44: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
+	63,  // 45: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
+	113, // 46: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
+	113, // 47: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
+	66,  // 48: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
+	66,  // 49: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	66,  // 50: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
+	71,  // 51: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
+	66,  // 52: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	114, // 53: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
+	114, // 54: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
+	74,  // 55: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
+	113, // 56: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
+	75,  // 57: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
+	113, // 58: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
+	113, // 59: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
+	113, // 60: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
+	112, // 61: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
+	113, // 62: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
+	113, // 63: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
+	80,  // 64: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	113, // 65: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
+	81,  // 66: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
+	81,  // 67: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	88,  // 68: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
+	81,  // 69: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
+	114, // 70: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
+	13,  // 71: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
+	113, // 72: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
+	81,  // 73: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	113, // 74: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	114, // 75: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
+	114, // 76: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
+	97,  // 77: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
+	113, // 78: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
+	3,   // 79: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
+	114, // 80: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
+	114, // 81: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
+	114, // 82: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
+	101, // 83: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
+	102, // 84: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
+	100, // 85: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
+	114, // 86: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
+	80,  // 87: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	13,  // 88: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
+	103, // 89: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
+	113, // 90: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
+	104, // 91: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
+	103, // 92: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
+	108, // 93: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
+	79,  // 94: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
+	5,   // 95: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	7,   // 96: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	9,   // 97: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	11,  // 98: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	15,  // 99: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	17,  // 100: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	28,  // 101: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	67,  // 102: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	21,  // 103: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	23,  // 104: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	25,  // 105: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	69,  // 106: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	33,  // 107: keyshard.v1.AdminService.GetKeyspaceHistory:input_type -> keyshard.v1.GetKeyspaceHistoryRequest
+	37,  // 108: keyshard.v1.AdminService.GetBuckets:input_type -> keyshard.v1.GetBucketsRequest
+	40,  // 109: keyshard.v1.AdminService.GetHotKeyReports:input_type -> keyshard.v1.GetHotKeyReportsRequest
+	45,  // 110: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	47,  // 111: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	49,  // 112: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	51,  // 113: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	52,  // 114: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	54,  // 115: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	56,  // 116: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	59,  // 117: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	61,  // 118: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	62,  // 119: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	72,  // 120: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	76,  // 121: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	78,  // 122: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	82,  // 123: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
+	84,  // 124: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
+	86,  // 125: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
+	89,  // 126: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
+	91,  // 127: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
+	93,  // 128: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
+	95,  // 129: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
+	98,  // 130: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
+	105, // 131: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
+	107, // 132: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
+	109, // 133: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
+	6,   // 134: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	8,   // 135: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	10,  // 136: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	12,  // 137: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	16,  // 138: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	18,  // 139: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	29,  // 140: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	68,  // 141: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	22,  // 142: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	24,  // 143: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	27,  // 144: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	70,  // 145: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	34,  // 146: keyshard.v1.AdminService.GetKeyspaceHistory:output_type -> keyshard.v1.GetKeyspaceHistoryResponse
+	38,  // 147: keyshard.v1.AdminService.GetBuckets:output_type -> keyshard.v1.GetBucketsResponse
+	41,  // 148: keyshard.v1.AdminService.GetHotKeyReports:output_type -> keyshard.v1.GetHotKeyReportsResponse
+	46,  // 149: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	48,  // 150: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	50,  // 151: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	50,  // 152: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	53,  // 153: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	55,  // 154: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	57,  // 155: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	60,  // 156: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	58,  // 157: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	64,  // 158: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	73,  // 159: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	77,  // 160: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	75,  // 161: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	83,  // 162: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
+	85,  // 163: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
+	87,  // 164: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
+	90,  // 165: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
+	92,  // 166: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
+	94,  // 167: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
+	96,  // 168: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
+	99,  // 169: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
+	106, // 170: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
+	104, // 171: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
+	110, // 172: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
+	134, // [134:173] is the sub-list for method output_type
+	95,  // [95:134] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }
@@ -6661,8 +7766,8 @@ func file_keyshard_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keyshard_proto_rawDesc), len(file_keyshard_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   97,
+			NumEnums:      4,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -5,9 +5,10 @@
 //     http://127.0.0.1:7400/keyshard.v1.MapService/GetMap -d '{"keyspace":"rooms"}'
 //
 // Four services, by who calls them:
-//   AdminService  (role admin)           keyspaces (also imported from a static
-//                                        mapping), drains, status, stream
-//                                        positions, hot-key pools
+//   AdminService  (role admin; its       keyspaces (also imported from a static
+//    NO_SIDE_EFFECTS calls: member or    mapping), drains, status, stream
+//    admin)                              positions, hot-key pools, map
+//                                        history, buckets, hot-key reports
 //   MemberService (role member)          a worker's session: join, keep-alive,
 //                                        grants, release, leave, and in stream
 //                                        keyspaces commit
@@ -98,6 +99,14 @@ const (
 	// AdminServiceListHotKeyPoolsProcedure is the fully-qualified name of the AdminService's
 	// ListHotKeyPools RPC.
 	AdminServiceListHotKeyPoolsProcedure = "/keyshard.v1.AdminService/ListHotKeyPools"
+	// AdminServiceGetKeyspaceHistoryProcedure is the fully-qualified name of the AdminService's
+	// GetKeyspaceHistory RPC.
+	AdminServiceGetKeyspaceHistoryProcedure = "/keyshard.v1.AdminService/GetKeyspaceHistory"
+	// AdminServiceGetBucketsProcedure is the fully-qualified name of the AdminService's GetBuckets RPC.
+	AdminServiceGetBucketsProcedure = "/keyshard.v1.AdminService/GetBuckets"
+	// AdminServiceGetHotKeyReportsProcedure is the fully-qualified name of the AdminService's
+	// GetHotKeyReports RPC.
+	AdminServiceGetHotKeyReportsProcedure = "/keyshard.v1.AdminService/GetHotKeyReports"
 	// MemberServiceJoinProcedure is the fully-qualified name of the MemberService's Join RPC.
 	MemberServiceJoinProcedure = "/keyshard.v1.MemberService/Join"
 	// MemberServiceKeepAliveProcedure is the fully-qualified name of the MemberService's KeepAlive RPC.
@@ -179,6 +188,15 @@ type AdminServiceClient interface {
 	ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error)
 	ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error)
 	ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error)
+	// GetKeyspaceHistory lists the latest epochs of a keyspace's map, with
+	// why each was written and what moved.
+	GetKeyspaceHistory(context.Context, *connect.Request[v1.GetKeyspaceHistoryRequest]) (*connect.Response[v1.GetKeyspaceHistoryResponse], error)
+	// GetBuckets lists every bucket's target owner, holder, token, state and
+	// position.
+	GetBuckets(context.Context, *connect.Request[v1.GetBucketsRequest]) (*connect.Response[v1.GetBucketsResponse], error)
+	// GetHotKeyReports lists the producers' latest reports to a hot-key
+	// pool, which its overflow set is aggregated from.
+	GetHotKeyReports(context.Context, *connect.Request[v1.GetHotKeyReportsRequest]) (*connect.Response[v1.GetHotKeyReportsResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the keyshard.v1.AdminService service. By default,
@@ -271,23 +289,47 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		getKeyspaceHistory: connect.NewClient[v1.GetKeyspaceHistoryRequest, v1.GetKeyspaceHistoryResponse](
+			httpClient,
+			baseURL+AdminServiceGetKeyspaceHistoryProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetKeyspaceHistory")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getBuckets: connect.NewClient[v1.GetBucketsRequest, v1.GetBucketsResponse](
+			httpClient,
+			baseURL+AdminServiceGetBucketsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetBuckets")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getHotKeyReports: connect.NewClient[v1.GetHotKeyReportsRequest, v1.GetHotKeyReportsResponse](
+			httpClient,
+			baseURL+AdminServiceGetHotKeyReportsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetHotKeyReports")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	createKeyspace  *connect.Client[v1.CreateKeyspaceRequest, v1.CreateKeyspaceResponse]
-	getKeyspace     *connect.Client[v1.GetKeyspaceRequest, v1.GetKeyspaceResponse]
-	listKeyspaces   *connect.Client[v1.ListKeyspacesRequest, v1.ListKeyspacesResponse]
-	updateKeyspace  *connect.Client[v1.UpdateKeyspaceRequest, v1.UpdateKeyspaceResponse]
-	listMembers     *connect.Client[v1.ListMembersRequest, v1.ListMembersResponse]
-	drainMember     *connect.Client[v1.DrainMemberRequest, v1.DrainMemberResponse]
-	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	putHotKeyPool   *connect.Client[v1.PutHotKeyPoolRequest, v1.PutHotKeyPoolResponse]
-	getPositions    *connect.Client[v1.GetPositionsRequest, v1.GetPositionsResponse]
-	resetPositions  *connect.Client[v1.ResetPositionsRequest, v1.ResetPositionsResponse]
-	importKeyspace  *connect.Client[v1.ImportKeyspaceRequest, v1.ImportKeyspaceResponse]
-	listHotKeyPools *connect.Client[v1.ListHotKeyPoolsRequest, v1.ListHotKeyPoolsResponse]
+	createKeyspace     *connect.Client[v1.CreateKeyspaceRequest, v1.CreateKeyspaceResponse]
+	getKeyspace        *connect.Client[v1.GetKeyspaceRequest, v1.GetKeyspaceResponse]
+	listKeyspaces      *connect.Client[v1.ListKeyspacesRequest, v1.ListKeyspacesResponse]
+	updateKeyspace     *connect.Client[v1.UpdateKeyspaceRequest, v1.UpdateKeyspaceResponse]
+	listMembers        *connect.Client[v1.ListMembersRequest, v1.ListMembersResponse]
+	drainMember        *connect.Client[v1.DrainMemberRequest, v1.DrainMemberResponse]
+	status             *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	putHotKeyPool      *connect.Client[v1.PutHotKeyPoolRequest, v1.PutHotKeyPoolResponse]
+	getPositions       *connect.Client[v1.GetPositionsRequest, v1.GetPositionsResponse]
+	resetPositions     *connect.Client[v1.ResetPositionsRequest, v1.ResetPositionsResponse]
+	importKeyspace     *connect.Client[v1.ImportKeyspaceRequest, v1.ImportKeyspaceResponse]
+	listHotKeyPools    *connect.Client[v1.ListHotKeyPoolsRequest, v1.ListHotKeyPoolsResponse]
+	getKeyspaceHistory *connect.Client[v1.GetKeyspaceHistoryRequest, v1.GetKeyspaceHistoryResponse]
+	getBuckets         *connect.Client[v1.GetBucketsRequest, v1.GetBucketsResponse]
+	getHotKeyReports   *connect.Client[v1.GetHotKeyReportsRequest, v1.GetHotKeyReportsResponse]
 }
 
 // CreateKeyspace calls keyshard.v1.AdminService.CreateKeyspace.
@@ -350,6 +392,21 @@ func (c *adminServiceClient) ListHotKeyPools(ctx context.Context, req *connect.R
 	return c.listHotKeyPools.CallUnary(ctx, req)
 }
 
+// GetKeyspaceHistory calls keyshard.v1.AdminService.GetKeyspaceHistory.
+func (c *adminServiceClient) GetKeyspaceHistory(ctx context.Context, req *connect.Request[v1.GetKeyspaceHistoryRequest]) (*connect.Response[v1.GetKeyspaceHistoryResponse], error) {
+	return c.getKeyspaceHistory.CallUnary(ctx, req)
+}
+
+// GetBuckets calls keyshard.v1.AdminService.GetBuckets.
+func (c *adminServiceClient) GetBuckets(ctx context.Context, req *connect.Request[v1.GetBucketsRequest]) (*connect.Response[v1.GetBucketsResponse], error) {
+	return c.getBuckets.CallUnary(ctx, req)
+}
+
+// GetHotKeyReports calls keyshard.v1.AdminService.GetHotKeyReports.
+func (c *adminServiceClient) GetHotKeyReports(ctx context.Context, req *connect.Request[v1.GetHotKeyReportsRequest]) (*connect.Response[v1.GetHotKeyReportsResponse], error) {
+	return c.getHotKeyReports.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the keyshard.v1.AdminService service.
 type AdminServiceHandler interface {
 	CreateKeyspace(context.Context, *connect.Request[v1.CreateKeyspaceRequest]) (*connect.Response[v1.CreateKeyspaceResponse], error)
@@ -366,6 +423,15 @@ type AdminServiceHandler interface {
 	ResetPositions(context.Context, *connect.Request[v1.ResetPositionsRequest]) (*connect.Response[v1.ResetPositionsResponse], error)
 	ImportKeyspace(context.Context, *connect.Request[v1.ImportKeyspaceRequest]) (*connect.Response[v1.ImportKeyspaceResponse], error)
 	ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error)
+	// GetKeyspaceHistory lists the latest epochs of a keyspace's map, with
+	// why each was written and what moved.
+	GetKeyspaceHistory(context.Context, *connect.Request[v1.GetKeyspaceHistoryRequest]) (*connect.Response[v1.GetKeyspaceHistoryResponse], error)
+	// GetBuckets lists every bucket's target owner, holder, token, state and
+	// position.
+	GetBuckets(context.Context, *connect.Request[v1.GetBucketsRequest]) (*connect.Response[v1.GetBucketsResponse], error)
+	// GetHotKeyReports lists the producers' latest reports to a hot-key
+	// pool, which its overflow set is aggregated from.
+	GetHotKeyReports(context.Context, *connect.Request[v1.GetHotKeyReportsRequest]) (*connect.Response[v1.GetHotKeyReportsResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -454,6 +520,27 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceGetKeyspaceHistoryHandler := connect.NewUnaryHandler(
+		AdminServiceGetKeyspaceHistoryProcedure,
+		svc.GetKeyspaceHistory,
+		connect.WithSchema(adminServiceMethods.ByName("GetKeyspaceHistory")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetBucketsHandler := connect.NewUnaryHandler(
+		AdminServiceGetBucketsProcedure,
+		svc.GetBuckets,
+		connect.WithSchema(adminServiceMethods.ByName("GetBuckets")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetHotKeyReportsHandler := connect.NewUnaryHandler(
+		AdminServiceGetHotKeyReportsProcedure,
+		svc.GetHotKeyReports,
+		connect.WithSchema(adminServiceMethods.ByName("GetHotKeyReports")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keyshard.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateKeyspaceProcedure:
@@ -480,6 +567,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceImportKeyspaceHandler.ServeHTTP(w, r)
 		case AdminServiceListHotKeyPoolsProcedure:
 			adminServiceListHotKeyPoolsHandler.ServeHTTP(w, r)
+		case AdminServiceGetKeyspaceHistoryProcedure:
+			adminServiceGetKeyspaceHistoryHandler.ServeHTTP(w, r)
+		case AdminServiceGetBucketsProcedure:
+			adminServiceGetBucketsHandler.ServeHTTP(w, r)
+		case AdminServiceGetHotKeyReportsProcedure:
+			adminServiceGetHotKeyReportsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -535,6 +628,18 @@ func (UnimplementedAdminServiceHandler) ImportKeyspace(context.Context, *connect
 
 func (UnimplementedAdminServiceHandler) ListHotKeyPools(context.Context, *connect.Request[v1.ListHotKeyPoolsRequest]) (*connect.Response[v1.ListHotKeyPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.ListHotKeyPools is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetKeyspaceHistory(context.Context, *connect.Request[v1.GetKeyspaceHistoryRequest]) (*connect.Response[v1.GetKeyspaceHistoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.GetKeyspaceHistory is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetBuckets(context.Context, *connect.Request[v1.GetBucketsRequest]) (*connect.Response[v1.GetBucketsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.GetBuckets is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetHotKeyReports(context.Context, *connect.Request[v1.GetHotKeyReportsRequest]) (*connect.Response[v1.GetHotKeyReportsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.AdminService.GetHotKeyReports is not implemented"))
 }
 
 // MemberServiceClient is a client for the keyshard.v1.MemberService service.
