@@ -465,6 +465,8 @@ func TestDashboard(t *testing.T) {
 		box := evalJS[[]float64](p, `(() => { const r = document.querySelector('#grid').getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; })()`)
 		p.run("hover the grid", 5*time.Second, chromedp.MouseEvent(input.DispatchMouseEventTypeMouseMoved, box[0]+3, box[1]+3))
 		p.waitJS("the tooltip", 5*time.Second, `!document.querySelector('#tooltip').hidden && document.querySelector('#tooltip').textContent.startsWith('bucket 0\nowner  w')`)
+		// GetBuckets: the holder and its fencing token show.
+		p.waitJS("the tooltip's holder and token", 10*time.Second, `/holder w\d+\ntoken  \d+/.test(document.querySelector('#tooltip').textContent)`)
 		tip := evalJS[string](p, `document.querySelector('#tooltip').textContent`)
 		t.Logf("tooltip over bucket 0: %q", tip)
 		p.screenshot("keyspace")
@@ -492,12 +494,21 @@ func TestDashboard(t *testing.T) {
 		})
 		p.waitJS("w1 shown draining", 5*time.Second, `document.querySelector('#members-table tr[data-member="w1"]')?.dataset.draining === 'true'`)
 		p.waitJS("w1 left the map", 10*time.Second, `!document.querySelector('#legend li[data-member="w1"]') || document.querySelector('#legend li[data-member="w1"]').dataset.count === '0'`)
+		// The epoch history, newest first: the drain of w1 on top, and the
+		// join of w4 below it, each with the buckets it moved.
+		p.waitJS("the drain and the join in the history", 10*time.Second, `(() => {
+			const rows = [...document.querySelectorAll('#history-table tbody tr')].map((r) => [...r.querySelectorAll('td')].map((td) => td.textContent.trim()));
+			const drain = rows.findIndex((c) => c[2] === 'drain' && c[3] === 'w1' && +c[4] > 0);
+			const join = rows.findIndex((c) => c[2] === 'join' && c[3] === 'w4' && +c[4] > 0);
+			return drain >= 0 && join > drain && rows.every((c, i) => i === 0 || +rows[i - 1][0] > +c[0]);
+		})()`)
+		p.screenshot("keyspace-history")
 	})
 
 	t.Run("hot keys", func(t *testing.T) {
 		p.t = t
 		p.run("open the pool", 20*time.Second, chromedp.Navigate(s.url+"/ui/#/hotkeys/ingest"), chromedp.WaitVisible(chromedp.CSS(`#overflow-table tr[data-key="token:abc"]`)))
-		p.waitJS("the reports panel", 10*time.Second, `!!document.querySelector('#reports-table') || document.querySelector('#reports').textContent.includes('not available on this server')`)
+		p.waitJS("the reports behind the set", 10*time.Second, `!!document.querySelector('#reports-table') && document.querySelector('#reports-table').textContent.includes('token:abc')`)
 		p.screenshot("hotkeys")
 	})
 
@@ -645,12 +656,15 @@ func TestDashboardAuth(t *testing.T) {
 	if pageEpoch, got := p.legend(); pageEpoch == epoch && !sameCounts(got, want) {
 		t.Errorf("with the member token, epoch %s: page %v, GetMap %v", epoch, got, want)
 	}
-	// TODO(after merging ui-api): AdminService's reads (Status,
-	// ListMembers, GetBuckets, GetKeyspaceHistory) become readable by
-	// member tokens; then assert the overview and the full members table
-	// (lease left, granted) with the member token, and that
-	// #members-note does not say "not readable". Until then the page
-	// shows the map's members with a note that details are not readable.
+	// AdminService's reads take a member token: the full members table
+	// (lease left, granted) and the epoch history show, with no note that
+	// details are not readable.
+	p.waitJS("the full members table with the member token", 15*time.Second,
+		`(() => { const r = document.querySelector('#members-table tr[data-member="w1"]'); if (!r) return false;
+		  const td = r.querySelectorAll('td'); return td[4].textContent.trim() !== '—' && td[6].textContent.trim() !== '—' &&
+		  !document.querySelector('#members-note').textContent.includes('not readable'); })()`)
+	p.waitJS("the epoch history with the member token", 10*time.Second,
+		`!!document.querySelector('#history') && document.querySelector('#history').textContent.includes('join')`)
 	p.waitJS("the members table", 10*time.Second, `!!document.querySelector('#members-table tr[data-member="w1"] button[data-drain]')`)
 	p.run("drain w1 with the member token", 10*time.Second,
 		chromedp.Click(chromedp.CSS(`#members-table tr[data-member="w1"] button[data-drain]`)),
@@ -671,4 +685,10 @@ func TestDashboardAuth(t *testing.T) {
 			t.Errorf("%s is draining after a refused drain", m.ID)
 		}
 	}
+	// The overview reads with the member token too.
+	p.run("the overview with the member token", 10*time.Second,
+		chromedp.Navigate(s.url+"/ui/#/"),
+		chromedp.WaitVisible(chromedp.CSS(`#keyspaces tr[data-keyspace="rooms"]`)),
+	)
+	p.screenshot("overview-member-token")
 }
