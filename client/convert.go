@@ -71,6 +71,10 @@ type MemberStatus struct {
 	ReleasingBuckets int
 	// Draining is true once DrainMember or Leave was called for it.
 	Draining bool
+	// LeaseLeft is the time until its session lease expires unless
+	// renewed, as etcd told the answering replica (whole seconds); 0 if
+	// the replica could not read it.
+	LeaseLeft time.Duration
 }
 
 // Members is the answer of Admin.ListMembers.
@@ -86,6 +90,32 @@ type Status struct {
 	Replica   string
 	Leader    string
 	Keyspaces []KeyspaceStatus
+	// Replicas are the serve replicas that advertise an API URL, sorted,
+	// the leader marked.
+	Replicas []ReplicaInfo
+	// Store is the answering replica's bounded health read of etcd.
+	Store StoreHealth
+}
+
+// ReplicaInfo is one serve replica in a Status.
+type ReplicaInfo struct {
+	ID     string
+	URL    string
+	Leader bool
+}
+
+// StoreHealth is a replica's bounded status read of every etcd endpoint.
+type StoreHealth struct {
+	// Healthy: every endpoint answered in time, with no alarm; else Error
+	// names the endpoint and what is wrong.
+	Healthy   bool
+	Error     string
+	Endpoints []string
+	// DBSizeBytes and Revision are the first answering endpoint's.
+	DBSizeBytes int64
+	Revision    int64
+	// Latency is how long the whole read took.
+	Latency time.Duration
 }
 
 // KeyspaceStatus is one keyspace in a Status.
@@ -97,6 +127,11 @@ type KeyspaceStatus struct {
 	// HandoffsInFlight is the number of buckets whose target owner has no
 	// grant yet.
 	HandoffsInFlight int
+	// DrainingMembers are the members draining or leaving whose session
+	// is still on; ReleasingBuckets the buckets held by a member that is
+	// no longer their target (a release awaited).
+	DrainingMembers  int
+	ReleasingBuckets int
 }
 
 // Grant is the right to act on one bucket, from Acquire until Release (or
@@ -274,11 +309,19 @@ func memberStatusFromProto(s *keyshardv1.MemberStatus) MemberStatus {
 		GrantedBuckets:   int(s.GetGrantedBuckets()),
 		ReleasingBuckets: int(s.GetReleasingBuckets()),
 		Draining:         s.GetDraining(),
+		LeaseLeft:        s.GetLeaseLeft().AsDuration(),
 	}
 }
 
 func statusFromProto(s *keyshardv1.StatusResponse) Status {
-	out := Status{Replica: s.GetReplica(), Leader: s.GetLeader()}
+	st := s.GetStore()
+	out := Status{Replica: s.GetReplica(), Leader: s.GetLeader(), Store: StoreHealth{
+		Healthy: st.GetHealthy(), Error: st.GetError(), Endpoints: st.GetEndpoints(),
+		DBSizeBytes: st.GetDbSizeBytes(), Revision: st.GetRevision(), Latency: st.GetLatency().AsDuration(),
+	}}
+	for _, r := range s.GetReplicas() {
+		out.Replicas = append(out.Replicas, ReplicaInfo{ID: r.GetId(), URL: r.GetUrl(), Leader: r.GetLeader()})
+	}
 	for _, k := range s.GetKeyspaces() {
 		out.Keyspaces = append(out.Keyspaces, KeyspaceStatus{
 			Keyspace:          keyspaceFromProto(k.GetKeyspace()),
@@ -286,6 +329,8 @@ func statusFromProto(s *keyshardv1.StatusResponse) Status {
 			Members:           int(k.GetMembers()),
 			UnassignedBuckets: int(k.GetUnassignedBuckets()),
 			HandoffsInFlight:  int(k.GetHandoffsInFlight()),
+			DrainingMembers:   int(k.GetDrainingMembers()),
+			ReleasingBuckets:  int(k.GetReleasingBuckets()),
 		})
 	}
 	return out

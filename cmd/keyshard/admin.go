@@ -219,7 +219,7 @@ func addAdminCommands(root *cobra.Command) {
 		}),
 	}
 
-	for _, cmd := range []*cobra.Command{status, keyspace, members, mapCmd, drain, newPositions(&c)} {
+	for _, cmd := range []*cobra.Command{status, keyspace, members, mapCmd, drain, newPositions(&c), newTop(&c)} {
 		c.register(cmd)
 		root.AddCommand(cmd)
 	}

@@ -3,6 +3,7 @@
 //	keyshard demo [--mode hotkeys]                      see it work, with its own checks
 //	keyshard serve                                      run the control plane (embedded etcd)
 //	keyshard status | keyspace | members | map | drain   operate it
+//	keyshard top                                        the dashboard's overview, refreshing
 //	keyshard positions [reset]                          stream keyspaces' positions
 //	keyshard hotkeys pool put|list, hotkeys set [--watch] cluster-wide hot keys
 //	keyshard bench placement|control|hotkeys [--json]   measure it
