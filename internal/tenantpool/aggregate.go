@@ -291,11 +291,15 @@ func (a *Aggregator) spread(n int64, period time.Duration) []share {
 // ⌊n·cum(x)⌋ − ⌊n·cum(x−1)⌋, so that the parts add up to n over the whole
 // period. A complete bucket's part joins the window's sum at once.
 func (a *Aggregator) place(t int32, n int64, spread []share) {
-	prev := int64(math.Floor(float64(n) * spread[0].cum))
+	// A hair above the product counts as it: bucket edges are whole
+	// nanoseconds (a 2s window's 12 buckets are 166,666,666 ns), so a
+	// period of exactly 6 buckets reads 0.999999996 of itself.
+	floor := func(c float64) int64 { return min(int64(math.Floor(float64(n)*c+1e-6)), n) }
+	prev := floor(spread[0].cum)
 	for _, s := range spread[1:] {
 		upto := n
 		if s.cum < 1 {
-			upto = min(int64(math.Floor(float64(n)*s.cum)), n)
+			upto = floor(s.cum)
 		}
 		part := upto - prev
 		prev = upto
