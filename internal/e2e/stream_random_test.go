@@ -657,6 +657,13 @@ func (h *srRun) startWorker() *srWorker {
 		case client.EventAcquired:
 			h.rec.Acquire(name, ev.Grant.Bucket, ev.Grant.Token, ev.Grant.From)
 		case client.EventReleased:
+			// The handler let the bucket go: from now on only a commit's
+			// exception moves this tenure's position, as the server pins
+			// a released bucket against a later commit's default. (Its
+			// release may be answered unseen — the bucket comes back at a
+			// higher token — and the tenure then stays open: a later
+			// commit's default must not count for it.)
+			h.rec.Stop(name, ev.Grant.Bucket, ev.Grant.Token)
 			w.mu.Lock()
 			if ev.Final != nil && !w.crashed.Load() && !w.lost[ev.Session] {
 				w.pending[ev.Grant.Bucket] = client.BucketPosition{Bucket: ev.Grant.Bucket, Token: ev.Grant.Token, Position: *ev.Final}
