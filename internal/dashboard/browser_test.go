@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -115,7 +116,11 @@ func startServe(t *testing.T, args ...string) *serve {
 func (s *serve) start() {
 	t := s.t
 	t.Helper()
-	args := append([]string{"serve", "--listen", s.addr, "--data-dir", filepath.Join(s.dir, "data"), "--replica", "ui-test", "--election-ttl", "2s"}, s.args...)
+	args := []string{"serve", "--listen", s.addr, "--data-dir", filepath.Join(s.dir, "data"), "--election-ttl", "2s"}
+	if !slices.Contains(s.args, "--replica") {
+		args = append(args, "--replica", "ui-test")
+	}
+	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
