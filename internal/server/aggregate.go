@@ -80,6 +80,8 @@ func hotKeyHint(err error) string {
 		return "check that etcd is reachable and has a quorum"
 	case errors.Is(err, store.ErrTooLarge):
 		return "raise etcd's --max-request-bytes, or lower the pool's max_keys"
+	case errors.Is(err, errStoreDeadline):
+		return "check etcd's health (a member may have just died or be overloaded); the leader retries every second"
 	}
 	return "look for the cause in the error; the leader retries every second"
 }
@@ -125,9 +127,19 @@ func (s *Server) aggregatePool(ctx context.Context, fence store.Fence, w poolWor
 		return fmt.Errorf("aggregate: %w", err)
 	}
 	if setChanged(prev, next) {
-		rev, err := s.store.Commit(ctx, fence,
-			[]store.Write{store.PutOverflow(w.name, next)},
-			[]store.Expect{store.ExpectEntry(store.OverflowKey(w.name), w.prev)})
+		// Bounded like the leader's map writes: a write stuck on an etcd
+		// member that died is abandoned and the next round tries again,
+		// rather than holding every pool's rounds for etcd's own timeout.
+		var rev int64
+		timedOut, err := s.within(ctx, maxWriteDeadline, errStoreDeadline, func(ctx context.Context) (err error) {
+			rev, err = s.store.Commit(ctx, fence,
+				[]store.Write{store.PutOverflow(w.name, next)},
+				[]store.Expect{store.ExpectEntry(store.OverflowKey(w.name), w.prev)})
+			return err
+		})
+		if timedOut {
+			err = fmt.Errorf("%w: no answer within %v", errStoreDeadline, maxWriteDeadline)
+		}
 		if err != nil {
 			return fmt.Errorf("write the overflow set: %w", err)
 		}
@@ -145,7 +157,13 @@ func (s *Server) aggregatePool(ctx context.Context, fence store.Fence, w poolWor
 		// Each delete expects the report it read: a producer that reported
 		// again meanwhile keeps its fresh report (ErrConflict; the next
 		// round tries again with what is then stale).
-		_, err := s.store.Commit(ctx, fence, dels, stale)
+		timedOut, err := s.within(ctx, maxWriteDeadline, errStoreDeadline, func(ctx context.Context) error {
+			_, err := s.store.Commit(ctx, fence, dels, stale)
+			return err
+		})
+		if timedOut {
+			err = fmt.Errorf("%w: no answer within %v", errStoreDeadline, maxWriteDeadline)
+		}
 		switch {
 		case err == nil:
 			s.metrics.hotReportsPruned.WithLabelValues(w.name).Add(float64(len(stale)))
