@@ -257,6 +257,9 @@ type grantState struct {
 	how      endKind            // (mu) how it ends; set before end is closed
 	ending   bool               // (mu)
 	acquired bool               // (mu) Acquire returned
+	// releasing: (mu) counted in session.releasing, from its end as a
+	// handoff until its Release returned.
+	releasing bool
 }
 
 type endKind int
@@ -291,9 +294,12 @@ type session struct {
 	// buckets any more (set once runSession ended).
 	selfFenced bool
 	kick       chan struct{} // cap 1: pending is not empty
-	rev        uint64        // (mu) newest grants revision seen
-	minRev     uint64        // (mu) newest revision of the session's own writes (Release): answers must not be older
-	actors     sync.WaitGroup
+	// releasing: (mu) handoffs whose Release handler is running (their
+	// grants ended together, usually, in one map change).
+	releasing int
+	rev       uint64 // (mu) newest grants revision seen
+	minRev    uint64 // (mu) newest revision of the session's own writes (Release): answers must not be older
+	actors    sync.WaitGroup
 
 	clock    clock.Clock
 	leaseMu  sync.Mutex
@@ -1054,6 +1060,10 @@ func (w *Worker) endGrantLocked(gs *grantState, how endKind) {
 		gs.ending = true
 		gs.how = how
 		close(gs.end)
+		if how == endHandoff && !gs.s.fenced {
+			gs.releasing = true
+			gs.s.releasing++
+		}
 	}
 }
 
@@ -1121,6 +1131,10 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 	if w.last[b] == gs.done {
 		delete(w.last, b)
 	}
+	if gs.releasing {
+		gs.releasing = false
+		gs.s.releasing--
+	}
 	if gs.how == endHandoff && !gs.s.fenced {
 		if finalOK {
 			gs.s.finals[b] = BucketPosition{Bucket: b, Token: gs.g.Token, Position: final}
@@ -1135,20 +1149,58 @@ func (w *Worker) serveGrant(gctx, runCtx context.Context, gs *grantState, prev <
 	w.notifyLocked()
 }
 
-// releaseLoop tells the server about released buckets, batching those
-// released while a call is in flight. It exits when ctx ends.
+// releaseCoalesce bounds how long released buckets wait for the other
+// handoffs of their burst (those whose Release handlers are still running)
+// before they are sent without them.
+const releaseCoalesce = 2 * time.Millisecond
+
+// releaseLoop tells the server about released buckets, one call at a
+// time. A map change usually ends many grants at once, whose handlers
+// return within microseconds of each other: the loop sends once none of
+// them is still running, so that the burst goes in one call rather than
+// one call for the first bucket and, a round trip later, one for the
+// rest. A slow handler holds the others back by at most releaseCoalesce;
+// buckets released while a call is in flight go in the next. It exits
+// when ctx ends.
 func (w *Worker) releaseLoop(ctx context.Context, s *session) {
+	var bound clock.Timer // running while released buckets wait for their burst
+	defer func() {
+		if bound != nil {
+			bound.Stop()
+		}
+	}()
 	for {
+		var boundC <-chan time.Time
+		if bound != nil {
+			boundC = bound.C()
+		}
+		expired := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.kick:
+		case <-boundC:
+			bound, expired = nil, true
 		}
 		for {
 			w.mu.Lock()
+			if len(s.pending) > 0 && s.releasing > 0 && !expired {
+				// More of the burst is coming: wait for its kick, or
+				// the bound.
+				if bound == nil {
+					bound = w.clock.NewTimer(releaseCoalesce)
+				}
+				w.mu.Unlock()
+				break
+			}
 			batch := s.pending
 			s.pending = nil
 			w.mu.Unlock()
+			if bound != nil {
+				bound.Stop()
+				bound = nil
+			}
+			expired = false
 			if len(batch) == 0 {
 				break
 			}

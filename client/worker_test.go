@@ -928,6 +928,88 @@ func TestWorkerReleaseBatchSplit(t *testing.T) {
 	h.heldNone()
 }
 
+// TestWorkerReleaseBurst: handoffs that end together are told to the
+// server in one Release call once their handlers have all returned, not
+// one call for the first and another for the rest; and a slow handler
+// holds the others back only until releaseCoalesce has passed (on the
+// fake clock, so the test needs no timing).
+func TestWorkerReleaseBurst(t *testing.T) {
+	f := newFake(t)
+	f.AddKeyspace("rooms", 16, testTTL)
+	h := newRecHandler(t)
+	gates := map[int]chan struct{}{}
+	h.mu.Lock()
+	for _, b := range []int{1, 2, 3, 4, 5} {
+		gates[b] = make(chan struct{})
+		h.gateRelease[b] = gates[b]
+	}
+	h.mu.Unlock()
+	w := startWorker(t, f, h)
+	sid := w.waitEvent(t, EventJoined).Session
+	tok := map[int]uint64{}
+	for _, b := range []int{1, 2, 3, 4, 5} {
+		tok[b] = f.Grant(sid, b)
+	}
+	for range 5 {
+		recv(t, h.acquires, "Acquire")
+	}
+	released := func(bs ...int) func() bool {
+		return func() bool {
+			for _, b := range bs {
+				if w.grants[b] != nil {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	// A burst of three: all handlers running, then two return.
+	for _, b := range []int{1, 2, 3} {
+		f.AskRelease(sid, b)
+	}
+	for range 3 {
+		recv(t, h.releases, "Release of the burst")
+	}
+	close(gates[1])
+	close(gates[2])
+	w.waitFor(t, "releases of 1 and 2", released(1, 2))
+	if n := f.Releases().Len(); n != 0 {
+		t.Fatalf("%d Release RPCs while bucket 3's handler still runs and the bound has not passed; want 0", n)
+	}
+	close(gates[3])
+	got := grantsFromProto(f.Releases().Next(t).GetBuckets())
+	slices.SortFunc(got, func(a, b Grant) int { return a.Bucket - b.Bucket })
+	if want := []Grant{{Bucket: 1, Token: tok[1]}, {Bucket: 2, Token: tok[2]}, {Bucket: 3, Token: tok[3]}}; !cmp.Equal(got, want, grantCmp) {
+		t.Errorf("Release RPC of the burst = %v, want one call with %v", got, want)
+	}
+
+	// A slow handler: bucket 5 is sent once the bound has passed, while
+	// bucket 4's handler still runs; bucket 4 follows when it returns.
+	f.AskRelease(sid, 4)
+	f.AskRelease(sid, 5)
+	recv(t, h.releases, "Release of 4 or 5")
+	recv(t, h.releases, "Release of 4 or 5")
+	close(gates[5])
+	w.waitFor(t, "release of 5", released(5))
+	f.Clock().MustBlockUntilDue(t, 1, releaseCoalesce)
+	if n := f.Releases().Len(); n != 0 {
+		t.Fatalf("%d Release RPCs before the bound passed; want 0", n)
+	}
+	f.Clock().Advance(releaseCoalesce)
+	if got := grantsFromProto(f.Releases().Next(t).GetBuckets()); !cmp.Equal(got, []Grant{{Bucket: 5, Token: tok[5]}}, grantCmp) {
+		t.Errorf("Release RPC after the bound = %v, want bucket 5 alone", got)
+	}
+	close(gates[4])
+	if got := grantsFromProto(f.Releases().Next(t).GetBuckets()); !cmp.Equal(got, []Grant{{Bucket: 4, Token: tok[4]}}, grantCmp) {
+		t.Errorf("Release RPC of the slow handler = %v, want bucket 4", got)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	h.heldNone()
+}
+
 // TestWorkerOwnsBeforeFirstMap: a keyspace with no map yet (the real
 // server has none until a member joins): the worker joins, and keys are
 // unassigned until the first map arrives.

@@ -42,7 +42,8 @@ type ControlOptions struct {
 // ControlReport is the output of `keyshard bench control --json`: the
 // control plane measured end to end, against an embedded server on
 // loopback (real etcd, real HTTP, the Go SDK). Targets:
-// router_owner_ns ≤ 50 with router_owner_allocs 0; handoff_p99_ms ≤ 50;
+// router_owner_ns ≤ 50 with router_owner_allocs 0; handoff_p99_ms ≤ 50,
+// handoff_p99_over_floor_p99 ≤ 2 and handoff_p50_ms ≤ 5 (issue 14);
 // scaleout_16384_s ≤ 2 with scaleout_etcd_writes growing with members, not
 // with scaleout_moved_buckets; crash_takeover_s ≤ lease_ttl_s + 1;
 // watch_fanout_100_p99_ms ≤ 200.
@@ -70,6 +71,26 @@ type ControlReport struct {
 	HandoffMaxMs   float64 `json:"handoff_max_ms"`
 	// HandoffStagesMs splits the handoffs whose etcd writes were traced.
 	HandoffStagesMs HandoffStages `json:"handoff_stages_ms"`
+
+	// FloorPairs is how many times the store's own floor for a handoff was
+	// measured on the same etcd, interleaved with the handoffs (a share
+	// before each join and after the last leave): two sequential fenced
+	// writes, each seen through an etcd watch, as a handoff needs them.
+	// The first is a member's release record written by store.Release (the
+	// compare-and-write transaction of the server's Release), the second
+	// the grant written by store.Commit (fenced by an election key, with
+	// the expectations of the leader's grant round). The percentiles are of
+	// the time from the first write's start to the second one's watch
+	// delivery; FloorStagesMs splits it at the first delivery. The ratios
+	// compare the handoff with its floor (targets: p99 ratio ≤ 2, and
+	// handoff_p50_ms ≤ 5).
+	FloorPairs             int         `json:"floor_pairs"`
+	FloorP50Ms             float64     `json:"floor_p50_ms"`
+	FloorP99Ms             float64     `json:"floor_p99_ms"`
+	FloorMaxMs             float64     `json:"floor_max_ms"`
+	FloorStagesMs          FloorStages `json:"floor_stages_ms"`
+	HandoffP99OverFloorP99 float64     `json:"handoff_p99_over_floor_p99"`
+	HandoffP50OverFloorP50 float64     `json:"handoff_p50_over_floor_p50"`
 
 	// ScaleoutS is the median time from a fourth worker's start (its Join)
 	// until every bucket whose owner changed was acquired by its new owner
@@ -158,6 +179,7 @@ func stageOf(ds []time.Duration) StageMs {
 type controlSizes struct {
 	routerBuckets, routerMembers  int
 	handoffBuckets, handoffCycles int
+	floorPairs                    int
 	scaleoutBuckets               int
 	crashBuckets                  int
 	watchBuckets, watchRouters    int
@@ -169,6 +191,7 @@ func sizesFor(quick bool) controlSizes {
 		return controlSizes{
 			routerBuckets: 1024, routerMembers: 10,
 			handoffBuckets: 64, handoffCycles: 2,
+			floorPairs:      60,
 			scaleoutBuckets: 1024,
 			crashBuckets:    64,
 			watchBuckets:    64, watchRouters: 10, watchCycles: 2,
@@ -177,6 +200,7 @@ func sizesFor(quick bool) controlSizes {
 	return controlSizes{
 		routerBuckets: 16384, routerMembers: 10,
 		handoffBuckets: 256, handoffCycles: 5,
+		floorPairs:      500,
 		scaleoutBuckets: 16384,
 		crashBuckets:    256,
 		watchBuckets:    256, watchRouters: 100, watchCycles: 5,
@@ -719,8 +743,19 @@ func (e *controlEnv) handoffs(ctx context.Context, rep *ControlReport) error {
 	if err := e.settle(ctx, rt, rec, "h1", "h2"); err != nil {
 		return err
 	}
+	floor, err := startFloor(ctx, e.emb.Endpoints(), e.log)
+	if err != nil {
+		return err
+	}
+	defer floor.close()
+	// The floor's pairs run in shares between the handoff cycles, so that
+	// both see the same machine.
+	share := (sz.floorPairs + sz.handoffCycles) / (sz.handoffCycles + 1)
 	rec.resetHandoffs()
 	for i := range sz.handoffCycles {
+		if err := floor.run(ctx, share); err != nil {
+			return err
+		}
 		name := fmt.Sprintf("h3-%d", i+1)
 		w, err := e.startWorker(ksHandoff, name, rec)
 		if err != nil {
@@ -735,6 +770,9 @@ func (e *controlEnv) handoffs(ctx context.Context, rep *ControlReport) error {
 		if err := e.settle(ctx, rt, rec, "h1", "h2"); err != nil {
 			return fmt.Errorf("%s leaving: %w", name, err)
 		}
+	}
+	if err := floor.run(ctx, share); err != nil {
+		return err
 	}
 	hs := rec.handoffList()
 	if len(hs) == 0 {
@@ -754,6 +792,17 @@ func (e *controlEnv) handoffs(ctx context.Context, rep *ControlReport) error {
 	rep.HandoffStagesMs = HandoffStages{Traced: len(toRecord), ReleaseToRecord: stageOf(toRecord), RecordToGrant: stageOf(toGrant), GrantToAcquire: stageOf(toAcquire)}
 	e.say("handoff: %d graceful handoffs (%d buckets, a third worker joined and left %d times): release → acquire p50 %.1f ms, p99 %.1f ms, max %.1f ms",
 		rep.Handoffs, sz.handoffBuckets, sz.handoffCycles, rep.HandoffP50Ms, rep.HandoffP99Ms, rep.HandoffMaxMs)
+	total, release, grant := floor.pairs()
+	rep.FloorPairs = len(total)
+	rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs = percentileMs(total, 50), percentileMs(total, 99), percentileMs(total, 100)
+	rep.FloorStagesMs = FloorStages{Release: stageOf(release), Grant: stageOf(grant)}
+	rep.HandoffP99OverFloorP99 = ratio(rep.HandoffP99Ms, rep.FloorP99Ms)
+	rep.HandoffP50OverFloorP50 = ratio(rep.HandoffP50Ms, rep.FloorP50Ms)
+	e.say("floor: %d pairs of fenced writes on the same etcd, each seen on a watch (interleaved with the handoffs): p50 %.1f ms, p99 %.1f ms, max %.1f ms; handoff/floor p50 %.2f×, p99 %.2f×",
+		rep.FloorPairs, rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs, rep.HandoffP50OverFloorP50, rep.HandoffP99OverFloorP99)
+	fs := rep.FloorStagesMs
+	e.say("floor stages (p50/p99 ms): release record written → seen %.1f/%.1f, → grant written and seen %.1f/%.1f",
+		fs.Release.P50, fs.Release.P99, fs.Grant.P50, fs.Grant.P99)
 	st := rep.HandoffStagesMs
 	e.say("handoff stages (p50/p99 ms, %d traced): release → release record in etcd %.1f/%.1f, → leader's grant write %.1f/%.1f, → Acquire %.1f/%.1f",
 		st.Traced, st.ReleaseToRecord.P50, st.ReleaseToRecord.P99, st.RecordToGrant.P50, st.RecordToGrant.P99, st.GrantToAcquire.P50, st.GrantToAcquire.P99)
@@ -1287,6 +1336,14 @@ func (o *etcdObserver) mapEpochs(ks string, after uint64) []epochAt {
 		}
 	}
 	return out
+}
+
+// ratio is a / b, rounded to two decimals; 0 if b is not positive.
+func ratio(a, b float64) float64 {
+	if !(b > 0) {
+		return 0
+	}
+	return math.Round(a/b*100) / 100
 }
 
 // percentileMs returns the p-th percentile (nearest rank) of ds in

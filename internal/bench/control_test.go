@@ -50,6 +50,22 @@ func TestControlQuick(t *testing.T) {
 	if st := rep.HandoffStagesMs; st.Traced == 0 || st.Traced > rep.Handoffs {
 		t.Errorf("%d handoffs traced through etcd, of %d", st.Traced, rep.Handoffs)
 	}
+	// The floor, measured next to the handoffs on the same etcd.
+	if rep.FloorPairs != 60 {
+		t.Errorf("%d floor pairs, want 60 with Quick", rep.FloorPairs)
+	}
+	if !(0 < rep.FloorP50Ms && rep.FloorP50Ms <= rep.FloorP99Ms && rep.FloorP99Ms <= rep.FloorMaxMs) {
+		t.Errorf("floor p50 %v, p99 %v, max %v ms: want 0 < p50 <= p99 <= max", rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs)
+	}
+	if fs := rep.FloorStagesMs; !(0 < fs.Release.P50 && fs.Release.P50 <= fs.Release.P99 && 0 < fs.Grant.P50 && fs.Grant.P50 <= fs.Grant.P99) {
+		t.Errorf("floor stages %+v: want 0 < p50 <= p99 for each", fs)
+	}
+	if want := ratio(rep.HandoffP99Ms, rep.FloorP99Ms); rep.HandoffP99OverFloorP99 != want || want <= 0 {
+		t.Errorf("handoff_p99_over_floor_p99 %v, want %v (> 0)", rep.HandoffP99OverFloorP99, want)
+	}
+	if want := ratio(rep.HandoffP50Ms, rep.FloorP50Ms); rep.HandoffP50OverFloorP50 != want || want <= 0 {
+		t.Errorf("handoff_p50_over_floor_p50 %v, want %v (> 0)", rep.HandoffP50OverFloorP50, want)
+	}
 	if rep.ScaleoutMovedBuckets <= 0 || rep.ScaleoutMovedBuckets > rep.ScaleoutBuckets {
 		t.Errorf("scale-out moved %d of %d buckets", rep.ScaleoutMovedBuckets, rep.ScaleoutBuckets)
 	}
@@ -91,7 +107,8 @@ func TestControlQuick(t *testing.T) {
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"router_owner_ns", "router_owner_allocs", "handoff_p50_ms", "handoff_p99_ms", "scaleout_16384_s",
+	for _, f := range []string{"router_owner_ns", "router_owner_allocs", "handoff_p50_ms", "handoff_p99_ms", "floor_p50_ms", "floor_p99_ms", "floor_stages_ms",
+		"handoff_p99_over_floor_p99", "handoff_p50_over_floor_p50", "scaleout_16384_s",
 		"scaleout_etcd_writes", "scaleout_moved_buckets", "crash_takeover_s", "lease_ttl_s", "watch_fanout_100_p99_ms", "lost_releases", "runs"} {
 		if _, ok := fields[f]; !ok {
 			t.Errorf("JSON has no %q: %s", f, raw)

@@ -356,7 +356,7 @@ func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.G
 	timer := m.s.clock.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := m.s.view.read(func(*store.Snapshot, map[string]*mapView) {})
+		changed := m.s.view.keyspaceChanged(sess.keyspace)
 		resp, err := m.s.liveGrants(ctx, sess)
 		if err != nil {
 			return nil, err
@@ -390,7 +390,7 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	var sent uint64
 	first := true
 	for {
-		changed := m.s.view.read(func(*store.Snapshot, map[string]*mapView) {})
+		changed := m.s.view.keyspaceChanged(sess.keyspace)
 		resp, err := m.s.liveGrants(ctx, sess)
 		if err != nil {
 			return err

@@ -25,6 +25,11 @@ type view struct {
 	tpools  map[string]*tpView  // tenant pool → served state, updated from the chunks that change
 	synced  chan struct{}       // closed once the first full snapshot is loaded
 	changed chan struct{}       // closed and replaced after every applied update
+	// ksChanged: keyspace → a channel closed at the next update that
+	// changes one of its keys (or resyncs), made on demand (keyspaceChanged).
+	// A member's grants stream waits on its keyspace's alone: every update
+	// woke every stream of the replica, whatever its keyspace.
+	ksChanged map[string]chan struct{}
 }
 
 // setView is a pool's overflow set in the form the API serves.
@@ -42,7 +47,7 @@ type mapView struct {
 }
 
 func newView(log *slog.Logger, m *metrics) *view {
-	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, tpools: map[string]*tpView{}, synced: make(chan struct{}), changed: make(chan struct{}), snap: store.NewSnapshot(0)}
+	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, tpools: map[string]*tpView{}, synced: make(chan struct{}), changed: make(chan struct{}), ksChanged: map[string]chan struct{}{}, snap: store.NewSnapshot(0)}
 }
 
 // run follows the store until ctx ends. It owns no goroutine of its own:
@@ -122,6 +127,18 @@ func (v *view) apply(u store.Update) {
 	}
 	close(v.changed)
 	v.changed = make(chan struct{})
+	if u.Resync != nil {
+		for ks, ch := range v.ksChanged {
+			close(ch)
+			delete(v.ksChanged, ks)
+		}
+	}
+	for _, c := range u.Changes {
+		if ch, ok := v.ksChanged[c.Keyspace]; ok {
+			close(ch)
+			delete(v.ksChanged, c.Keyspace)
+		}
+	}
 	v.mu.Unlock()
 }
 
@@ -193,6 +210,20 @@ func (v *view) read(f func(s *store.Snapshot, maps map[string]*mapView)) <-chan 
 	defer v.mu.RUnlock()
 	f(v.snap, v.maps)
 	return v.changed
+}
+
+// keyspaceChanged returns a channel that closes at the next update that
+// changes a key of keyspace ks (or resyncs). Call it before reading the
+// state it guards, as with read's channel.
+func (v *view) keyspaceChanged(ks string) <-chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	ch, ok := v.ksChanged[ks]
+	if !ok {
+		ch = make(chan struct{})
+		v.ksChanged[ks] = ch
+	}
+	return ch
 }
 
 // waitRev waits until the view has applied revision rev (a write this

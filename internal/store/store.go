@@ -10,6 +10,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -35,6 +36,12 @@ type Config struct {
 	// Logger receives the client's warnings and errors, and the store's
 	// own (watch resyncs, for example). Nil discards them.
 	Logger *slog.Logger
+	// Namespace, if set, puts every key, watch and lease of this store
+	// under that prefix (etcd's namespace client): a Store that must not
+	// meet a Keyshard on the same etcd, such as `keyshard bench control`'s
+	// measure of etcd's own floor, runs the same code on keys the server
+	// never reads. A replica leaves it empty.
+	Namespace string
 }
 
 // Store is a connection to etcd with Keyshard's schema on top. It is safe
@@ -94,6 +101,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	})
 	if err != nil {
 		return nil, etcdErr("store: open", err)
+	}
+	if cfg.Namespace != "" {
+		c.KV = namespace.NewKV(c.KV, cfg.Namespace)
+		c.Watcher = namespace.NewWatcher(c.Watcher, cfg.Namespace)
+		c.Lease = namespace.NewLease(c.Lease, cfg.Namespace)
 	}
 	s := &Store{client: c, log: log, maxOps: cfg.MaxTxnOps}
 	// clientv3.New does not wait for a connection; check that etcd answers
