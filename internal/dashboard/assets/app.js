@@ -456,10 +456,15 @@ function keyspaceView(name, signal) {
     await Promise.all([loadMembers(ks, signal), loadBuckets(ks, signal), loadHistory(ks, signal)]);
     if (!signal.aborted) renderKeyspace(ks);
   });
-  // Counts that change without an epoch (grants, releases, leases).
+  // Counts that change without an epoch (grants, releases, leases). The
+  // bucket states too, every second while they are small; once they are
+  // many runs (every bucket its own token: 65,536 runs are 6 MB of JSON)
+  // every 10 s, and at every new epoch.
+  let tick = 0;
   loop(signal, 1000, async () => {
     if (!ks.map) return;
-    await Promise.all([loadMembers(ks, signal), loadBuckets(ks, signal)]);
+    const big = (ks.buckets?.runs?.length || 0) > BIG_RUNS;
+    await Promise.all([loadMembers(ks, signal), !big || ++tick % 10 === 0 ? loadBuckets(ks, signal) : null]);
     if (!signal.aborted) renderKeyspace(ks);
   });
 }
@@ -487,6 +492,9 @@ async function loadMembers(ks, signal) {
   ks.members = r.v ? r.v.members || [] : null;
   ks.membersErr = r.err || null;
 }
+
+// BIG_RUNS is where GetBuckets stops being re-read every second.
+const BIG_RUNS = 4096;
 
 async function loadBuckets(ks, signal) {
   if (ks.bucketsErr?.code === 'unimplemented') return; // asked once
