@@ -451,6 +451,10 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 		}
 		return ""
 	}
+	health := func(name string, h bench.MemberHealth) {
+		fmt.Fprintf(tw, "  members (%s)\t%d keep-alive errors, %d sessions lost, %d re-joins (%d failed), %d release errors, %d broken grant streams\t0 lost\n",
+			name, h.KeepAliveErrors, h.SessionsLost, h.Rejoins, h.RejoinErrors, h.ReleaseErrors, h.StreamErrors)
+	}
 	var wheres strings.Builder
 	where := func(name string, t bench.TimeSplit) {
 		fmt.Fprintf(&wheres, "  %-12s serve %.2f CPU s, etcd %.2f CPU s, bench %.2f CPU s; leader plan %.3f s in %d steps, writes %.3f s in %d (%d failed); %d epochs, %d grants, %d moves\n",
@@ -459,11 +463,12 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 	if r := rep.JoinStorm; r != nil {
 		fmt.Fprintf(tw, "join storm: %d members into %d buckets, joins over %.1f s\tall granted %.2f s after the last join%s (%.2f s after the first); %d etcd writes; %d releases of %d buckets\t≤ 10 s, writes O(members)\n",
 			r.Members, r.Buckets, r.JoinsS, r.GrantedAfterLastJoinS, timedOut(r.TimedOut), r.GrantedAfterFirstJoinS, r.EtcdWrites, r.ReleaseCalls, r.ReleasedBucket)
+		health("join storm", r.Health)
 		where("join storm", r.Where)
 	}
 	if r := rep.Live; r != nil {
 		fmt.Fprintf(tw, "live: %d members over %d keyspaces of %d buckets, %.0f s window%s\tserve %.1f%% + etcd %.1f%% of a core (%.2f%% per 1,000); %.0f keep-alives/s; %d errors, %d sessions lost\t≤ 30%% for 10,000\n",
-			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.KeepAliveErrors, r.SessionsLost)
+			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.Health.KeepAliveErrors, r.Health.SessionsLost)
 		fmt.Fprintf(tw, "  memory\tserve %.0f bytes/member (%d → %d MiB); etcd RSS %d MiB, db %d KiB (%d in use), %.1f writes/s\t≤ 20 KB/member\n",
 			r.ServeRSSBytesPerMember, r.ServeRSSBeforeBytes>>20, r.ServeRSSAfterBytes>>20, r.EtcdRSSBytes>>20, r.EtcdDBSizeBytes>>10, r.EtcdDBInUseBytes>>10, r.EtcdWritesPerS)
 		where("live window", r.Where)
@@ -476,6 +481,7 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 	if r := rep.Crash; r != nil {
 		fmt.Fprintf(tw, "crash: %d of %d members, %d buckets, %d orphaned\tall granted again %.2f s after the crash%s; %d etcd writes\t≤ TTL + 2 s = %.0f s\n",
 			r.Crashed, r.Members, r.Buckets, r.Orphaned, r.RegrantedS, timedOut(r.TimedOut), r.EtcdWrites, r.TargetS)
+		health("crash", r.Health)
 		where("crash", r.Where)
 	}
 	if err := tw.Flush(); err != nil {

@@ -246,9 +246,10 @@ type JoinStormReport struct {
 	// included).
 	EtcdWrites int64 `json:"etcd_writes"`
 	// Releases the members made (Release calls) and the buckets in them.
-	ReleaseCalls   int64     `json:"release_calls"`
-	ReleasedBucket int64     `json:"released_buckets"`
-	Where          TimeSplit `json:"where"`
+	ReleaseCalls   int64        `json:"release_calls"`
+	ReleasedBucket int64        `json:"released_buckets"`
+	Health         MemberHealth `json:"members_health"`
+	Where          TimeSplit    `json:"where"`
 }
 
 // LiveReport: LiveMembers members over Keyspaces keyspaces of Buckets
@@ -270,9 +271,8 @@ type LiveReport struct {
 	Granted int `json:"granted"`
 	// KeepAlivesPerS were answered during the window; KeepAliveErrors
 	// failed over the whole scenario; SessionsLost ended (NOT_FOUND).
-	KeepAlivesPerS  float64 `json:"keepalives_per_s"`
-	KeepAliveErrors int64   `json:"keepalive_errors"`
-	SessionsLost    int64   `json:"sessions_lost"`
+	KeepAlivesPerS float64      `json:"keepalives_per_s"`
+	Health         MemberHealth `json:"members_health"`
 	// CPU during the window as % of one core: in total, and per 1,000
 	// members.
 	ServeCPUPct             float64 `json:"serve_cpu_pct"`
@@ -338,10 +338,11 @@ type CrashReport struct {
 	TargetS    float64 `json:"target_s"`
 	TimedOut   bool    `json:"timed_out,omitempty"`
 	// Granted and MembersListed at the end.
-	Granted       int       `json:"granted"`
-	MembersListed int       `json:"members_listed"`
-	EtcdWrites    int64     `json:"etcd_writes"`
-	Where         TimeSplit `json:"where"`
+	Granted       int          `json:"granted"`
+	MembersListed int          `json:"members_listed"`
+	EtcdWrites    int64        `json:"etcd_writes"`
+	Health        MemberHealth `json:"members_health"`
+	Where         TimeSplit    `json:"where"`
 }
 
 // Scale runs the scenarios of opts, each on a fresh etcd and serve, and
@@ -851,12 +852,38 @@ type fleet struct {
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
 	releaseCalls, releasedBuckets             atomic.Int64
 	releaseErrs, streamErrs                   atomic.Int64
+	rejoins, rejoinErrs                       atomic.Int64
+}
+
+// MemberHealth is what went wrong with the simulated members' sessions.
+type MemberHealth struct {
+	// KeepAliveErrors counts keep-alives that failed (not NOT_FOUND);
+	// SessionsLost sessions that ended under a member still running
+	// (NOT_FOUND: its lease expired or it was revoked), Rejoins the new
+	// sessions members took after, RejoinErrors failed attempts.
+	KeepAliveErrors int64 `json:"keepalive_errors"`
+	SessionsLost    int64 `json:"sessions_lost"`
+	Rejoins         int64 `json:"rejoins"`
+	RejoinErrors    int64 `json:"rejoin_errors"`
+	// ReleaseErrors and StreamErrors count failed Release calls and
+	// WatchGrants streams that broke.
+	ReleaseErrors int64 `json:"release_errors"`
+	StreamErrors  int64 `json:"stream_errors"`
+}
+
+func (f *fleet) health() MemberHealth {
+	return MemberHealth{
+		KeepAliveErrors: f.keepAliveErrs.Load(), SessionsLost: f.sessionsLost.Load(),
+		Rejoins: f.rejoins.Load(), RejoinErrors: f.rejoinErrs.Load(),
+		ReleaseErrors: f.releaseErrs.Load(), StreamErrors: f.streamErrs.Load(),
+	}
 }
 
 // simMember is one simulated member: a session kept alive at the SDK's
 // cadence (lease TTL / 3), its grants followed on a WatchGrants stream,
 // and every bucket it is asked to release released at once (a handler
-// that returns immediately).
+// that returns immediately). session and ttl belong to the member's run
+// goroutine once join returned.
 type simMember struct {
 	keyspace, id, session string
 	ttl                   time.Duration
@@ -864,28 +891,65 @@ type simMember struct {
 }
 
 // join joins one member and activates its session (first KeepAlive);
-// the member runs until crash or ctx ends.
+// the member then runs until crash or ctx ends, joining again with a new
+// session if it loses one, as the SDK's Worker does.
 func (f *fleet) join(ctx context.Context, ks, id string) (*simMember, error) {
-	resp, err := f.e.member.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: ks, Member: &keyshardv1.Member{Id: id, Address: id + ":1"}}))
-	if err != nil {
-		return nil, fmt.Errorf("join %s as %s: %w", ks, id, err)
+	m := &simMember{keyspace: ks, id: id}
+	if err := f.session(ctx, m); err != nil {
+		return nil, err
 	}
-	m := &simMember{keyspace: ks, id: id, session: resp.Msg.GetSession(), ttl: resp.Msg.GetLeaseTtl().AsDuration()}
-	if m.ttl <= 0 {
-		return nil, fmt.Errorf("join %s as %s: lease TTL %v", ks, id, m.ttl)
-	}
-	if _, err := f.e.member.KeepAlive(ctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session})); err != nil {
-		return nil, fmt.Errorf("first keep-alive of %s/%s: %w", ks, id, err)
-	}
-	f.keepAlivesOK.Add(1)
 	mctx, cancel := context.WithCancel(ctx)
 	m.stop = cancel
-	f.wg.Go(func() { f.keep(mctx, m) })   // exits when mctx ends or the session is lost
-	f.wg.Go(func() { f.follow(mctx, m) }) // exits when mctx ends
+	f.wg.Go(func() { f.run(mctx, m) }) // exits when mctx ends
 	return m, nil
 }
 
-func (f *fleet) keep(ctx context.Context, m *simMember) {
+// session joins m with a new session and activates it.
+func (f *fleet) session(ctx context.Context, m *simMember) error {
+	resp, err := f.e.member.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: m.keyspace, Member: &keyshardv1.Member{Id: m.id, Address: m.id + ":1"}}))
+	if err != nil {
+		return fmt.Errorf("join %s as %s: %w", m.keyspace, m.id, err)
+	}
+	m.session, m.ttl = resp.Msg.GetSession(), resp.Msg.GetLeaseTtl().AsDuration()
+	if m.ttl <= 0 {
+		return fmt.Errorf("join %s as %s: lease TTL %v", m.keyspace, m.id, m.ttl)
+	}
+	if _, err := f.e.member.KeepAlive(ctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session})); err != nil {
+		return fmt.Errorf("first keep-alive of %s/%s: %w", m.keyspace, m.id, err)
+	}
+	f.keepAlivesOK.Add(1)
+	return nil
+}
+
+// run serves m's sessions until ctx ends: keep-alives and grants of
+// each, then a new Join when one is lost (after 1 s, then every TTL).
+func (f *fleet) run(ctx context.Context, m *simMember) {
+	for ctx.Err() == nil {
+		sctx, lost := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { f.keep(sctx, m, lost) })   // exits when sctx ends or the session is lost
+		wg.Go(func() { f.follow(sctx, m, lost) }) // exits when sctx ends or the session is lost
+		wg.Wait()
+		lost()
+		if ctx.Err() != nil {
+			return
+		}
+		f.sessionsLost.Add(1)
+		for wait := time.Second; ; wait = m.ttl {
+			pause(ctx, wait)
+			if ctx.Err() != nil {
+				return
+			}
+			if err := f.session(ctx, m); err == nil {
+				f.rejoins.Add(1)
+				break
+			}
+			f.rejoinErrs.Add(1)
+		}
+	}
+}
+
+func (f *fleet) keep(ctx context.Context, m *simMember, lost context.CancelFunc) {
 	t := time.NewTicker(m.ttl / 3)
 	defer t.Stop()
 	for {
@@ -903,8 +967,7 @@ func (f *fleet) keep(ctx context.Context, m *simMember) {
 		case ctx.Err() != nil:
 			return
 		case connect.CodeOf(err) == connect.CodeNotFound:
-			f.sessionsLost.Add(1)
-			m.stop()
+			lost()
 			return
 		default:
 			f.keepAliveErrs.Add(1)
@@ -912,7 +975,7 @@ func (f *fleet) keep(ctx context.Context, m *simMember) {
 	}
 }
 
-func (f *fleet) follow(ctx context.Context, m *simMember) {
+func (f *fleet) follow(ctx context.Context, m *simMember, lost context.CancelFunc) {
 	released := map[[2]uint64]bool{} // (bucket, token) released successfully
 	var minRev uint64
 	for ctx.Err() == nil {
@@ -958,7 +1021,8 @@ func (f *fleet) follow(ctx context.Context, m *simMember) {
 		st.Close()
 		if ctx.Err() == nil {
 			if connect.CodeOf(st.Err()) == connect.CodeNotFound {
-				return // the session is gone
+				lost() // the session is gone
+				return
 			}
 			f.streamErrs.Add(1)
 			pause(ctx, 100*time.Millisecond)
@@ -1052,7 +1116,8 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		Granted:                states[0].granted, MembersListed: states[0].members,
 		EtcdWrites:   after.rev - before.rev,
 		ReleaseCalls: f.releaseCalls.Load(), ReleasedBucket: f.releasedBuckets.Load(),
-		Where: split(before, after),
+		Health: f.health(),
+		Where:  split(before, after),
 	}
 	logf("join-storm: every bucket granted %.2fs after the last join (timed out: %v), %d etcd writes", r.GrantedAfterLastJoinS, timedOut, r.EtcdWrites)
 	return r, nil
@@ -1119,8 +1184,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		JoinedS: joined.Sub(start).Seconds(), SteadyS: steadyAt.Sub(joined).Seconds(), TimedOut: timedOut,
 		Granted:             granted,
 		KeepAlivesPerS:      float64(b.keepAlivesOK-a.keepAlivesOK) / w,
-		KeepAliveErrors:     f.keepAliveErrs.Load(),
-		SessionsLost:        f.sessionsLost.Load(),
+		Health:              f.health(),
 		ServeCPUPct:         100 * (b.serve.cpuS - a.serve.cpuS) / w,
 		EtcdCPUPct:          100 * (b.etcd.cpuS - a.etcd.cpuS) / w,
 		BenchCPUPct:         100 * (b.bench.cpuS - a.bench.cpuS) / w,
@@ -1387,6 +1451,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 		Orphaned: orphaned, RegrantedS: at.Sub(crashAt).Seconds(), TargetS: (o.LeaseTTL + 2*time.Second).Seconds(),
 		TimedOut: timedOut, Granted: states[0].granted, MembersListed: states[0].members,
 		EtcdWrites: after.rev - before.rev,
+		Health:     f.health(),
 		Where:      split(before, after),
 	}
 	logf("crash: every orphaned bucket granted again %.2fs after the crash (lease TTL %v, timed out: %v)", r.RegrantedS, o.LeaseTTL, timedOut)

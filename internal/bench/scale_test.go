@@ -75,8 +75,8 @@ func TestScaleQuick(t *testing.T) {
 		if r.TimedOut || r.Granted != opts.Keyspaces*opts.LiveBuckets || r.LiveMembers != opts.LiveMembers || r.Keyspaces != opts.Keyspaces {
 			t.Errorf("live: timed out %v, %d buckets granted, want %d", r.TimedOut, r.Granted, opts.Keyspaces*opts.LiveBuckets)
 		}
-		if r.SessionsLost != 0 || r.KeepAlivesPerS <= 0 {
-			t.Errorf("live: %d sessions lost, %.1f keep-alives/s; want 0 lost, some keep-alives", r.SessionsLost, r.KeepAlivesPerS)
+		if r.Health.SessionsLost != 0 || r.KeepAlivesPerS <= 0 {
+			t.Errorf("live: %d sessions lost, %.1f keep-alives/s; want 0 lost, some keep-alives", r.Health.SessionsLost, r.KeepAlivesPerS)
 		}
 		if r.ServeRSSAfterBytes <= 0 || r.EtcdRSSBytes <= 0 || r.EtcdDBSizeBytes <= 0 || r.WindowS < opts.Window.Seconds() {
 			t.Errorf("live: serve RSS %d, etcd RSS %d, db %d bytes, window %.2fs; want all measured", r.ServeRSSAfterBytes, r.EtcdRSSBytes, r.EtcdDBSizeBytes, r.WindowS)
