@@ -452,8 +452,8 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 		return ""
 	}
 	health := func(name string, h bench.MemberHealth) {
-		fmt.Fprintf(tw, "  members (%s)\t%d keep-alive errors, %d sessions lost, %d re-joins (%d failed), %d release errors, %d broken grant streams\t0 lost\n",
-			name, h.KeepAliveErrors, h.SessionsLost, h.Rejoins, h.RejoinErrors, h.ReleaseErrors, h.StreamErrors)
+		fmt.Fprintf(tw, "  members (%s)\t%d keep-alive errors, %d sessions lost, %d re-joins (%d failed), %d join retries, %d release errors, %d broken grant streams\t0 lost\n",
+			name, h.KeepAliveErrors, h.SessionsLost, h.Rejoins, h.RejoinErrors, h.JoinRetries, h.ReleaseErrors, h.StreamErrors)
 	}
 	var wheres strings.Builder
 	where := func(name string, t bench.TimeSplit) {
@@ -471,6 +471,7 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.Health.KeepAliveErrors, r.Health.SessionsLost)
 		fmt.Fprintf(tw, "  memory\tserve %.0f bytes/member (%d → %d MiB); etcd RSS %d MiB, db %d KiB (%d in use), %.1f writes/s\t≤ 20 KB/member\n",
 			r.ServeRSSBytesPerMember, r.ServeRSSBeforeBytes>>20, r.ServeRSSAfterBytes>>20, r.EtcdRSSBytes>>20, r.EtcdDBSizeBytes>>10, r.EtcdDBInUseBytes>>10, r.EtcdWritesPerS)
+		health("live", r.Health)
 		where("live window", r.Where)
 	}
 	if r := rep.Routers; r != nil {

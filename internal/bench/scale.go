@@ -261,7 +261,7 @@ type LiveReport struct {
 	Buckets     int     `json:"buckets"`
 	LeaseTTLS   float64 `json:"lease_ttl_s"`
 	WindowS     float64 `json:"window_s"`
-	// JoinedS is the time to join every member (32 joins in flight),
+	// JoinedS is the time to join every member (8 joins in flight),
 	// SteadyS from then until every bucket of every keyspace was granted.
 	JoinedS  float64 `json:"joined_s"`
 	SteadyS  float64 `json:"steady_s"`
@@ -852,7 +852,7 @@ type fleet struct {
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
 	releaseCalls, releasedBuckets             atomic.Int64
 	releaseErrs, streamErrs                   atomic.Int64
-	rejoins, rejoinErrs                       atomic.Int64
+	rejoins, rejoinErrs, joinRetries          atomic.Int64
 }
 
 // MemberHealth is what went wrong with the simulated members' sessions.
@@ -865,6 +865,9 @@ type MemberHealth struct {
 	SessionsLost    int64 `json:"sessions_lost"`
 	Rejoins         int64 `json:"rejoins"`
 	RejoinErrors    int64 `json:"rejoin_errors"`
+	// JoinRetries counts Joins (and first KeepAlives) retried because
+	// the server could not serve them (UNAVAILABLE, a deadline).
+	JoinRetries int64 `json:"join_retries"`
 	// ReleaseErrors and StreamErrors count failed Release calls and
 	// WatchGrants streams that broke.
 	ReleaseErrors int64 `json:"release_errors"`
@@ -874,7 +877,7 @@ type MemberHealth struct {
 func (f *fleet) health() MemberHealth {
 	return MemberHealth{
 		KeepAliveErrors: f.keepAliveErrs.Load(), SessionsLost: f.sessionsLost.Load(),
-		Rejoins: f.rejoins.Load(), RejoinErrors: f.rejoinErrs.Load(),
+		Rejoins: f.rejoins.Load(), RejoinErrors: f.rejoinErrs.Load(), JoinRetries: f.joinRetries.Load(),
 		ReleaseErrors: f.releaseErrs.Load(), StreamErrors: f.streamErrs.Load(),
 	}
 }
@@ -904,9 +907,29 @@ func (f *fleet) join(ctx context.Context, ks, id string) (*simMember, error) {
 	return m, nil
 }
 
-// session joins m with a new session and activates it.
+// session joins m with a new session and activates it. Like the SDK's
+// Worker it retries a Join or first KeepAlive the server could not serve
+// (UNAVAILABLE, a deadline), backing off from 200 ms up to the lease TTL,
+// at most 8 times; a retry replaces the session the failed attempt may
+// have left (never activated, so holding nothing).
 func (f *fleet) session(ctx context.Context, m *simMember) error {
-	resp, err := f.e.member.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: m.keyspace, Member: &keyshardv1.Member{Id: m.id, Address: m.id + ":1"}}))
+	wait := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := f.trySession(ctx, m, attempt > 0)
+		if err == nil || ctx.Err() != nil || attempt == 7 {
+			return err
+		}
+		if c := connect.CodeOf(err); c != connect.CodeUnavailable && c != connect.CodeDeadlineExceeded {
+			return err
+		}
+		f.joinRetries.Add(1)
+		pause(ctx, wait)
+		wait = min(2*wait, max(m.ttl, time.Second))
+	}
+}
+
+func (f *fleet) trySession(ctx context.Context, m *simMember, replace bool) error {
+	resp, err := f.e.member.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: m.keyspace, Member: &keyshardv1.Member{Id: m.id, Address: m.id + ":1"}, Replace: replace}))
 	if err != nil {
 		return fmt.Errorf("join %s as %s: %w", m.keyspace, m.id, err)
 	}
@@ -1055,7 +1078,25 @@ func (f *fleet) joinAll(ctx context.Context, kss, ids []string, inflight int) ([
 		})
 	}
 	wg.Wait()
-	return ms, errors.Join(errs...)
+	return ms, firstErr(errs)
+}
+
+// firstErr reports how many of errs are set, and the first.
+func firstErr(errs []error) error {
+	var first error
+	n := 0
+	for _, err := range errs {
+		if err != nil {
+			n++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d failed, the first: %w", n, len(errs), first)
 }
 
 // --- scenarios ---
@@ -1095,7 +1136,7 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		})
 	}
 	joins.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstErr(errs); err != nil {
 		return nil, err
 	}
 	logf("join-storm: joined in %.2fs; waiting for every bucket to be granted", last.Sub(first).Seconds())
@@ -1148,7 +1189,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		want[i%o.Keyspaces]++
 	}
 	start := time.Now()
-	if _, err := f.joinAll(mctx, memberKs, ids, 32); err != nil {
+	if _, err := f.joinAll(mctx, memberKs, ids, 8); err != nil {
 		return nil, err
 	}
 	joined := time.Now()
@@ -1408,7 +1449,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 	for i := range ids {
 		kss[i], ids[i] = ks, fmt.Sprintf("m%05d", i)
 	}
-	ms, err := f.joinAll(mctx, kss, ids, 32)
+	ms, err := f.joinAll(mctx, kss, ids, 8)
 	if err != nil {
 		return nil, err
 	}
