@@ -1064,17 +1064,31 @@ func pause(ctx context.Context, d time.Duration) {
 }
 
 // joinAll joins ids[i] into kss[i] with at most inflight joins at once,
-// and returns the members in order.
-func (f *fleet) joinAll(ctx context.Context, kss, ids []string, inflight int) ([]*simMember, error) {
+// and returns the members in order. It logs every tenth of the way, and
+// stops starting joins once budget has passed (an error naming how many
+// joined).
+func (f *fleet) joinAll(ctx context.Context, kss, ids []string, inflight int, budget time.Duration, logf logFunc) ([]*simMember, error) {
 	ms := make([]*simMember, len(ids))
 	errs := make([]error, len(ids))
 	sem := make(chan struct{}, inflight)
 	var wg sync.WaitGroup
+	var joined atomic.Int64
+	start := time.Now()
+	step := max(len(ids)/10, 1)
 	for i := range ids {
 		sem <- struct{}{}
+		if time.Since(start) > budget {
+			<-sem
+			wg.Wait()
+			return ms, fmt.Errorf("joins: %d of %d members joined within %v", joined.Load(), len(ids), budget)
+		}
 		wg.Go(func() { // exits once the join returned
 			defer func() { <-sem }()
-			ms[i], errs[i] = f.join(ctx, kss[i], ids[i])
+			if ms[i], errs[i] = f.join(ctx, kss[i], ids[i]); errs[i] == nil {
+				if n := joined.Add(1); n%int64(step) == 0 {
+					logf("  %d of %d members joined (%.1fs)", n, len(ids), time.Since(start).Seconds())
+				}
+			}
 		})
 	}
 	wg.Wait()
@@ -1189,7 +1203,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		want[i%o.Keyspaces]++
 	}
 	start := time.Now()
-	if _, err := f.joinAll(mctx, memberKs, ids, 8); err != nil {
+	if _, err := f.joinAll(mctx, memberKs, ids, 8, o.Budget, logf); err != nil {
 		return nil, err
 	}
 	joined := time.Now()
@@ -1449,7 +1463,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 	for i := range ids {
 		kss[i], ids[i] = ks, fmt.Sprintf("m%05d", i)
 	}
-	ms, err := f.joinAll(mctx, kss, ids, 8)
+	ms, err := f.joinAll(mctx, kss, ids, 8, o.Budget, logf)
 	if err != nil {
 		return nil, err
 	}
