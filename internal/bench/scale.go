@@ -316,7 +316,9 @@ type RoutersReport struct {
 	Seen   int `json:"seen"`
 	Missed int `json:"missed"`
 	// WriteFromJoinMs is from the joining member's first KeepAlive
-	// answered to the map's write.
+	// answered to the map's write: negative when the leader wrote the map
+	// before that answer reached the bench process (activation is what
+	// triggers the map).
 	WriteFromJoinMs float64   `json:"write_from_join_ms"`
 	Where           TimeSplit `json:"where"`
 }
