@@ -380,7 +380,7 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 		case ScenarioCrash:
 			rep.Crash, err = env.crash(ctx, opts, logf)
 		}
-		cerr := env.close()
+		cerr := env.close(err != nil) // keep the logs of a failed scenario
 		if err != nil {
 			return rep, fmt.Errorf("bench scale: %s: %w (logs: %s)", sc, err, env.logName)
 		}
@@ -496,7 +496,7 @@ func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *
 	}
 	defer func() {
 		if err != nil {
-			e.close()
+			e.close(e.logFile != nil)
 		}
 	}()
 	logs := opts.Logs
@@ -601,7 +601,9 @@ func (e *scaleEnv) waitLeader(ctx context.Context) error {
 	}
 }
 
-func (e *scaleEnv) close() error {
+// close stops the children and removes the run's directory, unless keep
+// is set or a child would not stop (the logs are there).
+func (e *scaleEnv) close(keep bool) error {
 	var errs []error
 	if e.sdk != nil {
 		e.sdk.Close()
@@ -618,6 +620,9 @@ func (e *scaleEnv) close() error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err // keep the directory and its logs
+	}
+	if keep {
+		return nil
 	}
 	return os.RemoveAll(e.dir)
 }
