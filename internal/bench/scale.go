@@ -358,8 +358,12 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 	if opts.Etcd == EtcdCluster3 {
 		rep.EtcdMembers = 3
 	}
+	var logMu sync.Mutex // joins log their progress from several goroutines
 	logf := func(format string, args ...any) {
-		fmt.Fprintf(progress, "[%6.1fs] scale: %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+		line := fmt.Sprintf("[%6.1fs] scale: %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+		logMu.Lock()
+		defer logMu.Unlock()
+		io.WriteString(progress, line)
 	}
 	for _, sc := range AllScaleScenarios {
 		if !slices.Contains(opts.Scenarios, sc) {
