@@ -33,7 +33,10 @@ func TestScaleQuick(t *testing.T) {
 		LiveMembers: 50, Keyspaces: 2, LiveBuckets: 64,
 		Routers:    200,
 		JoinWindow: 500 * time.Millisecond, Window: time.Second,
-		LeaseTTL: 2 * time.Second, Budget: 30 * time.Second,
+		// A lease of 3 s and waits of up to 60 s: a keep-alive late on a
+		// busy machine must not fail the test (the members re-join, as
+		// the SDK does, and the report counts it).
+		LeaseTTL: 3 * time.Second, Budget: 60 * time.Second,
 	}
 	var progress bytes.Buffer
 	rep, err := Scale(t.Context(), opts, &progress)
@@ -75,8 +78,11 @@ func TestScaleQuick(t *testing.T) {
 		if r.TimedOut || r.Granted != opts.Keyspaces*opts.LiveBuckets || r.LiveMembers != opts.LiveMembers || r.Keyspaces != opts.Keyspaces {
 			t.Errorf("live: timed out %v, %d buckets granted, want %d", r.TimedOut, r.Granted, opts.Keyspaces*opts.LiveBuckets)
 		}
-		if r.Health.SessionsLost != 0 || r.KeepAlivesPerS <= 0 {
-			t.Errorf("live: %d sessions lost, %.1f keep-alives/s; want 0 lost, some keep-alives", r.Health.SessionsLost, r.KeepAlivesPerS)
+		if r.KeepAlivesPerS <= 0 {
+			t.Errorf("live: %.1f keep-alives/s; want some", r.KeepAlivesPerS)
+		}
+		if r.Health.SessionsLost != r.Health.Rejoins {
+			t.Errorf("live: %d sessions lost, %d re-joined; want every lost session re-joined", r.Health.SessionsLost, r.Health.Rejoins)
 		}
 		if r.ServeRSSAfterBytes <= 0 || r.EtcdRSSBytes <= 0 || r.EtcdDBSizeBytes <= 0 || r.WindowS < opts.Window.Seconds() {
 			t.Errorf("live: serve RSS %d, etcd RSS %d, db %d bytes, window %.2fs; want all measured", r.ServeRSSAfterBytes, r.EtcdRSSBytes, r.EtcdDBSizeBytes, r.WindowS)
