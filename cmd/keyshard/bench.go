@@ -26,7 +26,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants(), newBenchClients())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants(), newBenchClients(), newBenchScale(), newBenchEtcd())
 	return cmd
 }
 
@@ -372,4 +372,148 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+func newBenchScale() *cobra.Command {
+	var (
+		o          bench.ScaleOptions
+		asJSON     bool
+		scenarios  string
+		liveBucket int
+	)
+	cmd := &cobra.Command{
+		Use:   "scale",
+		Short: "The control plane at fleet sizes: a join storm, 10,000 live members, 10,000 routers, a 10% crash",
+		Long: `Run etcd (` + "`keyshard bench etcd`" + `) and ` + "`keyshard serve`" + ` as child processes on
+loopback, fresh for each scenario, and drive them from this process with
+simulated members (Join, a KeepAlive every lease TTL / 3, WatchGrants,
+an immediate Release of every bucket asked for) and routers (client.Router
+on WatchMap streams, and raw GetMap long polls), all over shared HTTP/2
+connections. CPU (utime+stime) and resident memory of serve and of etcd
+are read from /proc apart.
+
+Scenarios (--scenarios): join-storm (--members join one keyspace of
+--buckets buckets within 10 s: time until every bucket is granted, etcd
+writes, CPU), live (--live-members over --keyspaces keyspaces: CPU per
+1,000 members, serve memory per member, etcd database size over a 30 s
+window), routers (--routers follow one keyspace; a member joins: the new
+epoch's delay to each), crash (10% of --members stop without leaving:
+time until their buckets are granted again). Each prints where the time
+went from serve's /metrics. The binary run is this one, or $KEYSHARD_BIN.
+The full sizes take several minutes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if scenarios != "" {
+				for s := range strings.SplitSeq(scenarios, ",") {
+					o.Scenarios = append(o.Scenarios, strings.TrimSpace(s))
+				}
+			}
+			o.LiveBuckets = liveBucket
+			o.Binary = os.Getenv("KEYSHARD_BIN")
+			if o.Binary == "" {
+				bin, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("find the keyshard binary to run serve and etcd with (or set KEYSHARD_BIN): %w", err)
+				}
+				o.Binary = bin
+			}
+			rep, err := bench.Scale(cmd.Context(), o, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			return writeScaleText(cmd.OutOrStdout(), rep)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
+	fl.BoolVar(&o.Quick, "quick", false, "small sizes and short windows: a smoke test, not comparable with the targets")
+	fl.StringVar(&scenarios, "scenarios", "", "comma-separated scenarios: join-storm, live, routers, crash (default all)")
+	fl.StringVar(&o.Etcd, "etcd", bench.EtcdEmbedded, "etcd to run: embedded (one member) or cluster3 (three members on loopback)")
+	fl.IntVar(&o.Members, "members", 0, "members of the join storm and of the crash scenario (default 1000; 50 with --quick)")
+	fl.IntVar(&o.Buckets, "buckets", 0, "buckets of the join storm's and the crash scenario's keyspace (default 65536; 1024 with --quick)")
+	fl.IntVar(&o.LiveMembers, "live-members", 0, "members of the live scenario (default 10000; 100 with --quick)")
+	fl.IntVar(&o.Keyspaces, "keyspaces", 0, "keyspaces of the live scenario (default 100; 2 with --quick)")
+	fl.IntVar(&liveBucket, "live-buckets", 0, "buckets of each live keyspace and of the routers' keyspace (default 1024; 64 with --quick)")
+	fl.IntVar(&o.Routers, "routers", 0, "routers following one keyspace, half streams, half long polls (default 10000; 200 with --quick)")
+	fl.DurationVar(&o.Window, "window", 0, "the live scenario's measured window (default 30s; 3s with --quick)")
+	fl.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "lease TTL of every keyspace (default 10s, the server's; 3s with --quick)")
+	fl.DurationVar(&o.Budget, "budget", 0, "the longest each wait may take before it is reported as timed out (default 3m; 60s with --quick)")
+	return cmd
+}
+
+func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "etcd: %s (%d member(s)), each scenario on a fresh etcd and serve\n", rep.Etcd, rep.EtcdMembers)
+	fmt.Fprintln(tw, "measure\tvalue\ttarget")
+	timedOut := func(b bool) string {
+		if b {
+			return " (TIMED OUT)"
+		}
+		return ""
+	}
+	health := func(name string, h bench.MemberHealth) {
+		fmt.Fprintf(tw, "  members (%s)\t%d keep-alive errors, %d sessions lost, %d re-joins (%d failed), %d join retries, %d release errors, %d broken grant streams\t0 lost\n",
+			name, h.KeepAliveErrors, h.SessionsLost, h.Rejoins, h.RejoinErrors, h.JoinRetries, h.ReleaseErrors, h.StreamErrors)
+	}
+	var wheres strings.Builder
+	where := func(name string, t bench.TimeSplit) {
+		fmt.Fprintf(&wheres, "  %-12s serve %.2f CPU s, etcd %.2f CPU s, bench %.2f CPU s; leader plan %.3f s in %d steps, writes %.3f s in %d (%d failed); %d epochs, %d grants, %d moves\n",
+			name+":", t.ServeCPUS, t.EtcdCPUS, t.BenchCPUS, t.LeaderPlanS, t.LeaderPlans, t.LeaderWriteS, t.LeaderWrites, t.LeaderWriteFailures, t.MapEpochs, t.Grants, t.Moves)
+	}
+	if r := rep.JoinStorm; r != nil {
+		fmt.Fprintf(tw, "join storm: %d members into %d buckets, joins over %.1f s\tall granted %.2f s after the last join%s (%.2f s after the first); %d etcd writes; %d releases of %d buckets\t≤ 10 s, writes O(members)\n",
+			r.Members, r.Buckets, r.JoinsS, r.GrantedAfterLastJoinS, timedOut(r.TimedOut), r.GrantedAfterFirstJoinS, r.EtcdWrites, r.ReleaseCalls, r.ReleasedBucket)
+		health("join storm", r.Health)
+		where("join storm", r.Where)
+	}
+	if r := rep.Live; r != nil {
+		fmt.Fprintf(tw, "live: %d members over %d keyspaces of %d buckets, %.0f s window%s\tserve %.1f%% + etcd %.1f%% of a core (%.2f%% per 1,000); %.0f keep-alives/s; %d errors, %d sessions lost\t≤ 30%% for 10,000\n",
+			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.Health.KeepAliveErrors, r.Health.SessionsLost)
+		fmt.Fprintf(tw, "  memory\tserve %.0f bytes/member (%d → %d MiB); etcd RSS %d MiB, db %d KiB (%d in use), %.1f writes/s\t≤ 20 KB/member\n",
+			r.ServeRSSBytesPerMember, r.ServeRSSBeforeBytes>>20, r.ServeRSSAfterBytes>>20, r.EtcdRSSBytes>>20, r.EtcdDBSizeBytes>>10, r.EtcdDBInUseBytes>>10, r.EtcdWritesPerS)
+		health("live", r.Health)
+		where("live window", r.Where)
+	}
+	if r := rep.Routers; r != nil {
+		fmt.Fprintf(tw, "routers: %d (%d streams, %d long polls) on %d buckets\tnew epoch p50 %.1f ms, p99 %.1f ms, max %.1f ms (streams p99 %.1f, polls p99 %.1f); %d missed\tp99 ≤ 1 s\n",
+			r.Routers, r.StreamRouters, r.PollRouters, r.Buckets, r.P50Ms, r.P99Ms, r.MaxMs, r.StreamP99Ms, r.PollP99Ms, r.Missed)
+		where("routers", r.Where)
+	}
+	if r := rep.Crash; r != nil {
+		fmt.Fprintf(tw, "crash: %d of %d members, %d buckets, %d orphaned\tall granted again %.2f s after the crash%s; %d etcd writes\t≤ TTL + 2 s = %.0f s\n",
+			r.Crashed, r.Members, r.Buckets, r.Orphaned, r.RegrantedS, timedOut(r.TimedOut), r.EtcdWrites, r.TargetS)
+		health("crash", r.Health)
+		where("crash", r.Where)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "where the time went:\n%s  not split: watch fan-out (no server metric), API handling vs the leader's work within serve, etcd's CPU by caller\n", wheres.String())
+	return err
+}
+
+// newBenchEtcd is `keyshard bench etcd`, the etcd process of bench scale.
+func newBenchEtcd() *cobra.Command {
+	var (
+		dir     string
+		members int
+	)
+	cmd := &cobra.Command{
+		Use:    "etcd",
+		Short:  "Run an etcd (1 or 3 members on loopback) for bench scale; prints its endpoints",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return fmt.Errorf("--dir is empty; name a data directory")
+			}
+			return bench.RunEtcd(cmd.Context(), dir, members, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "data directory")
+	cmd.Flags().IntVar(&members, "members", 1, "etcd members: 1 or 3")
+	return cmd
 }

@@ -140,11 +140,19 @@ type leaderStore interface {
 // buckets only extends it, and revoking a revoked lease is a no-op.
 func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) error {
 	m := coordinator.New()
+	// plan steps the machine, timed for keyshard_leader_plan_seconds (on
+	// the wall clock: it measures CPU work, not the server's clock).
+	plan := func(evs []coordinator.Event) []coordinator.Action {
+		start := time.Now()
+		as := m.StepAll(evs, s.clock.Now())
+		s.metrics.leaderPlan.Observe(time.Since(start).Seconds())
+		return as
+	}
 	snap, err := s.loadAll(ctx, st)
 	if err != nil {
 		return fmt.Errorf("load state: %w", err)
 	}
-	pending := m.StepAll(snapshotEvents(snap), s.clock.Now())
+	pending := plan(snapshotEvents(snap))
 	updates, stopWatch := watchStore(ctx, st, snap.Rev+1)
 	defer stopWatch() // the term ends only once the watch goroutine has exited
 	tick := s.clock.NewTicker(time.Second)
@@ -174,7 +182,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 				// written, so it can plan the next round now instead of when
 				// the watch echoes the write (the echo is then dropped).
 				if evs := own.committed(a, rev); len(evs) > 0 {
-					pending = append(pending, m.StepAll(evs, s.clock.Now())...)
+					pending = append(pending, plan(evs)...)
 				}
 			case errors.Is(err, store.ErrFenced):
 				return errNotLeader
@@ -201,7 +209,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			return errNotLeader
 		case <-retryC:
 			retry = nil
-			pending = m.StepAll(failed, s.clock.Now())
+			pending = plan(failed)
 			failed = nil
 		case u, ok := <-updates:
 			if !ok {
@@ -222,9 +230,9 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 					break drain
 				}
 			}
-			pending = m.StepAll(evs, s.clock.Now())
+			pending = plan(evs)
 		case <-tick.C():
-			pending = m.Step(coordinator.Tick{}, s.clock.Now())
+			pending = plan([]coordinator.Event{coordinator.Tick{}})
 		}
 	}
 }
@@ -310,6 +318,8 @@ func actionKeyspace(a coordinator.Action) string {
 // errWriteDeadline. ctx still bounds it as a whole.
 func (s *Server) write(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
 	var rev int64
+	start := time.Now()
+	defer func() { s.metrics.leaderWrite.Observe(time.Since(start).Seconds()) }()
 	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
 		rev, err = s.do(wctx, st, fence, a)
 		return err

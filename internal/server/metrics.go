@@ -12,6 +12,8 @@ type metrics struct {
 	granted        *prometheus.CounterVec
 	reports        *prometheus.CounterVec
 	writeFailures  prometheus.Counter
+	leaderPlan     prometheus.Histogram // the coordinator's planning of each batch of events
+	leaderWrite    prometheus.Histogram // each leader write: one fenced transaction
 
 	// Hot keys.
 	hotReports       *prometheus.CounterVec // reports received by this replica, per pool
@@ -60,6 +62,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_reports_total", Help: "Events an operator should know about: drain timeouts, replaced sessions, members that left.",
 		}, []string{"keyspace", "kind"}),
+		leaderPlan: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keyshard_leader_plan_seconds", Help: "Time the leader spent planning each batch of store events and ticks (the coordinator's step), on the wall clock.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
+		}),
+		leaderWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keyshard_leader_write_seconds", Help: "Duration of each leader write (one fenced etcd transaction: a map, a grant round, a revocation), failed ones included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
 		writeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed (conflict, unavailable store); each is replanned.",
 		}),
@@ -119,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_api_long_polls_refused_total", Help: "Long polls and watch streams refused because this replica held limits.max_long_polls already.",
 		}),
 	}
-	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures,
+	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
 		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused)

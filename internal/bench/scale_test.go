@@ -1,0 +1,123 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/keyshard/keyshard/internal/chaos"
+)
+
+// TestScaleQuick runs every scenario of bench scale at tiny sizes end to
+// end (real etcd and serve processes, simulated members and routers) and
+// checks that the report is complete and consistent with the sizes asked
+// for: every bucket granted, every router reached, the counts as
+// configured. Timings are not checked: -race and a busy machine make them
+// meaningless here.
+func TestScaleQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds keyshard and starts etcd and serve processes; skipped with -short")
+	}
+	bin := os.Getenv("KEYSHARD_BIN")
+	if bin == "" {
+		var err error
+		if bin, err = chaos.BuildKeyshard(t.Context(), t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := ScaleOptions{
+		Binary: bin, Quick: true,
+		Members: 50, Buckets: 512,
+		LiveMembers: 50, Keyspaces: 2, LiveBuckets: 64,
+		Routers:    200,
+		JoinWindow: 500 * time.Millisecond, Window: time.Second,
+		// A lease of 3 s and waits of up to 60 s: a keep-alive late on a
+		// busy machine must not fail the test (the members re-join, as
+		// the SDK does, and the report counts it).
+		LeaseTTL: 3 * time.Second, Budget: 60 * time.Second,
+	}
+	var progress bytes.Buffer
+	rep, err := Scale(t.Context(), opts, &progress)
+	t.Logf("progress:\n%s", progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := json.Marshal(rep); err != nil {
+		t.Errorf("the report does not encode as JSON: %v", err)
+	}
+	if rep.Etcd != EtcdEmbedded || rep.EtcdMembers != 1 || !rep.Quick {
+		t.Errorf("etcd %q with %d members, quick %v; want embedded, 1, true", rep.Etcd, rep.EtcdMembers, rep.Quick)
+	}
+	checkWhere := func(name string, w TimeSplit) {
+		t.Helper()
+		if w.ServeCPUS < 0 || w.EtcdCPUS < 0 || len(w.NotSplit) == 0 {
+			t.Errorf("%s: where %+v: negative CPU or nothing said about what is not split", name, w)
+		}
+	}
+
+	if r := rep.JoinStorm; r == nil {
+		t.Error("no join-storm report")
+	} else {
+		if r.TimedOut || r.Granted != opts.Buckets || r.MembersListed != opts.Members || r.Members != opts.Members || r.Buckets != opts.Buckets {
+			t.Errorf("join storm: timed out %v, %d of %d buckets granted to %d of %d members", r.TimedOut, r.Granted, opts.Buckets, r.MembersListed, opts.Members)
+		}
+		if r.EtcdWrites <= 0 || r.Where.MapEpochs < 1 || r.Where.Grants < int64(opts.Buckets) || r.Where.LeaderWrites < 1 || r.Where.LeaderPlans < 1 {
+			t.Errorf("join storm: %d etcd writes, where %+v; want writes, epochs, at least every bucket's grant, leader plans and writes", r.EtcdWrites, r.Where)
+		}
+		if r.GrantedAfterLastJoinS < 0 || r.GrantedAfterFirstJoinS < r.GrantedAfterLastJoinS {
+			t.Errorf("join storm: granted %.3fs after the last join, %.3fs after the first", r.GrantedAfterLastJoinS, r.GrantedAfterFirstJoinS)
+		}
+		checkWhere("join storm", r.Where)
+	}
+
+	if r := rep.Live; r == nil {
+		t.Error("no live report")
+	} else {
+		if r.TimedOut || r.Granted != opts.Keyspaces*opts.LiveBuckets || r.LiveMembers != opts.LiveMembers || r.Keyspaces != opts.Keyspaces {
+			t.Errorf("live: timed out %v, %d buckets granted, want %d", r.TimedOut, r.Granted, opts.Keyspaces*opts.LiveBuckets)
+		}
+		if r.KeepAlivesPerS <= 0 {
+			t.Errorf("live: %.1f keep-alives/s; want some", r.KeepAlivesPerS)
+		}
+		if r.Health.SessionsLost != r.Health.Rejoins {
+			t.Errorf("live: %d sessions lost, %d re-joined; want every lost session re-joined", r.Health.SessionsLost, r.Health.Rejoins)
+		}
+		if r.ServeRSSAfterBytes <= 0 || r.EtcdRSSBytes <= 0 || r.EtcdDBSizeBytes <= 0 || r.WindowS < opts.Window.Seconds() {
+			t.Errorf("live: serve RSS %d, etcd RSS %d, db %d bytes, window %.2fs; want all measured", r.ServeRSSAfterBytes, r.EtcdRSSBytes, r.EtcdDBSizeBytes, r.WindowS)
+		}
+		checkWhere("live", r.Where)
+	}
+
+	if r := rep.Routers; r == nil {
+		t.Error("no routers report")
+	} else {
+		if r.Routers != opts.Routers || r.StreamRouters+r.PollRouters != opts.Routers || r.StreamRouters == 0 || r.PollRouters == 0 {
+			t.Errorf("routers: %d (%d streams + %d polls); want %d, both kinds", r.Routers, r.StreamRouters, r.PollRouters, opts.Routers)
+		}
+		if r.Seen != opts.Routers || r.Missed != 0 {
+			t.Errorf("routers: %d saw the epoch, %d missed; want all %d", r.Seen, r.Missed, opts.Routers)
+		}
+		if r.P50Ms < 0 || r.P99Ms < r.P50Ms || r.MaxMs < r.P99Ms || r.Where.MapEpochs < 1 {
+			t.Errorf("routers: p50 %.1f p99 %.1f max %.1f ms, %d epochs written", r.P50Ms, r.P99Ms, r.MaxMs, r.Where.MapEpochs)
+		}
+		checkWhere("routers", r.Where)
+	}
+
+	if r := rep.Crash; r == nil {
+		t.Error("no crash report")
+	} else {
+		wantCrashed := (opts.Members + 9) / 10
+		if r.Crashed != wantCrashed || r.Members != opts.Members || r.Orphaned <= 0 {
+			t.Errorf("crash: %d of %d crashed holding %d buckets; want %d crashed, holding some", r.Crashed, r.Members, r.Orphaned, wantCrashed)
+		}
+		if r.TimedOut || r.Granted != opts.Buckets || r.MembersListed != opts.Members-wantCrashed {
+			t.Errorf("crash: timed out %v, %d of %d buckets granted to %d members; want all, to %d", r.TimedOut, r.Granted, opts.Buckets, r.MembersListed, opts.Members-wantCrashed)
+		}
+		if r.RegrantedS <= 0 || r.LeaseTTLS != opts.LeaseTTL.Seconds() {
+			t.Errorf("crash: regranted after %.3fs, lease TTL %.1fs", r.RegrantedS, r.LeaseTTLS)
+		}
+		checkWhere("crash", r.Where)
+	}
+}
