@@ -60,7 +60,9 @@ test('admin calls: create, get, list, update, status; errors decoded', async () 
   const st = await client.status();
   assert.equal(st.replica, 'r1');
   assert.equal(typeof st.keyspaces[0].epoch, 'bigint');
-  const m = await client.getMap('admin-ks');
+  // The leader writes a new keyspace's first map once it sees the keyspace:
+  // long poll for it (sinceEpoch 0) rather than race it.
+  const m = await client.getMap('admin-ks', { sinceEpoch: 0, wait: 10 });
   assert.equal(m.map.owners.length, 32);
   assert.equal(typeof m.map.epoch, 'bigint');
   const lk = await client.lookup('admin-ks', ['a', 'b']);
