@@ -155,7 +155,11 @@ func renderTop(w io.Writer, f topFrame, maxMembers int, interval time.Duration) 
 		if !s.Healthy {
 			health = "UNHEALTHY: " + s.Error
 		}
-		fmt.Fprintf(w, "store %s; %d endpoint(s), %s, revision %d, read in %v\n", health, len(s.Endpoints), mib(s.DBSizeBytes), s.Revision, s.Latency.Round(100*time.Microsecond))
+		eps := fmt.Sprintf("%d endpoints", len(s.Endpoints))
+		if len(s.Endpoints) == 1 {
+			eps = "endpoint " + s.Endpoints[0]
+		}
+		fmt.Fprintf(w, "store %s; %s, %s, revision %d, read in %v\n", health, eps, mib(s.DBSizeBytes), s.Revision, s.Latency.Round(100*time.Microsecond))
 	}
 
 	fmt.Fprintln(w)
