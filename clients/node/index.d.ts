@@ -171,7 +171,20 @@ export declare class Client {
   status(options?: CallOptions): Promise<{
     replica: string;
     leader: string;
-    keyspaces: { keyspace: Keyspace; epoch: bigint; members: number; unassignedBuckets: number; handoffsInFlight: number }[];
+    keyspaces: { keyspace: Keyspace; epoch: bigint; members: number; unassignedBuckets: number; handoffsInFlight: number; drainingMembers: number; releasingBuckets: number }[];
+    replicas: { id: string; url: string; leader: boolean }[];
+    store: { healthy: boolean; error: string; endpoints: string[]; dbSizeBytes: bigint; revision: bigint; latency: number };
+  }>;
+  /** The latest epochs of the keyspace's map, newest first (limit 0: 50, at most 500). */
+  history(keyspace: string, options?: CallOptions & { limit?: number }): Promise<{
+    epoch: bigint; time: Date | null;
+    reason: 'create' | 'join' | 'leave' | 'crash' | 'drain' | 'load' | 'update' | 'import' | 'unspecified';
+    members: string[]; movedBuckets: number; moves: { from: string; to: string; buckets: number }[]; detail: string;
+  }[]>;
+  /** Every bucket in runs of alike buckets; owner and holder are member ids ('' none). */
+  buckets(keyspace: string, options?: CallOptions): Promise<{
+    epoch: bigint; buckets: number; stream: boolean;
+    runs: { first: number; count: number; owner: string; holder: string; token: bigint; state: 'unassigned' | 'granted' | 'releasing' | 'awaiting-grant'; position: bigint }[];
   }>;
   putHotKeyPool(pool: HotKeyPoolSpec, options?: CallOptions): Promise<HotKeyPool>;
   listHotKeyPools(options?: CallOptions): Promise<HotKeyPool[]>;

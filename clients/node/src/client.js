@@ -4,7 +4,7 @@ import { Closed, Unavailable, KeyshardError, fromAnswer } from './errors.js';
 import { Transport } from './transport.js';
 import {
   checkName, checkNumber, checkObject, checkString, describe, durationIn, durationOut, hotKeyPoolIn, hotKeyPoolOut,
-  keyspaceIn, keyspaceOut, mapOut, memberOut, overflowSetOut, u64, u64In,
+  keyspaceIn, keyspaceOut, mapOut, memberOut, overflowSetOut, tsOut, u64, u64In,
 } from './convert.js';
 
 const DEFAULT_TIMEOUT = 10; // seconds, one call over every replica
@@ -243,6 +243,66 @@ export class Client {
         members: k.members ?? 0,
         unassignedBuckets: k.unassignedBuckets ?? 0,
         handoffsInFlight: k.handoffsInFlight ?? 0,
+        drainingMembers: k.drainingMembers ?? 0,
+        releasingBuckets: k.releasingBuckets ?? 0,
+      })),
+      replicas: (r.replicas ?? []).map((x) => ({ id: x.id ?? '', url: x.url ?? '', leader: x.leader ?? false })),
+      store: {
+        healthy: r.store?.healthy ?? false,
+        error: r.store?.error ?? '',
+        endpoints: r.store?.endpoints ?? [],
+        dbSizeBytes: u64(r.store?.dbSizeBytes),
+        revision: u64(r.store?.revision),
+        latency: durationOut(r.store?.latency),
+      },
+    };
+  }
+
+  /**
+   * history(keyspace, {limit}) -> the latest epochs of the keyspace's map,
+   * newest first (limit 0: 50, at most 500): [{epoch, time, reason ('create',
+   * 'join', 'leave', 'crash', 'drain', 'load', 'update', 'import'), members,
+   * movedBuckets, moves: [{from, to, buckets}], detail}]. Any replica
+   * answers; a member token may read it.
+   */
+  async history(keyspace, { limit = 0, ...opts } = {}) {
+    checkName('history', 'keyspace', keyspace);
+    checkNumber('history', 'limit', limit, { min: 0, max: 500, integer: true });
+    const r = await this._call('keyshard.v1.AdminService/GetKeyspaceHistory', { keyspace, limit }, opts);
+    return (r.changes ?? []).map((c) => ({
+      epoch: u64(c.epoch),
+      time: tsOut(c.time),
+      reason: String(c.reason ?? 'MOVE_REASON_UNSPECIFIED').replace('MOVE_REASON_', '').toLowerCase(),
+      members: c.members ?? [],
+      movedBuckets: c.movedBuckets ?? 0,
+      moves: (c.moves ?? []).map((m) => ({ from: m.from ?? '', to: m.to ?? '', buckets: m.buckets ?? 0 })),
+      detail: c.detail ?? '',
+    }));
+  }
+
+  /**
+   * buckets(keyspace) -> {epoch, buckets, stream, runs: [{first, count,
+   * owner, holder, token, state ('unassigned', 'granted', 'releasing',
+   * 'awaiting-grant'), position}]}: every bucket in runs of alike buckets;
+   * owner and holder are member ids ('' none). Any replica answers.
+   */
+  async buckets(keyspace, opts) {
+    checkName('buckets', 'keyspace', keyspace);
+    const r = await this._call('keyshard.v1.AdminService/GetBuckets', { keyspace }, opts);
+    const ms = r.members ?? [];
+    const member = (i) => (i > 0 && i <= ms.length ? ms[i - 1] : '');
+    return {
+      epoch: u64(r.epoch),
+      buckets: r.buckets ?? 0,
+      stream: r.stream ?? false,
+      runs: (r.runs ?? []).map((x) => ({
+        first: x.first ?? 0,
+        count: x.count ?? 0,
+        owner: member(x.owner ?? 0),
+        holder: member(x.holder ?? 0),
+        token: u64(x.token),
+        state: String(x.state ?? 'BUCKET_STATE_UNSPECIFIED').replace('BUCKET_STATE_', '').toLowerCase().replaceAll('_', '-'),
+        position: u64(x.position),
       })),
     };
   }

@@ -347,6 +347,21 @@ test('drainMember moves every bucket away from a member that stays joined', asyn
     const m1 = ms.members.find((m) => m.member.id === 'd1');
     assert.ok(m1 && m1.draining, JSON.stringify(ms.members.map((m) => [m.member.id, m.draining])));
     assert.equal(d1.session !== null, true, 'd1 is still joined');
+    // The map's history, newest first: the drain of d1 on top.
+    const hist = await client.history('drained', { limit: 10 });
+    assert.equal(hist[0].reason, 'drain');
+    assert.deepEqual(hist[0].members, ['d1']);
+    assert.ok(hist[0].movedBuckets > 0 && hist[0].moves.every((m) => m.from === 'd1' && m.to === 'd2'), JSON.stringify(hist[0], (_, v) => (typeof v === 'bigint' ? String(v) : v)));
+    assert.ok(hist.every((h, i) => i === 0 || h.epoch < hist[i - 1].epoch));
+    await assert.rejects(client.history('drained', { limit: 501 }), RangeError);
+    // Every bucket held by d2 (the view may trail the grants a moment).
+    await waitFor(async () => (await client.buckets('drained')).runs.every((r) => r.state === 'granted' && r.holder === 'd2'), { what: 'GetBuckets: d2 holds all' });
+    const bs = await client.buckets('drained');
+    assert.equal(bs.runs.reduce((n, r) => n + r.count, 0), 16);
+    const st = await client.status();
+    assert.equal(st.store.healthy, true);
+    assert.deepEqual(st.replicas.map((r) => r.id), ['r1']);
+    assert.equal(st.keyspaces.find((k) => k.keyspace.name === 'drained').drainingMembers, 1);
     assert.deepEqual(rec.problems, []);
   } finally {
     await Promise.all([d1.close({ timeout: 15 }), d2.close({ timeout: 15 })]);

@@ -1,9 +1,11 @@
 """JSON mapping helpers: durations, 64-bit ints, argument checks."""
+import datetime
 import math
 import re
 from typing import Any, Optional
 
 _DUR_RE = re.compile(r"^(-?\d+(?:\.\d*)?)s$")
+_FRAC = re.compile(r"\.(\d+)")
 
 
 def dur(seconds: float, name: str) -> str:
@@ -59,3 +61,12 @@ def check_num(v: Any, name: str, positive: bool = False) -> float:
     if math.isnan(v) or math.isinf(v) or v < 0 or (positive and v == 0):
         raise ValueError("%s: %r is not a %s number" % (name, v, "positive" if positive else "non-negative"))
     return float(v)
+
+
+def parse_time(s: Optional[str]) -> float:
+    """An RFC 3339 timestamp as Unix seconds (0.0 for None or "")."""
+    if not s:
+        return 0.0
+    t = s.replace("Z", "+00:00")
+    t = _FRAC.sub(lambda m: "." + (m.group(1) + "000000")[:6], t, count=1)
+    return datetime.datetime.fromisoformat(t).timestamp()

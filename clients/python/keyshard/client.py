@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import errors as E
-from ._wire import check_int, check_num, check_str, dur, u64
+from ._wire import check_int, check_num, check_str, dur, parse_dur, parse_time, u64
 from .types import HotKeyPool, Keyspace, LookupResult, Map, MemberStatus, Owner
 
 __all__ = ["Client", "Cancel", "LONG_POLL_MARGIN"]
@@ -383,14 +383,60 @@ class Client:
 
     def status(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Status: {"replica", "leader", "keyspaces": [{"keyspace": Keyspace,
-        "epoch", "members", "unassigned_buckets", "handoffs_in_flight"}]}."""
+        "epoch", "members", "unassigned_buckets", "handoffs_in_flight",
+        "draining_members", "releasing_buckets"}], "replicas": [{"id", "url",
+        "leader"}], "store": {"healthy", "error", "endpoints", "db_size_bytes",
+        "revision", "latency"}}. A member token may read it."""
         r = self.call("AdminService", "Status", {}, timeout=timeout)
+        st = r.get("store") or {}
         return {"replica": r.get("replica", ""), "leader": r.get("leader", ""),
                 "keyspaces": [{"keyspace": Keyspace.from_json(k.get("keyspace")),
                                "epoch": u64(k.get("epoch")), "members": int(k.get("members", 0)),
                                "unassigned_buckets": int(k.get("unassignedBuckets", 0)),
-                               "handoffs_in_flight": int(k.get("handoffsInFlight", 0))}
-                              for k in r.get("keyspaces") or []]}
+                               "handoffs_in_flight": int(k.get("handoffsInFlight", 0)),
+                               "draining_members": int(k.get("drainingMembers", 0)),
+                               "releasing_buckets": int(k.get("releasingBuckets", 0))}
+                              for k in r.get("keyspaces") or []],
+                "replicas": [{"id": x.get("id", ""), "url": x.get("url", ""), "leader": bool(x.get("leader"))}
+                             for x in r.get("replicas") or []],
+                "store": {"healthy": bool(st.get("healthy")), "error": st.get("error", ""),
+                          "endpoints": list(st.get("endpoints") or []), "db_size_bytes": u64(st.get("dbSizeBytes")),
+                          "revision": u64(st.get("revision")), "latency": parse_dur(st.get("latency"))}}
+
+    def history(self, keyspace: str, limit: int = 0, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The latest epochs of keyspace's map, newest first (limit 0: 50;
+        at most 500): [{"epoch", "time" (Unix seconds), "reason" ("create",
+        "join", "leave", "crash", "drain", "load", "update", "import"),
+        "members", "moved_buckets", "moves": [(from, to, buckets)],
+        "detail"}]. Any replica answers; a member token may read it."""
+        check_str(keyspace, "keyspace")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 500:
+            raise ValueError("limit: want an int in 0..500, got %r" % (limit,))
+        r = self.call("AdminService", "GetKeyspaceHistory", {"keyspace": keyspace, "limit": limit}, timeout=timeout)
+        return [{"epoch": u64(c.get("epoch")), "time": parse_time(c.get("time")),
+                 "reason": str(c.get("reason", "MOVE_REASON_UNSPECIFIED")).replace("MOVE_REASON_", "").lower(),
+                 "members": list(c.get("members") or []), "moved_buckets": int(c.get("movedBuckets", 0)),
+                 "moves": [(m.get("from", ""), m.get("to", ""), int(m.get("buckets", 0))) for m in c.get("moves") or []],
+                 "detail": c.get("detail", "")} for c in r.get("changes") or []]
+
+    def buckets(self, keyspace: str, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Every bucket of keyspace in runs of alike buckets: {"epoch",
+        "buckets", "stream", "runs": [{"first", "count", "owner", "holder",
+        "token", "state" ("unassigned", "granted", "releasing",
+        "awaiting-grant"), "position"}]}; owner and holder are member ids
+        ("" none). Any replica answers; a member token may read it."""
+        check_str(keyspace, "keyspace")
+        r = self.call("AdminService", "GetBuckets", {"keyspace": keyspace}, timeout=timeout)
+        ms = list(r.get("members") or [])
+
+        def member(i: Any) -> str:
+            i = int(i or 0)
+            return ms[i - 1] if 0 < i <= len(ms) else ""
+        return {"epoch": u64(r.get("epoch")), "buckets": int(r.get("buckets", 0)), "stream": bool(r.get("stream")),
+                "runs": [{"first": int(x.get("first", 0)), "count": int(x.get("count", 0)),
+                          "owner": member(x.get("owner")), "holder": member(x.get("holder")), "token": u64(x.get("token")),
+                          "state": str(x.get("state", "BUCKET_STATE_UNSPECIFIED")).replace("BUCKET_STATE_", "").lower().replace("_", "-"),
+                          "position": u64(x.get("position"))} for x in r.get("runs") or []]}
 
     def put_hot_key_pool(self, name: str, threshold: float, low_threshold: Optional[float] = None,
                          cooldown: Optional[float] = None, report_threshold: Optional[float] = None,

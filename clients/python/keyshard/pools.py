@@ -1,15 +1,13 @@
 """Tenant pools: follow a pool's snapshot (GetPoolSnapshot long polls),
 answer targets(tenant) and serves(member, tenant); report load."""
-import datetime
 import logging
-import re
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as E
 from ._backoff import Backoff
-from ._wire import check_num, check_str, dur, u64
+from ._wire import check_num, check_str, dur, parse_time, u64
 from .client import Cancel, Client
 
 __all__ = ["PoolFollower", "LoadReporter", "parse_time"]
@@ -17,16 +15,6 @@ __all__ = ["PoolFollower", "LoadReporter", "parse_time"]
 log = logging.getLogger("keyshard")
 
 POLL_WAIT = 30.0
-_FRAC = re.compile(r"\.(\d+)")
-
-
-def parse_time(s: Optional[str]) -> float:
-    """An RFC 3339 timestamp as Unix seconds (0.0 for None or "")."""
-    if not s:
-        return 0.0
-    t = s.replace("Z", "+00:00")
-    t = _FRAC.sub(lambda m: "." + (m.group(1) + "000000")[:6], t, count=1)
-    return datetime.datetime.fromisoformat(t).timestamp()
 
 
 class _Tenant:
