@@ -11,10 +11,11 @@ import logging
 import math
 import threading
 import time
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from . import errors as E
 from ._backoff import Backoff
+from ._follow import follow
 from ._wire import check_num, check_str, u64
 from .client import Cancel, Client
 
@@ -229,27 +230,20 @@ class HotKeys:
                 return
 
     def _follow(self) -> None:
-        b = Backoff(0.1, 10.0)
-        while not self._cancel.cancelled:
+        def fetch(first: bool) -> Dict[str, Any]:
             body = {"pool": self.pool, "sinceVersion": str(self._version), "wait": "%gs" % self._wait}
-            try:
-                r = self._c.call("HotKeyService", "GetOverflowSet", body, wait=self._wait, cancel=self._cancel)
-            except E.Closed:
-                return
-            except Exception as ex:  # fail open: keep the last set
-                if self._cancel.cancelled:
-                    return
-                self.follow_failures += 1
-                self.last_error = ex
-                log.warning("keyshard: overflow set of pool %s: %s; keeping the last set", self.pool, ex)
-                if self._cancel.wait(b.next()):
-                    return
-                continue
-            b.reset()
+            return self._c.call("HotKeyService", "GetOverflowSet", body, wait=self._wait, cancel=self._cancel)
+
+        def failed(ex: Exception) -> None:  # fail open: keep the last set
+            self.follow_failures += 1
+            self.last_error = ex
+            log.warning("keyshard: overflow set of pool %s: %s; keeping the last set", self.pool, ex)
+
+        def apply(r: Dict[str, Any]) -> None:
             s = r.get("set") or {}
             v = u64(s.get("version"))
             if v <= self._version:
-                continue
+                return
             rates = {k.get("key", ""): float(k.get("rate", 0) or 0) for k in s.get("keys") or []}
             with self._lock:
                 self._version = v
@@ -261,3 +255,5 @@ class HotKeys:
                     self._on_set(self._set)
                 except Exception:
                     log.exception("keyshard: on_set failed")
+
+        follow(self._cancel, fetch, apply, failed, 10.0)

@@ -6,7 +6,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import errors as E
-from ._backoff import Backoff
+from ._follow import follow
 from ._wire import check_num, check_str, dur, parse_time, u64
 from .client import Cancel, Client
 
@@ -154,27 +154,20 @@ class PoolFollower:
         return member in t.members or member in t.targets(self._clock())
 
     def _run(self) -> None:
-        b = Backoff(0.1, 10.0)
-        while not self._cancel.cancelled:
+        def fetch(first: bool) -> Dict[str, Any]:
             body: Dict[str, Any] = {"pool": self.pool, "sinceVersion": str(self._version)}
             wait = self._wait if self._loaded else 0.0
             if wait:
                 body["wait"] = "%gs" % wait
-            try:
-                r = self._c.call("TenantPoolService", "GetPoolSnapshot", body, wait=wait, cancel=self._cancel)
-            except E.Closed:
-                return
-            except Exception as ex:
-                if self._cancel.cancelled:
-                    return
-                with self._lock:
-                    self.stale, self.error = True, ex
-                    self._lock.notify_all()
-                log.warning("keyshard: pool %s snapshot: %s; keeping the last one", self.pool, ex)
-                if self._cancel.wait(b.next()):
-                    return
-                continue
-            b.reset()
+            return self._c.call("TenantPoolService", "GetPoolSnapshot", body, wait=wait, cancel=self._cancel)
+
+        def failed(ex: Exception) -> None:
+            with self._lock:
+                self.stale, self.error = True, ex
+                self._lock.notify_all()
+            log.warning("keyshard: pool %s snapshot: %s; keeping the last one", self.pool, ex)
+
+        def apply(r: Dict[str, Any]) -> None:
             snap = r.get("snapshot") or {}
             v = u64(snap.get("version"))
             with self._lock:
@@ -186,6 +179,8 @@ class PoolFollower:
                     self._version = v
                 self._loaded = True
                 self._lock.notify_all()
+
+        follow(self._cancel, fetch, apply, failed, 10.0)
 
 
 class LoadReporter:

@@ -2,11 +2,11 @@
 import logging
 import threading
 import time
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from . import errors as E
 from ._hash import bucket as _bucket
-from ._backoff import Backoff
+from ._follow import follow
 from ._wire import check_num, check_str
 from .client import Cancel, Client
 from .types import Map, Member
@@ -150,29 +150,19 @@ class Router:
     # --- the follower -----------------------------------------------------------
 
     def _run(self) -> None:
-        b = Backoff(0.1, 5.0)
-        first = True
-        while not self._cancel.cancelled:
-            since = self.epoch
-            try:
-                m, changed = self._c.get_map(self.keyspace, since_epoch=since,
-                                             wait=0.0 if first else self._wait,
-                                             cancel=self._cancel)
-            except E.Closed:
-                return
-            except Exception as ex:  # keep the last map; retry
-                if self._cancel.cancelled:
-                    return
-                with self._cond:
-                    self._stale = True
-                    self._error = ex
-                    self._cond.notify_all()
-                log.warning("keyshard: router %s: get map failed: %s", self.keyspace, ex)
-                if self._cancel.wait(b.next()):
-                    return
-                continue
-            b.reset()
-            first = False
+        def fetch(first: bool) -> Any:
+            return self._c.get_map(self.keyspace, since_epoch=self.epoch,
+                                   wait=0.0 if first else self._wait, cancel=self._cancel)
+
+        def failed(ex: Exception) -> None:
+            with self._cond:
+                self._stale = True
+                self._error = ex
+                self._cond.notify_all()
+            log.warning("keyshard: router %s: get map failed: %s", self.keyspace, ex)
+
+        def apply(answer: Any) -> None:
+            m, _ = answer
             with self._cond:
                 self._stale = False
                 self._error = None
@@ -186,3 +176,5 @@ class Router:
                     self.on_change(m)
                 except Exception:
                     log.exception("keyshard: router on_change failed")
+
+        follow(self._cancel, fetch, apply, failed, 5.0)
