@@ -48,6 +48,9 @@ variables, then --config (YAML), then defaults.`,
 			if fl.Changed("advertise-url") {
 				cfg.AdvertiseURL = f.AdvertiseURL
 			}
+			if fl.Changed("debug-listen") {
+				cfg.DebugListen = f.DebugListen
+			}
 			if fl.Changed("election-ttl") {
 				cfg.ElectionTTL = f.ElectionTTL
 			}
@@ -100,6 +103,7 @@ variables, then --config (YAML), then defaults.`,
 	fl.StringVar(&f.Listen, "listen", server.DefaultListen, "API address (host:port)")
 	fl.StringVar(&f.Replica, "replica", "", "name of this replica (default hostname-pid)")
 	fl.StringVar(&f.AdvertiseURL, "advertise-url", "", "URL other replicas reach this one's API at, to forward tenant-pool calls to the leader (default http(s)://<listen address>, the host name when listening on every address)")
+	fl.StringVar(&f.DebugListen, "debug-listen", "", "address of a second listener serving Go's profiles (/debug/pprof) without a token, e.g. 127.0.0.1:7401 (empty: none; keep it private)")
 	fl.DurationVar(&f.ElectionTTL, "election-ttl", server.DefaultElectionTTL, "lease of the leader election: a crashed leader is replaced after about this long (whole seconds, 2s-1m; at most the smallest lease_ttl)")
 	fl.StringVar(&f.Etcd.DataDir, "data-dir", "keyshard-data", "embedded etcd data directory")
 	fl.StringSliceVar(&endpoints, "etcd-endpoints", nil, "external etcd endpoints (comma-separated); empty runs an embedded etcd")

@@ -54,6 +54,11 @@ type Config struct {
 	// http(s)://<listen address>, with the host name when listening on
 	// every address.
 	AdvertiseURL string `yaml:"advertise_url"`
+	// DebugListen, when set, is the address (host:port) of a second
+	// listener that serves Go's profiles (/debug/pprof/...) with no
+	// token: bind it to loopback, or to a network only operators reach.
+	// Empty: no such listener.
+	DebugListen string `yaml:"debug_listen"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// Limits bound request sizes, lookups and long polls.
@@ -206,6 +211,7 @@ var envVars = []struct {
 	{"KEYSHARD_LISTEN", "listen", func(c *Config, v string) { c.Listen = v }},
 	{"KEYSHARD_REPLICA", "replica", func(c *Config, v string) { c.Replica = v }},
 	{"KEYSHARD_ADVERTISE_URL", "advertise_url", func(c *Config, v string) { c.AdvertiseURL = v }},
+	{"KEYSHARD_DEBUG_LISTEN", "debug_listen", func(c *Config, v string) { c.DebugListen = v }},
 	{"KEYSHARD_DATA_DIR", "etcd.data_dir", func(c *Config, v string) { c.Etcd.DataDir = v }},
 	{"KEYSHARD_ETCD_ENDPOINTS", "etcd.endpoints", func(c *Config, v string) { c.Etcd.Endpoints = splitList(v) }},
 	{"KEYSHARD_ETCD_USERNAME", "etcd.username", func(c *Config, v string) { c.Etcd.Username = v }},
@@ -320,6 +326,15 @@ func (c *Config) Validate() error {
 	}
 	if err := c.validateTenantPools(); err != nil {
 		return err
+	}
+	if c.DebugListen != "" {
+		_, port, err := net.SplitHostPort(c.DebugListen)
+		if err != nil {
+			return configErr("debug_listen", "%q is not host:port: %v (for example 127.0.0.1:7401)", c.DebugListen, err)
+		}
+		if c.DebugListen == c.Listen && port != "0" {
+			return configErr("debug_listen", "%q is the API's listen address; give the profiles a port of their own", c.DebugListen)
+		}
 	}
 	return c.validateAdvertiseURL()
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -56,9 +57,10 @@ type Server struct {
 	store    *store.Store
 	sessions sessions
 
-	ready    chan struct{} // closed once the API listens and the view is synced
-	addr     string        // the bound API address, valid after ready
-	addrOnce sync.Once
+	ready     chan struct{} // closed once the API listens and the view is synced
+	addr      string        // the bound API address, valid after ready
+	debugAddr string        // the bound profiles address (debug_listen), valid after ready
+	addrOnce  sync.Once
 }
 
 // Options are the parts of a server that are not configuration: where it
@@ -139,6 +141,21 @@ func (s *Server) Ready() <-chan struct{} { return s.ready }
 // Addr returns the address the API listens on; valid once Ready is closed.
 func (s *Server) Addr() string { return s.addr }
 
+// DebugAddr returns the profiles' listen address once Run has bound it
+// ("" without debug_listen).
+func (s *Server) DebugAddr() string { return s.debugAddr }
+
+// profiles serves net/http/pprof's handlers.
+func profiles() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
 // Run starts etcd (embedded, unless endpoints are configured), the API,
 // the watch and the campaign, and blocks until ctx is done and every
 // goroutine has exited. Shutdown is graceful: the API stops accepting,
@@ -204,6 +221,18 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 
+	var debugSrv *http.Server
+	var debugLis net.Listener
+	if s.cfg.DebugListen != "" {
+		if debugLis, err = net.Listen("tcp", s.cfg.DebugListen); err != nil {
+			lis.Close()
+			return fmt.Errorf("listen on %s for the profiles (debug_listen): %w", s.cfg.DebugListen, err)
+		}
+		s.debugAddr = debugLis.Addr().String()
+		debugSrv = &http.Server{Handler: profiles(), ReadHeaderTimeout: 10 * time.Second}
+		s.log.Info("serving Go's profiles without a token: keep this address private", "debug_listen", s.debugAddr, "example", "go tool pprof http://"+s.debugAddr+"/debug/pprof/profile?seconds=30")
+	}
+
 	s.reach.lastOK = s.clock.Now() // the store just answered
 	s.metrics.storeReachable.Set(1)
 	probeTick := s.clock.NewTicker(probeInterval)
@@ -224,6 +253,18 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("serve API: %w", err)
 	})
+	if debugSrv != nil {
+		g.Go(func() error { // exits when the listener closes
+			if err := debugSrv.Serve(debugLis); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve the profiles: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error { // exits when gctx ends, after closing the profiles' listener
+			<-gctx.Done()
+			return debugSrv.Close()
+		})
+	}
 	g.Go(func() error { // exits when gctx ends, after shutting the API down
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 10*time.Second)
