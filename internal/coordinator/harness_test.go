@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -81,39 +82,43 @@ type world struct {
 	floor     map[string]map[int]posFloor
 	stats     streamStats
 	violation []string
-	reports   []string
+	// revokedSess are the sessions a RevokeSession ended: their grants
+	// key went with them, and no later grant round may write it.
+	revokedSess map[shard.LeaseID]bool
+	reports     []string
 }
 
 func newWorld() *world {
 	return &world{
-		now:        time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		keyspaces:  map[string]shard.Keyspace{},
-		members:    map[string]map[string]shard.Member{},
-		maps:       map[string]shard.Map{},
-		mapRev:     map[string]coordinator.Rev{},
-		grants:     map[string]map[string]shard.Grants{},
-		grantRev:   map[string]map[string]coordinator.Rev{},
-		releases:   map[string]map[string][]shard.BucketToken{},
-		relSess:    map[string]shard.LeaseID{},
-		fencedSess: map[shard.LeaseID]bool{},
-		tokens:     map[string]uint64{},
-		tokenRev:   map[string]coordinator.Rev{},
-		quar:       map[string]map[string][]int{},
-		drains:     map[string]map[string]coordinator.DrainPut{},
-		lastToken:  map[string]map[int]uint64{},
-		quarUntil:  map[string]map[string]time.Time{},
-		mayAct:     map[string]map[int]revokedHold{},
-		commits:    map[string]map[string]shard.Commit{},
-		commitRev:  map[string]map[string]coordinator.Rev{},
-		bpos:       map[string]shard.BucketPositions{},
-		bposRev:    map[string]coordinator.Rev{},
-		held:       map[string]map[string]shard.Held{},
-		heldRev:    map[string]map[string]coordinator.Rev{},
-		lastGrants: map[string]map[string]shard.Grants{},
-		lateFolds:  map[string]bool{},
-		res:        map[string]shard.Reservation{},
-		resRev:     map[string]coordinator.Rev{},
-		floor:      map[string]map[int]posFloor{},
+		now:         time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		keyspaces:   map[string]shard.Keyspace{},
+		members:     map[string]map[string]shard.Member{},
+		maps:        map[string]shard.Map{},
+		mapRev:      map[string]coordinator.Rev{},
+		grants:      map[string]map[string]shard.Grants{},
+		grantRev:    map[string]map[string]coordinator.Rev{},
+		releases:    map[string]map[string][]shard.BucketToken{},
+		relSess:     map[string]shard.LeaseID{},
+		fencedSess:  map[shard.LeaseID]bool{},
+		revokedSess: map[shard.LeaseID]bool{},
+		tokens:      map[string]uint64{},
+		tokenRev:    map[string]coordinator.Rev{},
+		quar:        map[string]map[string][]int{},
+		drains:      map[string]map[string]coordinator.DrainPut{},
+		lastToken:   map[string]map[int]uint64{},
+		quarUntil:   map[string]map[string]time.Time{},
+		mayAct:      map[string]map[int]revokedHold{},
+		commits:     map[string]map[string]shard.Commit{},
+		commitRev:   map[string]map[string]coordinator.Rev{},
+		bpos:        map[string]shard.BucketPositions{},
+		bposRev:     map[string]coordinator.Rev{},
+		held:        map[string]map[string]shard.Held{},
+		heldRev:     map[string]map[string]coordinator.Rev{},
+		lastGrants:  map[string]map[string]shard.Grants{},
+		lateFolds:   map[string]bool{},
+		res:         map[string]shard.Reservation{},
+		resRev:      map[string]coordinator.Rev{},
+		floor:       map[string]map[int]posFloor{},
 
 		replacedAt: map[shard.LeaseID]time.Time{},
 		nextSess:   0x100,
@@ -310,6 +315,11 @@ func (w *world) apply() []coordinator.Action {
 			w.maps[a.Keyspace], w.mapRev[a.Keyspace] = a.Map, w.rev
 			next = append(next, w.step(coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: w.rev})...)
 		case coordinator.WriteGrants:
+			for _, id := range slices.Sorted(maps.Keys(a.Grants)) {
+				if s := a.Grants[id].Session; w.revokedSess[s] {
+					w.violation = append(w.violation, fmt.Sprintf("grant round writes the grants of %s's session %v, which the leader revoked", id, s))
+				}
+			}
 			if !w.expectsHold(a) {
 				next = append(next, w.step(coordinator.WriteFailed{Action: a, Err: fmt.Errorf("conflict")})...)
 				continue
@@ -378,6 +388,7 @@ func (w *world) apply() []coordinator.Action {
 			w.res[a.Keyspace], w.resRev[a.Keyspace] = a.Reservation, w.rev
 			next = append(next, w.step(coordinator.ReservationPut{Keyspace: a.Keyspace, Reservation: a.Reservation, Rev: w.rev})...)
 		case coordinator.RevokeSession:
+			w.revokedSess[a.Session] = true
 			qttl := w.checkRevoke(a)
 			if len(a.Quarantine) > 0 && qttl > 0 {
 				w.rev++

@@ -603,10 +603,24 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		g, has := k.grants[id]
 		return !has || g.Session == mem.Session
 	}
+	// revoking: holders whose session this leader is revoking. Their
+	// grants key goes with the session (the lease's revocation deletes
+	// it, or the quarantine's transaction does): a round that wrote it
+	// would expect a revision etcd no longer has and fail as a whole,
+	// holding up every other handoff of the keyspace until the deletion's
+	// echo arrives. Their buckets wait for that echo (GrantsDeleted):
+	// then the released ones are free and the rest quarantined.
+	revoking := func(id string) bool {
+		g, ok := k.grants[id]
+		return ok && k.revokeInflight[g.Session]
+	}
 	granted, released := 0, 0
 	for b := range k.cfg.Buckets {
 		target := k.m.Assignment.Owner(b)
 		h := holder[b]
+		if h != "" && revoking(h) {
+			continue
+		}
 		if h == target && h != "" && k.releases[h][b] != token[b] {
 			continue
 		}

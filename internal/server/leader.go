@@ -110,7 +110,9 @@ type leaderStore interface {
 	Watch(ctx context.Context, fromRev int64) <-chan store.Update
 	Commit(ctx context.Context, f store.Fence, writes []store.Write, expects []store.Expect) (int64, error)
 
-	// For RevokeSession.
+	// For RevokeSession: Rev, the store's current revision, which the
+	// watch must have delivered before a drain timeout is acted on.
+	Rev(ctx context.Context) (int64, error)
 	QuarantineOf(ctx context.Context, ks, id string) (store.QuarantineInfo, error)
 	TimeToLive(ctx context.Context, id shard.LeaseID) (store.LeaseInfo, error)
 	Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, time.Duration, error)
@@ -158,6 +160,17 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	tick := s.clock.NewTicker(time.Second)
 	defer tick.Stop()
 	own := ownWrites{}
+	// seen is the revision the watch has delivered up to. checked holds,
+	// per session whose drain timeout the machine reported, the store's
+	// revision when it first did: the revocation waits until the watch
+	// has delivered that far, so that the machine has seen every release
+	// the member made before it was found late (the drain timeout counts
+	// from the leader's own map write, which it learns at once, while the
+	// member's release arrives through the watch, which can run far
+	// behind: the machine must not revoke a member for a release that is
+	// in etcd and not yet delivered).
+	seen := snap.Rev
+	checked := map[shard.LeaseID]int64{}
 	// failed are the writes that failed since the last retry; the machine
 	// still counts them in flight, so it plans nothing in their place until
 	// the retry timer replans them. failures counts the consecutive failed
@@ -174,6 +187,15 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 		for len(pending) > 0 {
 			a := pending[0]
 			pending = pending[1:]
+			if r, ok := a.(coordinator.RevokeSession); ok && drainTimeout(r) {
+				if wait, err := s.watchBehind(ctx, st, checked, r.Session, seen); err != nil || wait {
+					if err == nil {
+						err = fmt.Errorf("%w: the watch has not delivered revision %d yet; the machine decides again once it has", errWatchBehind, checked[r.Session])
+					}
+					failed = append(failed, coordinator.WriteFailed{Action: a, Err: err})
+					continue
+				}
+			}
 			rev, err := s.write(ctx, st, fence, a, writeDeadline(m.MinLeaseTTL()))
 			switch {
 			case err == nil:
@@ -217,6 +239,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			}
 			// Take every update already waiting too, and plan once: a burst
 			// of releases becomes one grant round, not one round each.
+			seen = max(seen, u.Rev)
 			evs := own.events(nil, u)
 		drain:
 			for range 256 {
@@ -225,6 +248,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 					if !ok {
 						return errNotLeader
 					}
+					seen = max(seen, u.Rev)
 					evs = own.events(evs, u)
 				default:
 					break drain
@@ -235,6 +259,40 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			pending = plan([]coordinator.Event{coordinator.Tick{}})
 		}
 	}
+}
+
+// errWatchBehind: a drain-timeout revocation waits for the watch.
+var errWatchBehind = errors.New("server: revocation deferred")
+
+// drainTimeout reports whether a revokes a live session for buckets it
+// has not released (not a superseded one, nor one that left).
+func drainTimeout(a coordinator.RevokeSession) bool {
+	return !a.Superseded && len(a.Quarantine) > 0
+}
+
+// watchBehind reports whether the revocation of session must wait for the
+// watch: it records the store's revision the first time the session is
+// found late, and says to wait until seen (what the watch has delivered)
+// reaches it. The second decision after that is acted on.
+func (s *Server) watchBehind(ctx context.Context, st leaderStore, checked map[shard.LeaseID]int64, session shard.LeaseID, seen int64) (bool, error) {
+	if at, ok := checked[session]; ok {
+		if seen >= at {
+			delete(checked, session)
+			return false, nil
+		}
+		return true, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, maxWriteDeadline)
+	defer cancel()
+	rev, err := st.Rev(rctx)
+	if err != nil {
+		return true, err
+	}
+	if seen >= rev {
+		return false, nil
+	}
+	checked[session] = rev
+	return true, nil
 }
 
 // Bounds of a leader write's deadline, and of the wait before a failed

@@ -398,3 +398,49 @@ func TestLeadSlowWatch(t *testing.T) {
 		tokensRise(t, st)
 	})
 }
+
+// TestLeadDrainTimeoutWaitsForWatch: a member released its buckets, but
+// the leader's watch has not delivered the release when the drain
+// timeout (counted from the leader's own map write) passes. The leader
+// must not revoke the member for it: it waits until the watch has
+// delivered the store's revision, sees the release, and hands the
+// buckets over.
+func TestLeadDrainTimeoutWaitsForWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, a := storeWithA()
+		l := startLoop(t, st)
+		defer l.stop()
+		l.settle()
+		st.join("rooms", "b", loopTTL)
+		l.settle()
+		snap := st.snapshot()
+		var rel []shard.BucketToken
+		for _, bt := range snap.Keyspaces["rooms"].Grants["a"].Value.Buckets {
+			if snap.Keyspaces["rooms"].Map.Value.Assignment.Owner(bt.Bucket) == "b" {
+				rel = append(rel, bt)
+			}
+		}
+		if len(rel) == 0 {
+			t.Fatal("nothing moved to b")
+		}
+		// a releases; the watch does not deliver it yet.
+		st.put(store.KindReleases, "rooms", "a", shard.Releases{Buckets: rel}, a)
+		for range 35 {
+			l.clk.Advance(time.Second)
+			synctest.Wait()
+		}
+		if _, ok := st.snapshot().Keyspaces["rooms"].Members["a"]; !ok {
+			t.Fatal("a's session was revoked for a release the watch had not delivered")
+		}
+		// The watch catches up; the deferred decision is taken again after
+		// its backoff, and the release wins.
+		l.settle()
+		l.clk.Advance(time.Second)
+		synctest.Wait()
+		l.settle()
+		if _, ok := st.snapshot().Keyspaces["rooms"].Members["a"]; !ok {
+			t.Fatal("a's session was revoked although it released in time")
+		}
+		heldByTargets(t, st.snapshot(), "rooms")
+	})
+}

@@ -286,6 +286,13 @@ func (m *memStore) commit(f store.Fence, writes []store.Write, expects []store.E
 	return m.apply(changes), nil
 }
 
+// Rev returns the store's current revision.
+func (m *memStore) Rev(ctx context.Context) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rev, nil
+}
+
 // QuarantineOf returns the lease of member id's quarantine and its TTL.
 func (m *memStore) QuarantineOf(ctx context.Context, ks, id string) (store.QuarantineInfo, error) {
 	m.mu.Lock()
