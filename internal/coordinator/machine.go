@@ -63,6 +63,10 @@ type keyspace struct {
 	resInflight bool
 
 	waitSince []time.Time // per bucket, since when its holder is asked to release; zero: it is not
+	// holderBuf and tokenBuf back holders' answer: valid until its next
+	// call, within one step (the machine runs on one goroutine).
+	holderBuf []string
+	tokenBuf  []uint64
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
@@ -432,10 +436,16 @@ func (k *keyspace) drainOf(id string) (drain, bool) {
 	return d, true
 }
 
-// holders returns, per bucket, the member holding it and its token.
+// holders returns, per bucket, the member holding it and its token. The
+// slices are the keyspace's, reused: valid until the next call.
 func (k *keyspace) holders() ([]string, []uint64) {
-	holder := make([]string, k.cfg.Buckets)
-	token := make([]uint64, k.cfg.Buckets)
+	if len(k.holderBuf) != k.cfg.Buckets {
+		k.holderBuf, k.tokenBuf = make([]string, k.cfg.Buckets), make([]uint64, k.cfg.Buckets)
+	} else {
+		clear(k.holderBuf)
+		clear(k.tokenBuf)
+	}
+	holder, token := k.holderBuf, k.tokenBuf
 	for id, g := range k.grants {
 		for _, bt := range g.Buckets {
 			if bt.Bucket >= 0 && bt.Bucket < len(holder) {
