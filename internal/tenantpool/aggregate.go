@@ -133,6 +133,9 @@ type Aggregator struct {
 	reps   map[string]*reporter
 	idx    []int32 // scratch: resolved tenant index per count; -1 new
 	shares []share // scratch: the current report's spread
+	// lagAt is the bucket lagged was computed at, -1 after a report: lag
+	// looks at every reporter, and Rate is asked once per tenant.
+	lagAt, lagged int64
 }
 
 type reporter struct {
@@ -174,6 +177,7 @@ func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
 	}
 	a := &Aggregator{
 		cfg:    cfg,
+		lagAt:  -1,
 		width:  int64(cfg.Window) / int64(cfg.Buckets),
 		ids:    make(map[string]int32),
 		counts: make([][]int64, cfg.Buckets+1),
@@ -255,6 +259,7 @@ func (a *Aggregator) Add(r Report, now time.Time) (Outcome, error) {
 		a.reps[r.Reporter] = rep
 	}
 	rep.seq, rep.seen, rep.period = r.Seq, n, min(int64(r.Period), int64(a.cfg.Window))
+	a.lagAt = -1
 	return Counted, nil
 }
 
@@ -425,6 +430,9 @@ func (a *Aggregator) col(x int64) []int64 {
 // buckets rounded up, at most half the window; 0 when no reporter gives
 // a period, so arrival-placed counts are read as they always were.
 func (a *Aggregator) lag() int64 {
+	if a.lagAt == a.cur {
+		return a.lagged
+	}
 	var p int64
 	n := a.cur * a.width
 	for _, r := range a.reps {
@@ -432,7 +440,8 @@ func (a *Aggregator) lag() int64 {
 			p = max(p, r.period)
 		}
 	}
-	return min((p+a.width-1)/a.width, int64(a.cfg.Buckets)/2)
+	a.lagAt, a.lagged = a.cur, min((p+a.width-1)/a.width, int64(a.cfg.Buckets)/2)
+	return a.lagged
 }
 
 // rate returns tenant t's rate: the sum of the complete buckets of the
