@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/keyshard/keyshard/placement"
 )
@@ -79,9 +78,20 @@ type why struct {
 // of event, the kind that moved the most buckets is the reason (a member
 // going away before a join on a tie), and the detail says it is a best
 // guess and names the others.
-func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move, now time.Time) why {
+func (k *keyspace) explain(cur placement.Assignment, moves []placement.Move) why {
 	if !k.hasMap {
-		return why{reason: ReasonCreate, detail: fmt.Sprintf("first map of %d buckets over %d members", k.cfg.Buckets, len(k.effectiveMembers(now)))}
+		// The members the first map places buckets on are named: a worker
+		// that joined before the first map never gets a join record.
+		seen := map[string]bool{}
+		var members []string
+		for _, mv := range moves {
+			if mv.To != "" && !seen[mv.To] {
+				seen[mv.To] = true
+				members = append(members, mv.To)
+			}
+		}
+		slices.Sort(members)
+		return why{reason: ReasonCreate, members: members, detail: fmt.Sprintf("first map of %d buckets over %d members", k.cfg.Buckets, len(members))}
 	}
 	if cur.Buckets() != k.m.Assignment.Buckets() {
 		return why{reason: ReasonUpdate, detail: fmt.Sprintf("the bucket count changed from %d to %d: every bucket placed again", k.m.Assignment.Buckets(), k.cfg.Buckets)}

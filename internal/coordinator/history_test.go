@@ -63,3 +63,18 @@ func TestMapReasons(t *testing.T) {
 		t.Fatalf("drain pairs: %+v", w.Pairs)
 	}
 }
+
+// TestMapReasonCreateNamesMembers: members already joined when the first
+// map is written get no join record, so the create names them.
+func TestMapReasonCreateNamesMembers(t *testing.T) {
+	m := coordinator.New()
+	now := time.Unix(100, 0)
+	var rev int64
+	ks := shard.Keyspace{Name: "k", Buckets: 8, Hash: placement.HashXXH64, LeaseTTL: 10 * time.Second}
+	w := writeMap(t, m, &rev, now, coordinator.Reset{}, coordinator.KeyspacePut{Keyspace: ks},
+		coordinator.MemberPut{Keyspace: "k", Member: shard.Member{ID: "b", Weight: 1, Session: 2}},
+		coordinator.MemberPut{Keyspace: "k", Member: shard.Member{ID: "a", Weight: 1, Session: 1}})
+	if w.Reason != coordinator.ReasonCreate || !slices.Equal(w.Members, []string{"a", "b"}) || w.Moves != 8 || !strings.Contains(w.Detail, "over 2 members") {
+		t.Fatalf("first map over a and b: %+v", w)
+	}
+}

@@ -385,7 +385,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	if !k.hasMap || len(p.Moves) > 0 {
 		epoch := k.m.Epoch + 1
 		k.mapInflight = epoch
-		w := k.explain(cur, p.Moves, now)
+		w := k.explain(cur, p.Moves)
 		return []Action{WriteMap{
 			Keyspace: name,
 			Map:      shard.Map{Epoch: epoch, Hash: k.cfg.Hash, Assignment: p.Assignment},
