@@ -54,6 +54,9 @@ variables, then --config (YAML), then defaults.`,
 			if fl.Changed("election-ttl") {
 				cfg.ElectionTTL = f.ElectionTTL
 			}
+			if fl.Changed("rebalance-gap") {
+				cfg.RebalanceGap = f.RebalanceGap
+			}
 			if fl.Changed("data-dir") {
 				cfg.Etcd.DataDir = f.Etcd.DataDir
 			}
@@ -105,6 +108,7 @@ variables, then --config (YAML), then defaults.`,
 	fl.StringVar(&f.AdvertiseURL, "advertise-url", "", "URL other replicas reach this one's API at, to forward tenant-pool calls to the leader (default http(s)://<listen address>, the host name when listening on every address)")
 	fl.StringVar(&f.DebugListen, "debug-listen", "", "address of a second listener serving Go's profiles (/debug/pprof) without a token, e.g. 127.0.0.1:7401 (empty: none; keep it private)")
 	fl.DurationVar(&f.ElectionTTL, "election-ttl", server.DefaultElectionTTL, "lease of the leader election: a crashed leader is replaced after about this long (whole seconds, 2s-1m; at most the smallest lease_ttl)")
+	fl.DurationVar(&f.RebalanceGap, "rebalance-gap", server.DefaultRebalanceGap, "least time between two maps that only move buckets onto joining members: joins within it become one epoch (0: every map at once; at most 10s)")
 	fl.StringVar(&f.Etcd.DataDir, "data-dir", "keyshard-data", "embedded etcd data directory")
 	fl.StringSliceVar(&endpoints, "etcd-endpoints", nil, "external etcd endpoints (comma-separated); empty runs an embedded etcd")
 	fl.StringVar(&f.Etcd.TLS.CertFile, "etcd-cert", "", "client certificate for the external etcd")

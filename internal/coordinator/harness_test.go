@@ -19,6 +19,7 @@ import (
 // change.
 type world struct {
 	m       *coordinator.Machine // the leader's; nil while no leader runs
+	gap     time.Duration        // the machines' epoch gap (SetEpochGap)
 	now     time.Time
 	rev     coordinator.Rev
 	pending []coordinator.Action

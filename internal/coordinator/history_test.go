@@ -78,3 +78,65 @@ func TestMapReasonCreateNamesMembers(t *testing.T) {
 		t.Fatalf("first map over a and b: %+v", w)
 	}
 }
+
+// TestEpochGap: with an epoch gap, joins that follow a map within the gap
+// wait for it and come as one epoch; a crash is mapped at once, joins
+// waiting or not.
+func TestEpochGap(t *testing.T) {
+	m := coordinator.New()
+	m.SetEpochGap(time.Second)
+	t0 := time.Unix(100, 0)
+	var rev int64
+	ks := shard.Keyspace{Name: "k", Buckets: 12, Hash: placement.HashXXH64, LeaseTTL: 10 * time.Second}
+	mem := func(id string, s shard.LeaseID) coordinator.Event {
+		return coordinator.MemberPut{Keyspace: "k", Member: shard.Member{ID: id, Weight: 1, Session: s}}
+	}
+	maps := func(as []coordinator.Action) (out []coordinator.WriteMap) {
+		for _, a := range as {
+			if w, ok := a.(coordinator.WriteMap); ok {
+				out = append(out, w)
+			}
+		}
+		return out
+	}
+	if w := writeMap(t, m, &rev, t0, coordinator.Reset{}, coordinator.KeyspacePut{Keyspace: ks}, mem("a", 1)); w.Reason != coordinator.ReasonCreate {
+		t.Fatalf("first map: %+v", w)
+	}
+	if _, ok := m.Wake(); ok {
+		t.Fatal("Wake with nothing held back")
+	}
+	// b and c join within the gap: no map, and a wake at its end.
+	for i, id := range []string{"b", "c"} {
+		now := t0.Add(time.Duration(300*(i+1)) * time.Millisecond)
+		if ws := maps(m.Step(mem(id, shard.LeaseID(2+i)), now)); len(ws) != 0 {
+			t.Fatalf("%s joined %v after the first map: map %+v written within the gap", id, now.Sub(t0), ws)
+		}
+		if at, ok := m.Wake(); !ok || !at.Equal(t0.Add(time.Second)) {
+			t.Fatalf("Wake = %v %v; want %v", at, ok, t0.Add(time.Second))
+		}
+	}
+	if ws := maps(m.Step(coordinator.Tick{}, t0.Add(999*time.Millisecond))); len(ws) != 0 {
+		t.Fatalf("map before the gap's end: %+v", ws)
+	}
+	w := writeMap(t, m, &rev, t0.Add(time.Second), coordinator.Tick{})
+	if w.Reason != coordinator.ReasonJoin || !slices.Equal(w.Members, []string{"b", "c"}) || w.Moves != 8 {
+		t.Fatalf("the gathered joins: %+v", w)
+	}
+	if _, ok := m.Wake(); ok {
+		t.Fatal("Wake after the held-back map was written")
+	}
+	// d joins and, within the gap, a crashes: one map, written at once.
+	t1 := t0.Add(1100 * time.Millisecond)
+	if ws := maps(m.Step(mem("d", 5), t1)); len(ws) != 0 {
+		t.Fatalf("d's join within the gap mapped: %+v", ws)
+	}
+	w = writeMap(t, m, &rev, t1, coordinator.MemberDeleted{Keyspace: "k", ID: "a"})
+	if w.Reason != coordinator.ReasonCrash || w.Moves != 4 || !strings.Contains(w.Detail, "d joined") {
+		t.Fatalf("a's crash with d's join: %+v", w)
+	}
+	// A drain within the gap is mapped at once too.
+	w = writeMap(t, m, &rev, t1.Add(time.Millisecond), coordinator.DrainPut{Keyspace: "k", ID: "b", Session: 2})
+	if w.Reason != coordinator.ReasonDrain || !slices.Equal(w.Members, []string{"b"}) {
+		t.Fatalf("b's drain: %+v", w)
+	}
+}

@@ -25,6 +25,10 @@ type Machine struct {
 	// planned; a Tick (drain timeouts) or a Reset marks all.
 	dirty    map[string]bool
 	allDirty bool
+	// epochGap is the least time between two maps of a keyspace that only
+	// rebalance onto members that are all still there (joins, weights):
+	// see SetEpochGap. 0: no gap.
+	epochGap time.Duration
 }
 
 // keyspace is everything observed about one keyspace.
@@ -68,6 +72,12 @@ type keyspace struct {
 	holderBuf []string
 	tokenBuf  []uint64
 
+	// lastMapAt is when the machine last planned a map write; deferred,
+	// when a rebalance waits for the epoch gap, is when it may be written
+	// (zero: none waits).
+	lastMapAt time.Time
+	deferred  time.Time
+
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
 	revokeInflight map[shard.LeaseID]bool
@@ -87,6 +97,31 @@ type drain struct {
 // returns.
 func New() *Machine {
 	return &Machine{keyspaces: map[string]*keyspace{}, dirty: map[string]bool{}, allDirty: true}
+}
+
+// SetEpochGap sets the least time between two maps of one keyspace when
+// the newer one only moves buckets between members that are all still
+// there and not draining: joins and weight changes. Such a map then waits
+// until gap has passed since the last one, and gathers every join in
+// between: a storm of 1,000 joins becomes a few epochs rather than one
+// per join, each moving buckets the next moves again. A map that places
+// unassigned buckets, or moves them off a member that crashed, left or
+// is draining, is written at once (and takes the waiting joins with it).
+// Grants, releases and revocations go on over the current map meanwhile.
+// Wake says when to step again. 0, the default, writes every map at once.
+func (m *Machine) SetEpochGap(gap time.Duration) { m.epochGap = gap }
+
+// Wake returns the earliest time a keyspace's deferred map may be
+// written, and false if none waits. The caller steps the machine (a Tick
+// will do) at that time.
+func (m *Machine) Wake() (time.Time, bool) {
+	var at time.Time
+	for _, k := range m.keyspaces {
+		if !k.deferred.IsZero() && (at.IsZero() || k.deferred.Before(at)) {
+			at = k.deferred
+		}
+	}
+	return at, !at.IsZero()
 }
 
 func (m *Machine) ks(name string) *keyspace {
@@ -249,7 +284,9 @@ func (m *Machine) apply(ev Event) {
 		k := m.ks(e.Keyspace)
 		k.res, k.resRev, k.hasRes, k.resInflight = shard.Reservation{}, 0, false, false
 	case Reset:
+		gap := m.epochGap
 		*m = *New()
+		m.epochGap = gap
 	case WriteFailed:
 		switch a := e.Action.(type) {
 		case WriteMap:
@@ -370,6 +407,9 @@ func (k *keyspace) effectiveMembers(now time.Time) []placement.Member {
 }
 
 func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
+	// A held-back map is planned again now, or when the map in flight
+	// comes back (its echo is an event of this keyspace).
+	k.deferred = time.Time{}
 	if !k.known || k.mapInflight != 0 {
 		return nil
 	}
@@ -382,9 +422,16 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	if err != nil {
 		return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
 	}
+	if k.hasMap && len(p.Moves) > 0 && m.epochGap > 0 && k.onlyRebalances(p.Moves) {
+		if due := k.lastMapAt.Add(m.epochGap); now.Before(due) {
+			k.deferred = due
+			p.Moves = nil // the current map stays until due
+		}
+	}
 	if !k.hasMap || len(p.Moves) > 0 {
 		epoch := k.m.Epoch + 1
 		k.mapInflight = epoch
+		k.lastMapAt = now
 		w := k.explain(cur, p.Moves)
 		return []Action{WriteMap{
 			Keyspace: name,
@@ -416,6 +463,24 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		}
 	}
 	return acts
+}
+
+// onlyRebalances reports whether every move takes a bucket from a member
+// that is still joined and not draining: nothing is unassigned or
+// orphaned, so the move may wait.
+func (k *keyspace) onlyRebalances(moves []placement.Move) bool {
+	for i, mv := range moves {
+		if i > 0 && mv.From == moves[i-1].From { // moves come in runs from one member
+			continue
+		}
+		if _, joined := k.members[mv.From]; !joined {
+			return false
+		}
+		if _, draining := k.drainOf(mv.From); draining {
+			return false
+		}
+	}
+	return true
 }
 
 // replacedReason says why session was revoked: mem replaced it.

@@ -19,6 +19,7 @@ import (
 func (w *world) failover() {
 	w.stepDown()
 	w.m = coordinator.New()
+	w.m.SetEpochGap(w.gap)
 	var evs []coordinator.Event
 	names := make([]string, 0, len(w.keyspaces))
 	for name := range w.keyspaces {
@@ -110,6 +111,10 @@ func randomHistories(t *testing.T, mode shard.Mode) {
 	}
 	rapid.Check(t, func(t *rapid.T) {
 		w := newWorld()
+		// Half the histories hold rebalances back for 0 to 3 s.
+		if rapid.Bool().Draw(t, "gap") {
+			w.gap = time.Duration(rapid.IntRange(0, 3000).Draw(t, "gap ms")) * time.Millisecond
+		}
 		buckets := rapid.IntRange(1, 64).Draw(t, "buckets")
 		w.createKeyspace(shard.Keyspace{Name: "ks", Buckets: buckets, Hash: "xxh64", Mode: mode, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
 		w.failover()

@@ -54,6 +54,14 @@ type Config struct {
 	// http(s)://<listen address>, with the host name when listening on
 	// every address.
 	AdvertiseURL string `yaml:"advertise_url"`
+	// RebalanceGap is the least time between two maps of a keyspace that
+	// only move buckets onto members that joined (or whose weight
+	// changed): joins within it are gathered into one epoch, so a rollout
+	// of many workers moves each bucket about once. Maps that place
+	// buckets of a member that crashed, left or drains are never held
+	// back. 0 writes every map at once; at most MaxRebalanceGap; default
+	// DefaultRebalanceGap.
+	RebalanceGap time.Duration `yaml:"rebalance_gap"`
 	// DebugListen, when set, is the address (host:port) of a second
 	// listener that serves Go's profiles (/debug/pprof/...) with no
 	// token: bind it to loopback, or to a network only operators reach.
@@ -164,6 +172,12 @@ const (
 	MaxElectionTTL     = time.Minute
 )
 
+// Bounds of Config.RebalanceGap.
+const (
+	DefaultRebalanceGap = 250 * time.Millisecond
+	MaxRebalanceGap     = 10 * time.Second
+)
+
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("config")
 
@@ -179,12 +193,13 @@ func DefaultConfig() Config {
 		host = "keyshard"
 	}
 	return Config{
-		Listen:      DefaultListen,
-		Replica:     fmt.Sprintf("%s-%d", host, os.Getpid()),
-		ElectionTTL: DefaultElectionTTL,
-		Etcd:        EtcdConfig{DataDir: "keyshard-data"},
-		LogLevel:    "info",
-		Limits:      DefaultLimits(),
+		Listen:       DefaultListen,
+		Replica:      fmt.Sprintf("%s-%d", host, os.Getpid()),
+		ElectionTTL:  DefaultElectionTTL,
+		RebalanceGap: DefaultRebalanceGap,
+		Etcd:         EtcdConfig{DataDir: "keyshard-data"},
+		LogLevel:     "info",
+		Limits:       DefaultLimits(),
 	}
 }
 
@@ -256,6 +271,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ElectionTTL < MinElectionTTL || c.ElectionTTL > MaxElectionTTL || c.ElectionTTL%time.Second != 0 {
 		return configErr("election_ttl", "%v; want whole seconds from %v to %v (flag --election-ttl; etcd leases count in seconds)", c.ElectionTTL, MinElectionTTL, MaxElectionTTL)
+	}
+	if c.RebalanceGap < 0 || c.RebalanceGap > MaxRebalanceGap {
+		return configErr("rebalance_gap", "%v; want 0 (every map at once) to %v (flag --rebalance-gap)", c.RebalanceGap, MaxRebalanceGap)
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return configErr("tls", "cert_file and key_file go together; set both or neither")

@@ -24,6 +24,9 @@ keyspaces:
 	if c.ElectionTTL != DefaultElectionTTL {
 		t.Fatalf("election_ttl %v, want the default %v", c.ElectionTTL, DefaultElectionTTL)
 	}
+	if c.RebalanceGap != DefaultRebalanceGap {
+		t.Fatalf("rebalance_gap %v, want the default %v", c.RebalanceGap, DefaultRebalanceGap)
+	}
 	if c.Listen != "127.0.0.1:7411" || len(c.Keyspaces) != 2 {
 		t.Fatalf("config %+v", c)
 	}
@@ -126,6 +129,8 @@ func TestConfigErrors(t *testing.T) {
 		{"log level", "", func(c *Config) { c.LogLevel = "loud" }, `log_level: "loud"`},
 		{"election ttl too short", "election_ttl: 1s\n", nil, "election_ttl: 1s; want whole seconds from 2s to 1m0s (flag --election-ttl"},
 		{"election ttl too long", "election_ttl: 2m\n", nil, "election_ttl: 2m0s; want whole seconds from 2s to 1m0s"},
+		{"rebalance gap negative", "rebalance_gap: -1s\n", nil, "rebalance_gap: -1s; want 0 (every map at once) to 10s (flag --rebalance-gap)"},
+		{"rebalance gap too long", "rebalance_gap: 11s\n", nil, "rebalance_gap: 11s; want 0"},
 		{"election ttl fraction", "", func(c *Config) { c.ElectionTTL = 2500 * time.Millisecond }, "election_ttl: 2.5s; want whole seconds"},
 		{"keyspace name", "keyspaces:\n  - name: 'bad name'\n", nil, `keyspaces[0]: name: "bad name" has ' '`},
 		{"tenant pool capacity", "tenant_pools:\n  - name: gw\n", nil, "tenant_pools[0].policy.capacity_per_member: 0; want a finite number > 0"},

@@ -142,6 +142,7 @@ type leaderStore interface {
 // buckets only extends it, and revoking a revoked lease is a no-op.
 func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) error {
 	m := coordinator.New()
+	m.SetEpochGap(s.cfg.RebalanceGap)
 	// plan steps the machine, timed for keyshard_leader_plan_seconds (on
 	// the wall clock: it measures CPU work, not the server's clock).
 	plan := func(evs []coordinator.Event) []coordinator.Action {
@@ -178,9 +179,16 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	var failed []coordinator.Event
 	failures := map[string]int{}
 	var retry clock.Timer
+	// wake steps the machine when a map it held back for the rebalance
+	// gap is due (wakeAt: the time it was set for).
+	var wake clock.Timer
+	var wakeAt time.Time
 	defer func() {
 		if retry != nil {
 			retry.Stop()
+		}
+		if wake != nil {
+			wake.Stop()
 		}
 	}()
 	for {
@@ -226,9 +234,25 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			}
 			retryC = retry.C()
 		}
+		var wakeC <-chan time.Time
+		if at, ok := m.Wake(); ok {
+			if wake == nil || !at.Equal(wakeAt) {
+				if wake != nil {
+					wake.Stop()
+				}
+				wake, wakeAt = s.clock.NewTimer(max(at.Sub(s.clock.Now()), 0)), at
+			}
+			wakeC = wake.C()
+		} else if wake != nil {
+			wake.Stop()
+			wake = nil
+		}
 		select {
 		case <-ctx.Done():
 			return errNotLeader
+		case <-wakeC:
+			wake = nil
+			pending = plan([]coordinator.Event{coordinator.Tick{}})
 		case <-retryC:
 			retry = nil
 			pending = plan(failed)

@@ -53,10 +53,15 @@ type loop struct {
 
 // startLoop starts lead on st, as the leader st's fence names, and waits
 // until it has loaded the store and made the writes it planned from it.
-// Call it inside a bubble, and stop the loop before the bubble ends.
-func startLoop(t *testing.T, st *memStore) *loop {
+// Call it inside a bubble, and stop the loop before the bubble ends. opts
+// set up the server first.
+func startLoop(t *testing.T, st *memStore, opts ...func(*Server)) *loop {
 	clk := clocktest.NewFake(time.Unix(1_700_000_000, 0))
 	l := &loop{t: t, st: st, clk: clk, s: detached(t, clk), done: make(chan error, 1)}
+	l.s.cfg.RebalanceGap = 0 // every map at once, unless an option sets a gap
+	for _, o := range opts {
+		o(l.s)
+	}
 	ctx, end := context.WithCancel(context.Background())
 	l.end = end
 	fence := st.leader()
@@ -442,5 +447,55 @@ func TestLeadDrainTimeoutWaitsForWatch(t *testing.T) {
 			t.Fatal("a's session was revoked although it released in time")
 		}
 		heldByTargets(t, st.snapshot(), "rooms")
+	})
+}
+
+// TestLeadRebalanceGap: with a rebalance gap, joins right after a map wait
+// for the gap's end, on the loop's own timer, and come as one map; a
+// crash within the gap is mapped at once.
+func TestLeadRebalanceGap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, _ := storeWithA()
+		l := startLoop(t, st, func(s *Server) { s.cfg.RebalanceGap = 300 * time.Millisecond }) // not the 1 s tick's
+		defer l.stop()
+		l.settle()
+		n := len(st.calls())
+		leaseB := st.join("rooms", "b", loopTTL)
+		st.join("rooms", "c", loopTTL)
+		l.settle()
+		if got := written(st.calls(), n); len(got) != 0 {
+			t.Fatalf("joins within the gap wrote %v", got)
+		}
+		l.clk.Advance(300*time.Millisecond - time.Nanosecond)
+		l.settle()
+		if got := written(st.calls(), n); len(got) != 0 {
+			t.Fatalf("a nanosecond before the gap's end: %v", got)
+		}
+		l.clk.Advance(time.Nanosecond)
+		l.settle()
+		if got := written(st.calls(), n); len(got) == 0 || got[0] != "[map]" {
+			t.Fatalf("at the gap's end: %v, want one map first", got)
+		}
+		snap := st.snapshot()
+		m := snap.Keyspaces["rooms"].Map.Value
+		if c := m.Assignment.Counts(); c["b"] == 0 || c["c"] == 0 {
+			t.Errorf("map epoch %d: %v; want b and c in one map", m.Epoch, c)
+		}
+		epoch := m.Epoch
+		// d joins, then b crashes, within the gap: one map, at once.
+		n = len(st.calls())
+		st.join("rooms", "d", loopTTL)
+		l.settle()
+		if err := st.Revoke(context.Background(), leaseB); err != nil { // b's lease expires
+			t.Fatal(err)
+		}
+		l.settle()
+		if got := written(st.calls(), n); len(got) == 0 || got[0] != "[map]" {
+			t.Fatalf("b's crash within the gap: %v, want a map at once", got)
+		}
+		m = st.snapshot().Keyspaces["rooms"].Map.Value
+		if c := m.Assignment.Counts(); m.Epoch != epoch+1 || c["b"] != 0 || c["d"] == 0 {
+			t.Errorf("map epoch %d (after %d): %v; want b gone and d in", m.Epoch, epoch, c)
+		}
 	})
 }
