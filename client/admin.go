@@ -76,12 +76,33 @@ func (a *Admin) UpdateKeyspace(ctx context.Context, cfg KeyspaceConfig) (Keyspac
 	return keyspaceFromProto(resp.GetKeyspace()), nil
 }
 
-// ListMembers returns the members of keyspace with their bucket counts.
-func (a *Admin) ListMembers(ctx context.Context, keyspace string) (Members, error) {
+// ListMembersOption changes what Admin.ListMembers reads.
+type ListMembersOption interface {
+	applyListMembers(*keyshardv1.ListMembersRequest)
+}
+
+type listMembersFunc func(*keyshardv1.ListMembersRequest)
+
+func (f listMembersFunc) applyListMembers(r *keyshardv1.ListMembersRequest) { f(r) }
+
+// WithLeaseLeft makes ListMembers also read each member's lease time left
+// (MemberStatus.LeaseLeft) from etcd: one read per member, so leave it off
+// where the list is read often for many members.
+func WithLeaseLeft() ListMembersOption {
+	return listMembersFunc(func(r *keyshardv1.ListMembersRequest) { r.LeaseLeft = true })
+}
+
+// ListMembers returns the members of keyspace with their bucket counts
+// (and their lease time left, with WithLeaseLeft).
+func (a *Admin) ListMembers(ctx context.Context, keyspace string, opts ...ListMembersOption) (Members, error) {
 	if err := validName("Admin.ListMembers", "keyspace name", keyspace); err != nil {
 		return Members{}, err
 	}
-	resp, err := call(ctx, a.c, adminAPI.ListMembers, &keyshardv1.ListMembersRequest{Keyspace: keyspace})
+	req := &keyshardv1.ListMembersRequest{Keyspace: keyspace}
+	for _, o := range opts {
+		o.applyListMembers(req)
+	}
+	resp, err := call(ctx, a.c, adminAPI.ListMembers, req)
 	if err != nil {
 		return Members{}, fmt.Errorf("list members of keyspace %q: %w", keyspace, err)
 	}

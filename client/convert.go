@@ -73,7 +73,8 @@ type MemberStatus struct {
 	Draining bool
 	// LeaseLeft is the time until its session lease expires unless
 	// renewed, as etcd told the answering replica (whole seconds); 0 if
-	// the replica could not read it.
+	// the replica could not read it, or ListMembers was called without
+	// WithLeaseLeft.
 	LeaseLeft time.Duration
 }
 

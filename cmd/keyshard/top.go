@@ -114,7 +114,7 @@ func readTop(ctx context.Context, adm *client.Admin, server string, epochs int) 
 	}
 	for _, k := range f.status.Keyspaces {
 		name := k.Keyspace.Name
-		if ms, err := adm.ListMembers(ctx, name); err != nil {
+		if ms, err := adm.ListMembers(ctx, name, client.WithLeaseLeft()); err != nil {
 			f.memErr[name] = err
 		} else {
 			f.members[name] = ms

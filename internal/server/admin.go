@@ -134,6 +134,9 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 	for _, l := range leaseOf {
 		leases = append(leases, l)
 	}
+	if !req.Msg.GetLeaseLeft() {
+		return connect.NewResponse(resp), nil
+	}
 	left := a.s.leasesLeft(ctx, leases)
 	for _, st := range resp.Members {
 		if d, ok := left[leaseOf[st.Member.Id]]; ok {

@@ -156,7 +156,7 @@ func TestDashboardReads(t *testing.T) {
 	if ks := st.Msg.Keyspaces[0]; ks.DrainingMembers != 1 || ks.ReleasingBuckets != 0 {
 		t.Errorf("keyspace status: %v", ks)
 	}
-	ms, err := reader.ListMembers(ctx, connect.NewRequest(&v1.ListMembersRequest{Keyspace: "rooms"}))
+	ms, err := reader.ListMembers(ctx, connect.NewRequest(&v1.ListMembersRequest{Keyspace: "rooms", LeaseLeft: true}))
 	if err != nil {
 		t.Fatal(err)
 	}

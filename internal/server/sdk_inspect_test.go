@@ -111,13 +111,22 @@ func TestSDKInspect(t *testing.T) {
 	if k := st.Keyspaces[0]; k.DrainingMembers != 1 || k.ReleasingBuckets != 0 {
 		t.Errorf("keyspace status %+v; want 1 draining member (w1), nothing releasing", k)
 	}
-	ms, err := adm.ListMembers(ctx, "rooms")
+	ms, err := adm.ListMembers(ctx, "rooms", client.WithLeaseLeft())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms.Members {
 		if m.LeaseLeft <= 0 || m.LeaseLeft > 4*time.Second {
 			t.Errorf("%s: lease left %v; want in (0, 4s]", m.ID, m.LeaseLeft)
+		}
+	}
+	// Without WithLeaseLeft, no lease is read.
+	if ms, err = adm.ListMembers(ctx, "rooms"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms.Members {
+		if m.LeaseLeft != 0 {
+			t.Errorf("%s: lease left %v without WithLeaseLeft; want none read", m.ID, m.LeaseLeft)
 		}
 	}
 	if _, err := adm.HotKeyReports(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {

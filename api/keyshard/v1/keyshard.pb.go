@@ -825,7 +825,8 @@ type MemberStatus struct {
 	Draining         bool   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
 	// Time until the member's session lease expires unless renewed, as the
 	// answering replica knows it (its copy of the lease's last keep-alive);
-	// absent if the replica does not know the lease.
+	// absent if the replica does not know the lease, or the request did not
+	// ask for it (ListMembersRequest.lease_left).
 	LeaseLeft     *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_left,json=leaseLeft,proto3" json:"lease_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -904,8 +905,12 @@ func (x *MemberStatus) GetLeaseLeft() *durationpb.Duration {
 }
 
 type ListMembersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Keyspace      string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Keyspace string                 `protobuf:"bytes,1,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	// lease_left also reads each member's lease time left from etcd
+	// (MemberStatus.lease_left): one etcd read per member, so leave it off
+	// where the list is polled often for many members.
+	LeaseLeft     bool `protobuf:"varint,2,opt,name=lease_left,json=leaseLeft,proto3" json:"lease_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -945,6 +950,13 @@ func (x *ListMembersRequest) GetKeyspace() string {
 		return x.Keyspace
 	}
 	return ""
+}
+
+func (x *ListMembersRequest) GetLeaseLeft() bool {
+	if x != nil {
+		return x.LeaseLeft
+	}
+	return false
 }
 
 type ListMembersResponse struct {
@@ -6979,9 +6991,11 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x11releasing_buckets\x18\x04 \x01(\rR\x10releasingBuckets\x12\x1a\n" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x128\n" +
 	"\n" +
-	"lease_left\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tleaseLeft\"0\n" +
+	"lease_left\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tleaseLeft\"O\n" +
 	"\x12ListMembersRequest\x12\x1a\n" +
-	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\"`\n" +
+	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x1d\n" +
+	"\n" +
+	"lease_left\x18\x02 \x01(\bR\tleaseLeft\"`\n" +
 	"\x13ListMembersResponse\x123\n" +
 	"\amembers\x18\x01 \x03(\v2\x19.keyshard.v1.MemberStatusR\amembers\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"H\n" +

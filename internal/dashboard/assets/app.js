@@ -488,7 +488,7 @@ function onMap(ks, m) {
 }
 
 async function loadMembers(ks, signal) {
-  const r = await soft(api('AdminService', 'ListMembers', { keyspace: ks.name }, signal));
+  const r = await soft(api('AdminService', 'ListMembers', { keyspace: ks.name, leaseLeft: true }, signal));
   ks.members = r.v ? r.v.members || [] : null;
   ks.membersErr = r.err || null;
 }
