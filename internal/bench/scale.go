@@ -808,7 +808,9 @@ func (e *scaleEnv) grants(ctx context.Context, ks string, buckets, wantMembers i
 	g := grantState{members: len(ms.Members), settled: len(ms.Members) == wantMembers}
 	for _, m := range ms.Members {
 		g.granted += m.GrantedBuckets
-		if m.GrantedBuckets != m.TargetBuckets || m.ReleasingBuckets != 0 {
+		// A member with no target while there are buckets enough joined
+		// within the rebalance gap: its map is still to come.
+		if m.GrantedBuckets != m.TargetBuckets || m.ReleasingBuckets != 0 || (m.TargetBuckets == 0 && len(ms.Members) <= buckets) {
 			g.settled = false
 		}
 	}
