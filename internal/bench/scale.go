@@ -820,8 +820,10 @@ func (e *scaleEnv) grants(ctx context.Context, ks string, buckets, wantMembers i
 
 // waitSettled polls the keyspaces every 100 ms until each is settled
 // with want[i] members, or budget runs out (timedOut, not an error).
-func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, want []int, budget time.Duration) (at time.Time, states []grantState, timedOut bool, err error) {
-	deadline := time.Now().Add(budget)
+func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, want []int, budget time.Duration, logf logFunc) (at time.Time, states []grantState, timedOut bool, err error) {
+	start := time.Now()
+	deadline := start.Add(budget)
+	nextLog := start.Add(5 * time.Second)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	states = make([]grantState, len(kss))
@@ -844,6 +846,18 @@ func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, w
 		}
 		if now.After(deadline) {
 			return now, states, true, nil
+		}
+		if now.After(nextLog) { // a long wait shows its progress
+			nextLog = now.Add(5 * time.Second)
+			settled, granted, members := 0, 0, 0
+			for i := range kss {
+				if done[i] {
+					settled++
+				}
+				granted += states[i].granted
+				members += states[i].members
+			}
+			logf("  %.0fs: %d of %d keyspaces settled; %d of %d buckets granted, %d members listed", now.Sub(start).Seconds(), settled, len(kss), granted, buckets*len(kss), members)
 		}
 		select {
 		case <-ctx.Done():
@@ -1167,7 +1181,7 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		return nil, err
 	}
 	logf("join-storm: joined in %.2fs; waiting for every bucket to be granted", last.Sub(first).Seconds())
-	at, states, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members}, o.Budget)
+	at, states, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members}, o.Budget, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -1221,7 +1235,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 	}
 	joined := time.Now()
 	logf("live: joined in %.1fs; waiting until every bucket is granted", joined.Sub(start).Seconds())
-	steadyAt, states, timedOut, err := e.waitSettled(ctx, kss, o.LiveBuckets, want, o.Budget)
+	steadyAt, states, timedOut, err := e.waitSettled(ctx, kss, o.LiveBuckets, want, o.Budget, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -1282,7 +1296,7 @@ func (e *scaleEnv) routers(ctx context.Context, o ScaleOptions, logf logFunc) (*
 	if _, err := f.join(mctx, ks, "r-first"); err != nil {
 		return nil, err
 	}
-	if _, _, timedOut, err := e.waitSettled(ctx, []string{ks}, o.LiveBuckets, []int{1}, o.Budget); err != nil || timedOut {
+	if _, _, timedOut, err := e.waitSettled(ctx, []string{ks}, o.LiveBuckets, []int{1}, o.Budget, logf); err != nil || timedOut {
 		return nil, fmt.Errorf("the first member's grants (timed out: %v): %v", timedOut, err)
 	}
 	mp, err := e.maps.GetMap(ctx, connect.NewRequest(&keyshardv1.GetMapRequest{Keyspace: ks}))
@@ -1480,7 +1494,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 	if err != nil {
 		return nil, err
 	}
-	if _, _, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members}, o.Budget); err != nil || timedOut {
+	if _, _, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members}, o.Budget, logf); err != nil || timedOut {
 		return nil, fmt.Errorf("the members' grants before the crash (timed out: %v): %v", timedOut, err)
 	}
 	list, err := e.sdk.Admin().ListMembers(ctx, ks)
@@ -1506,7 +1520,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 	for i := 0; i < o.Members; i += 10 {
 		ms[i].stop()
 	}
-	at, states, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members - len(crashed)}, o.LeaseTTL+o.Budget)
+	at, states, timedOut, err := e.waitSettled(ctx, []string{ks}, o.Buckets, []int{o.Members - len(crashed)}, o.LeaseTTL+o.Budget, logf)
 	if err != nil {
 		return nil, err
 	}
