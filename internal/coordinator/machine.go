@@ -67,10 +67,19 @@ type keyspace struct {
 	resInflight bool
 
 	waitSince []time.Time // per bucket, since when its holder is asked to release; zero: it is not
-	// holderBuf and tokenBuf back holders' answer: valid until its next
-	// call, within one step (the machine runs on one goroutine).
+	// holderBuf and tokenBuf back holders' answer, kept until a grant
+	// changes (the machine runs on one goroutine; nothing writes them but
+	// holders).
 	holderBuf []string
 	tokenBuf  []uint64
+	// grantsVer counts changes to grants (and to the bucket count);
+	// holderVer is the grantsVer the buffers above were computed at
+	// (holderOK: they were).
+	grantsVer, holderVer uint64
+	holderOK             bool
+	// balanced: the last Balance over the current map and members moved
+	// nothing, and nothing it reads has changed since (apply clears it).
+	balanced bool
 
 	// lastMapAt is when the machine last planned a map write; deferred,
 	// when a rebalance waits for the epoch gap, is when it may be written
@@ -191,15 +200,24 @@ func (m *Machine) StepAll(evs []Event, now time.Time) []Action {
 }
 
 func (m *Machine) apply(ev Event) {
-	if name := eventKeyspace(ev); name != "" {
+	name := eventKeyspace(ev)
+	if name != "" {
 		m.dirty[name] = true
 	} else {
 		m.allDirty = true // Tick, Reset
+	}
+	switch ev.(type) {
+	case KeyspacePut, MemberPut, MemberDeleted, DrainPut, DrainDeleted, MapPut, ReservationPut, ReservationDeleted, WriteFailed:
+		// What Balance reads changed: plan balances again.
+		if k := m.keyspaces[name]; k != nil {
+			k.balanced = false
+		}
 	}
 	switch e := ev.(type) {
 	case KeyspacePut:
 		k := m.ks(e.Keyspace.Name)
 		k.cfg, k.known = e.Keyspace, true
+		k.grantsVer++ // the bucket count may have changed
 	case KeyspaceDeleted:
 		delete(m.keyspaces, e.Name)
 	case MemberPut:
@@ -221,6 +239,7 @@ func (m *Machine) apply(ev Event) {
 	case GrantsPut:
 		k := m.ks(e.Keyspace)
 		k.grants[e.ID], k.grantRev[e.ID] = e.Grants, e.Rev
+		k.grantsVer++
 	case GrantsDeleted:
 		k := m.ks(e.Keyspace)
 		if g, ok := k.grants[e.ID]; ok {
@@ -231,6 +250,7 @@ func (m *Machine) apply(ev Event) {
 		}
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
+		k.grantsVer++
 	case ReleasesPut:
 		rel := make(map[int]uint64, len(e.Releases.Buckets))
 		pos := map[int]uint64{}
@@ -418,9 +438,18 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	if !k.hasMap || cur.Buckets() != k.cfg.Buckets {
 		cur = placement.NewAssignment(k.cfg.Buckets)
 	}
-	p, err := placement.Balance(cur, k.effectiveMembers(now))
-	if err != nil {
-		return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
+	// Balance is skipped when it found nothing to move and nothing it
+	// reads has changed since: most steps only carry releases and grants.
+	// (Not with a reservation: its deadline changes the members by time.)
+	var p placement.Plan
+	if k.balanced && k.hasMap && !k.hasRes && cur.Buckets() == k.cfg.Buckets {
+		p.Assignment = cur
+	} else {
+		var err error
+		if p, err = placement.Balance(cur, k.effectiveMembers(now)); err != nil {
+			return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
+		}
+		k.balanced = k.hasMap && len(p.Moves) == 0
 	}
 	if k.hasMap && len(p.Moves) > 0 && m.epochGap > 0 && k.onlyRebalances(p.Moves) {
 		if due := k.lastMapAt.Add(m.epochGap); now.Before(due) {
@@ -502,8 +531,13 @@ func (k *keyspace) drainOf(id string) (drain, bool) {
 }
 
 // holders returns, per bucket, the member holding it and its token. The
-// slices are the keyspace's, reused: valid until the next call.
+// slices are the keyspace's: computed again only once a grant changed,
+// and not to be written by the caller.
 func (k *keyspace) holders() ([]string, []uint64) {
+	if k.holderOK && k.holderVer == k.grantsVer && len(k.holderBuf) == k.cfg.Buckets {
+		return k.holderBuf, k.tokenBuf // no grant changed since they were computed
+	}
+	k.holderOK, k.holderVer = true, k.grantsVer
 	if len(k.holderBuf) != k.cfg.Buckets {
 		k.holderBuf, k.tokenBuf = make([]string, k.cfg.Buckets), make([]uint64, k.cfg.Buckets)
 	} else {
@@ -702,28 +736,64 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		g, ok := k.grants[id]
 		return ok && k.revokeInflight[g.Session]
 	}
+	// The loop visits every bucket at every round: what it looks up per
+	// holder (its releases, whether it is being revoked) is looked up once
+	// per run of its buckets, and whether a target can receive once per
+	// member of the map (not where commits are folded: that answer can
+	// change within the round).
+	var receive []int8 // per map member: 0 not asked yet, 1 can receive, 2 cannot
+	if len(k.commits) == 0 {
+		receive = make([]int8, len(k.m.Assignment.Members))
+	}
+	canReceiveIdx := func(o int32, target string) bool {
+		if receive == nil || o < 0 || int(o) >= len(receive) {
+			return canReceive(target)
+		}
+		if receive[o] == 0 {
+			receive[o] = 2
+			if canReceive(target) {
+				receive[o] = 1
+			}
+		}
+		return receive[o] == 1
+	}
+	owners := k.m.Assignment.Owners
+	var lastH string
+	var lastRel map[int]uint64
+	var lastRevoking bool
 	granted, released := 0, 0
 	for b := range k.cfg.Buckets {
 		target := k.m.Assignment.Owner(b)
 		h := holder[b]
-		if h != "" && revoking(h) {
+		if b == 0 || h != lastH {
+			lastH, lastRel = h, k.releases[h]
+			lastRevoking = h != "" && revoking(h)
+		}
+		if lastRevoking {
 			continue
 		}
-		if h == target && h != "" && k.releases[h][b] != token[b] {
+		if h == target && h != "" && lastRel[b] != token[b] {
 			continue
 		}
 		// A holder that released a bucket it was not asked to (its target
 		// is still the holder) gives it up all the same; it is granted
 		// back at a new token below.
 		if h != "" {
-			if k.releases[h][b] != token[b] {
+			if lastRel[b] != token[b] {
 				continue // still waiting for the holder to release
 			}
 			delete(touch(h), b)
 			f.release(h, b)
 			released++
 		}
-		if target == "" || quarantined[b] || !canReceive(target) {
+		if target == "" || (len(quarantined) > 0 && quarantined[b]) {
+			continue
+		}
+		o := int32(-1)
+		if b < len(owners) {
+			o = owners[b]
+		}
+		if !canReceiveIdx(o, target) {
 			continue
 		}
 		touch(target)[b] = shard.BucketToken{Bucket: b, Token: newToken, Position: f.from(b)}
