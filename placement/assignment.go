@@ -43,10 +43,18 @@ func (a Assignment) Owner(b int) string {
 // Counts returns the number of buckets each member owns. Members that own
 // nothing are absent.
 func (a Assignment) Counts() map[string]int {
+	// Counted per member index, then named: one map write per member, not
+	// one per bucket.
+	n := make([]int, len(a.Members))
+	for _, o := range a.Owners {
+		if o >= 0 && int(o) < len(n) {
+			n[o]++
+		}
+	}
 	c := make(map[string]int, len(a.Members))
-	for b := range a.Owners {
-		if id := a.Owner(b); id != "" {
-			c[id]++
+	for i, k := range n {
+		if k > 0 && a.Members[i] != "" {
+			c[a.Members[i]] += k
 		}
 	}
 	return c
