@@ -305,12 +305,12 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 		if ks == nil {
 			return
 		}
-		mem, joined := ks.Members[sess.member]
+		var rev uint64
+		rev, alive = grantsRevision(ks, sess)
 		g, held := ks.Grants[sess.member]
 		r := ks.Releases[sess.member]
-		alive = joined && mem.Value.Session == sess.lease || held && g.Value.Session == sess.lease
 		resp.Epoch = ks.Map.Value.Epoch
-		resp.Revision = uint64(max(ks.Map.ModRevision, g.ModRevision, r.ModRevision))
+		resp.Revision = rev
 		if !held || g.Value.Session != sess.lease {
 			return
 		}
@@ -334,6 +334,32 @@ func (s *Server) grantsState(sess session) (resp *v1.GetGrantsResponse, alive bo
 		}
 	})
 	return resp, alive
+}
+
+// grantsRevision is the version grantsState answers at (the revision of
+// the keyspace's map, the member's grants or its releases, whichever is
+// latest), and whether the session is alive as far as the view shows.
+func grantsRevision(ks *store.KeyspaceState, sess session) (rev uint64, alive bool) {
+	mem, joined := ks.Members[sess.member]
+	g, held := ks.Grants[sess.member]
+	r := ks.Releases[sess.member]
+	alive = joined && mem.Value.Session == sess.lease || held && g.Value.Session == sess.lease
+	return uint64(max(ks.Map.ModRevision, g.ModRevision, r.ModRevision)), alive
+}
+
+// grantsUnchanged reports whether the session's grants state is still at
+// rev and the session alive: a stream woken by a change to its keyspace
+// that is not its own sends nothing, and need not build the state to
+// know it (a join storm wakes 1,000 streams per change).
+func (s *Server) grantsUnchanged(sess session, rev uint64) bool {
+	same := false
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
+			r, alive := grantsRevision(ks, sess)
+			same = alive && r == rev
+		}
+	})
+	return same
 }
 
 func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.GetGrantsRequest]) (*connect.Response[v1.GetGrantsResponse], error) {
@@ -391,6 +417,14 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	first := true
 	for {
 		changed := m.s.view.keyspaceChanged(sess.keyspace)
+		if !first && m.s.grantsUnchanged(sess, sent) {
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		resp, err := m.s.liveGrants(ctx, sess)
 		if err != nil {
 			return err
