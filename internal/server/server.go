@@ -314,6 +314,10 @@ func (s *Server) createKeyspaces(ctx context.Context) error {
 	return nil
 }
 
+// compressMinBytes is the least size of a response message that is
+// compressed, for clients that accept it.
+const compressMinBytes = 16 << 10
+
 func (s *Server) httpServer() (*http.Server, error) {
 	opts := []connect.HandlerOption{
 		connect.WithRequestGate(s.auth.gate),
@@ -321,6 +325,11 @@ func (s *Server) httpServer() (*http.Server, error) {
 		connect.WithInterceptors(reachGate{s}),
 		connect.WithCodec(strictJSONCodecs[0]),
 		connect.WithCodec(strictJSONCodecs[1]),
+		// Small messages go uncompressed even to clients that accept gzip:
+		// a member's grants (1–4 KiB) cost more CPU to compress than they
+		// save on any network Keyshard runs on, and a join storm sends
+		// thousands a second. Maps of many buckets are still compressed.
+		connect.WithCompressMinBytes(compressMinBytes),
 		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
 			most, _ := s.cfg.Limits.readMax(spec.Procedure)
 			return []connect.HandlerOption{connect.WithReadMaxBytes(most)}
