@@ -18,6 +18,10 @@ import { Router } from './router.js';
 const GRANTS_WAIT = 30; // seconds per GetGrants long poll
 const KEEPALIVE_RETRY = 50; // ms, doubling up to TTL/9
 const MAX_FENCE_MARGIN = 12 * 3600; // seconds
+// RELEASE_COALESCE_MS bounds how long released buckets wait for the other
+// handoffs of their burst (those whose release() is still due or running)
+// before they are sent without them.
+const RELEASE_COALESCE_MS = 2;
 
 /** fenceMargin(ttlMs, marginMs?) -> the margin used: marginMs or max(TTL/10, 500 ms), at most TTL/2. */
 export function fenceMargin(ttl, margin) {
@@ -127,6 +131,7 @@ export class Worker extends EventEmitter {
     this.router = new Router(client, keyspace);
     this._grants = new Map(); // bucket -> grant state, until release resolved
     this._last = new Map(); // bucket -> state of its latest grant
+    this._releaseCoalesceMs = RELEASE_COALESCE_MS;
     this._actors = new Set();
     this._cur = null;
     this._hash = null;
@@ -437,6 +442,8 @@ export class Worker extends EventEmitter {
       stream: ks.mode === 'KEYSPACE_MODE_STREAM',
       fenced: false, selfFenced: false,
       released: new Map(), pending: [], held: [],
+      releasing: 0, // handoffs whose release() is due or running (see _kickRelease)
+      releaseWake: null, // resolves the releaser's wait for the rest of a burst
       finals: new Map(), // bucket -> {bucket, token, position}: handed off with a final position, maybe still held at the server
       rev: 0n, minRev: 0n,
       ac: new AbortController(),
@@ -654,7 +661,7 @@ export class Worker extends EventEmitter {
     const ac = new AbortController();
     const grant = new Grant(g, s.id, s.lease, ac);
     const end = deferred();
-    const gs = { grant, s, ac, ending: false, how: null, acquired: false, end };
+    const gs = { grant, s, ac, ending: false, how: null, acquired: false, releasing: false, end };
     const prev = this._last.get(g.bucket);
     this._last.set(g.bucket, gs);
     this._grants.set(g.bucket, gs);
@@ -675,6 +682,10 @@ export class Worker extends EventEmitter {
     if (!gs.ending) {
       gs.ending = true;
       gs.how = how;
+      if (how === 'handoff' && !gs.s.fenced) {
+        gs.releasing = true; // counted in s.releasing until release() returned
+        gs.s.releasing++;
+      }
       gs.end.resolve();
     }
   }
@@ -723,20 +734,34 @@ export class Worker extends EventEmitter {
     if (this._grants.get(b) === gs) this._grants.delete(b);
     if (this._last.get(b) === gs) this._last.delete(b);
     const s = gs.s;
+    if (gs.releasing) {
+      gs.releasing = false;
+      s.releasing--;
+    }
     if (gs.how === 'handoff' && !s.fenced) {
       if (final !== null) s.finals.set(b, { bucket: b, token, position: final });
       s.released.set(b, token);
       s.pending.push(gs.grant);
-      this._kickRelease(s);
     }
+    this._kickRelease(s);
     this._notify();
   }
 
+  // _kickRelease tells the server about released buckets, one call at a
+  // time. A map change usually ends many grants at once, whose release()
+  // handlers return within microseconds of each other: the releaser sends
+  // once none of them is still running, so that the burst goes in one call
+  // rather than one call for the first bucket and, a round trip later, one
+  // for the rest. A slow handler holds the others back by at most
+  // RELEASE_COALESCE_MS; buckets released while a call is in flight go in
+  // the next.
   _kickRelease(s) {
-    if (s.releaser) return;
+    if (s.releaseWake) s.releaseWake();
+    if (s.releaser || s.pending.length === 0) return;
     s.releaser = (async () => {
       try {
         while (s.pending.length > 0 && !s.ac.signal.aborted) {
+          if (s.releasing > 0) await this._awaitBurst(s);
           const batch = s.pending.splice(0);
           if (!(await this._sendRelease(s, batch, s.ac.signal))) return;
         }
@@ -747,6 +772,22 @@ export class Worker extends EventEmitter {
         s.releaser = null;
       }
     })();
+  }
+
+  // _awaitBurst waits until none of s's release() handlers is running, or
+  // RELEASE_COALESCE_MS passed.
+  async _awaitBurst(s) {
+    let timer;
+    const bound = new Promise((resolve) => { timer = setTimeout(resolve, this._releaseCoalesceMs, true); });
+    try {
+      while (s.releasing > 0 && !s.ac.signal.aborted) {
+        const next = new Promise((resolve) => { s.releaseWake = resolve; });
+        if (await Promise.race([bound, next])) return; // the bound passed: send without the rest
+      }
+    } finally {
+      clearTimeout(timer);
+      s.releaseWake = null;
+    }
   }
 
   // _sendRelease sends one Release for batch, retrying what may pass; a

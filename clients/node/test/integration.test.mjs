@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { Client, Router, Worker, HotKeys, Detector, PoolFollower, LoadReporter, NotFound, AlreadyExists, DeadlineExceeded } from '../index.js';
 import { startServer, startProxy, waitFor } from '../testlib/server.mjs';
+import { deferred } from '../src/timing.js';
 
 let server;
 let client;
@@ -388,5 +389,96 @@ test('a worker whose session the server ends (replaced by another process) stops
     assert.deepEqual(rec.problems, []);
   } finally {
     await Promise.all([first.close({ timeout: 15 }), second.close({ timeout: 15 })]);
+  }
+});
+
+// releaseBurst: worker a holds all 16 buckets of name; b joins, so a hands
+// half of them over at once. a's release handlers wait until the test
+// calls st.open(bucket) (with slow, only the first one called waits);
+// st.entered lists the buckets whose handler was called, st.returned those
+// whose handler returned, st.calls the buckets of each Release call a made;
+// n is how many buckets a hands over. st.done() lets every handler return.
+async function releaseBurst(name, slow) {
+  await client.createKeyspace({ name, buckets: 16, leaseTtl: 3 });
+  const gates = new Map();
+  const gate = (b) => { if (!gates.has(b)) gates.set(b, deferred()); return gates.get(b); };
+  let over = false;
+  const st = {
+    entered: [], returned: [], calls: [],
+    open: (b) => gate(b).resolve(),
+    done: () => { over = true; for (const g of gates.values()) g.resolve(); },
+  };
+  const ca = new Client(server.url, { timeout: 10 });
+  const call = ca._call.bind(ca);
+  ca._call = async (path, body, opts) => {
+    const r = await call(path, body, opts);
+    if (path.endsWith('/Release')) st.calls.push(body.buckets.map((x) => x.bucket).sort((x, y) => x - y));
+    return r;
+  };
+  const a = new Worker(ca, name, { id: 'a' }, {
+    acquire() {},
+    async release(b) {
+      st.entered.push(b);
+      if (!over && (!slow || st.entered.length === 1)) await gate(b).promise;
+    },
+  });
+  a.on('released', (g) => st.returned.push(g.bucket));
+  const b = new Worker(client, name, { id: 'b' }, { acquire() {}, release() {} });
+  const r = new Router(client, name);
+  const stop = async () => {
+    st.done();
+    await Promise.all([a.close({ timeout: 10 }), b.close({ timeout: 10 })]);
+    await r.close();
+    await ca.close();
+  };
+  try {
+    await a.start();
+    await waitFor(() => a.held().length === 16, { what: 'a holding every bucket' });
+    await r.start();
+    await b.start();
+    const toB = () => [...Array(16).keys()].filter((i) => r.ownerOfBucket(i).member === 'b');
+    await waitFor(() => toB().length > 0, { what: 'a map giving b buckets' });
+    return { a, st, n: toB().length, stop };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}
+
+test('a burst of handoffs goes to the server in one Release call', async () => {
+  const { a, st, n, stop } = await releaseBurst('coalesce', false);
+  try {
+    // The bound would only cut the burst short on a descheduled process:
+    // lift it, so that what is tested is the wait for running handlers.
+    a._releaseCoalesceMs = 60000;
+    await waitFor(() => st.entered.length === n, { what: `a's ${n} release handlers called` });
+    // Let the handlers return one at a time: each returned bucket waits for
+    // the others rather than going alone.
+    for (const b of [...st.entered]) {
+      st.open(b);
+      await waitFor(() => st.returned.includes(b), { what: `release(${b}) returned` });
+    }
+    await waitFor(() => st.calls.length > 0, { what: 'a Release call' });
+    assert.deepEqual(st.calls, [[...st.entered].sort((x, y) => x - y)]);
+  } finally {
+    await stop();
+  }
+});
+
+test('a slow release handler does not hold back the rest of its burst', async () => {
+  const { st, n, stop } = await releaseBurst('coalesce-slow', true);
+  try {
+    const sent = () => st.calls.flat().sort((x, y) => x - y);
+    // The first handler called waits until the test opens it; the others
+    // go to the server without it.
+    await waitFor(() => sent().length === n - 1, { what: `${n - 1} buckets released` });
+    const slow = st.entered[0];
+    assert.ok(!sent().includes(slow), `${slow} in ${sent()}`);
+    assert.deepEqual(sent(), st.entered.filter((x) => x !== slow).sort((x, y) => x - y));
+    st.open(slow);
+    await waitFor(() => sent().includes(slow), { what: `bucket ${slow} released` });
+    assert.deepEqual(st.calls.at(-1), [slow]);
+  } finally {
+    await stop();
   }
 });

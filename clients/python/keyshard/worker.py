@@ -60,6 +60,7 @@ class _Session:
         self.released: Dict[int, int] = {}
         self.finals: Dict[int, "tuple[int, int]"] = {}  # bucket -> (token, position)
         self.pending: List["Grant"] = []
+        self.releasing = 0  # handoffs whose release() is due or running (see _release_loop)
         self.held: List["Grant"] = []
         self.rev = 0
         self.min_rev = 0
@@ -175,7 +176,7 @@ class Handler:
 
 
 class _GrantState:
-    __slots__ = ("g", "s", "ending", "how", "acquired", "skipped", "done")
+    __slots__ = ("g", "s", "ending", "how", "acquired", "skipped", "releasing", "done")
 
     def __init__(self, g: Grant, s: _Session) -> None:
         self.g = g
@@ -184,7 +185,14 @@ class _GrantState:
         self.how = ""           # "handoff" or "fence"
         self.acquired = False
         self.skipped = False
+        self.releasing = False  # counted in s.releasing, from its end as a handoff until release() returned
         self.done = threading.Event()
+
+
+# How long released buckets wait for the other handoffs of their burst (those
+# whose release() is still due or running) before they are sent without
+# them. Real time (time.monotonic), not the worker's clock.
+_RELEASE_COALESCE = 0.002
 
 
 class _SessionGone(Exception):
@@ -308,6 +316,7 @@ class Worker:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition(self._mu)
+        self._release_coalesce = _RELEASE_COALESCE
 
     # --- public API -----------------------------------------------------------
 
@@ -892,6 +901,9 @@ class Worker:
         if not gs.ending:
             gs.ending = True
             gs.how = how
+            if how == "handoff" and not gs.s.fenced:
+                gs.releasing = True
+                gs.s.releasing += 1
             self._bq.submit(gs.g.bucket, lambda: self._release(gs))
 
     def _acquire(self, gs: _GrantState) -> None:
@@ -940,6 +952,10 @@ class Worker:
         with self._mu:
             if self._grants.get(b) is gs:
                 del self._grants[b]
+            if gs.releasing:
+                gs.releasing = False
+                gs.s.releasing -= 1
+                gs.s.kick.set()  # the release loop may be waiting for this one
             if gs.how == "handoff" and not gs.s.fenced:
                 if final is not None:
                     gs.s.finals[b] = (gs.g.token, final)
@@ -952,13 +968,29 @@ class Worker:
     # --- release RPCs and leave -------------------------------------------------------
 
     def _release_loop(self, s: _Session) -> None:
+        """Tells the server about released buckets, one call at a time. A
+        map change usually ends many grants at once, whose release()
+        handlers return within microseconds of each other: the loop sends
+        once none of them is still running, so that the burst goes in one
+        call rather than one call for the first bucket and, a round trip
+        later, one for the rest. A slow handler holds the others back by
+        at most _release_coalesce (from the first pending bucket); buckets
+        released while a call is in flight go in the next."""
+        bound: Optional[float] = None  # time.monotonic() deadline while released buckets wait for their burst
         while not s.ended.is_set():
-            if not s.kick.wait(0.1):
+            wait = 0.1 if bound is None else max(0.0, bound - time.monotonic())
+            if not s.kick.wait(wait) and bound is None:
                 continue
             s.kick.clear()
             while True:
                 with self._mu:
+                    if s.pending and s.releasing and (bound is None or time.monotonic() < bound):
+                        # More of the burst is coming: wait for its kick, or the bound.
+                        if bound is None:
+                            bound = time.monotonic() + self._release_coalesce
+                        break
                     batch, s.pending = s.pending, []
+                bound = None
                 if not batch:
                     break
                 if not self._send_release(s, batch, True):

@@ -2,6 +2,7 @@
 import asyncio
 import threading
 import time
+import types
 import unittest
 
 import support
@@ -108,6 +109,96 @@ class IntegrationTest(unittest.TestCase):
         self.assertTrue(w3.close(20))
         check_no_overlap(self, log)
         self.assertEqual(sum(1 for r in log if r[1] == "acquire"), sum(1 for r in log if r[1] == "release"))
+
+    def _release_burst(self, name, slow):
+        """w1 holds all 16 buckets of name; w2 joins, so w1 hands half of
+        them over at once. Returns (w1, st, n): w1's release handlers wait
+        until the test adds their bucket to st.opened or the test ended
+        (with slow, only the first one waits); st.entered lists the buckets whose handler was
+        called, st.returned those whose handler returned, st.calls the
+        buckets of each Release call w1 made; n is how many buckets w1
+        hands over. st.cond guards st and is notified on every change."""
+        self.c.create_keyspace(name, buckets=16, lease_ttl=3)
+        st = types.SimpleNamespace(cond=threading.Condition(), entered=[], returned=[], opened=set(), calls=[],
+                                   over=False)
+        c1 = ks.Client(SRV.url, timeout=10)
+        self.addCleanup(c1.close)
+        call = c1.call
+
+        def counting(service, method, body=None, **kw):
+            r = call(service, method, body, **kw)
+            if method == "Release":
+                with st.cond:
+                    st.calls.append(sorted(b["bucket"] for b in body["buckets"]))
+                    st.cond.notify_all()
+            return r
+        c1.call = counting
+
+        class Handler:
+            def acquire(self, g):
+                pass
+
+            def release(self, bucket, g):
+                with st.cond:
+                    st.entered.append(bucket)
+                    st.cond.notify_all()
+                    if not slow or len(st.entered) == 1:
+                        st.cond.wait_for(lambda: bucket in st.opened or st.over, 30)
+
+        def on_event(e):
+            if e.kind == "released":
+                with st.cond:
+                    st.returned.append(e.grant.bucket)
+                    st.cond.notify_all()
+        def over():
+            with st.cond:
+                st.over = True
+                st.cond.notify_all()
+        w1 = ks.Worker(c1, name, "w1", Handler(), on_event=on_event)
+        self.addCleanup(w1.close, 10)
+        self.addCleanup(over)  # runs first: w1's handlers no longer wait
+        w1.start()
+        self.assertTrue(w1.wait_held(16, 20), "w1 holds everything")
+        r = ks.Router(self.c, name).start()
+        self.addCleanup(r.close)
+        self.worker(name, "w2", Recorder("w2", [], threading.Lock())).start()
+
+        def to_w2():
+            m = r.map
+            return [b for b in range(16) if m is not None and (m.owner_of(b) or ks.Member("")).id == "w2"]
+        n = len(wait_for(to_w2, 20, what="a map giving w2 buckets"))
+        return w1, st, n
+
+    def test_release_burst_in_one_call(self):
+        w1, st, n = self._release_burst(unique("coalesce"), slow=False)
+        # The bound would only cut the burst short on a descheduled thread:
+        # lift it, so that what is tested is the wait for running handlers.
+        w1._release_coalesce = 60.0
+        with st.cond:
+            self.assertTrue(st.cond.wait_for(lambda: len(st.entered) == n, 30), (st.entered, n))
+            # Let the handlers return one at a time: each returned bucket
+            # waits for the others rather than going alone.
+            for b in list(st.entered):
+                st.opened.add(b)
+                st.cond.notify_all()
+                self.assertTrue(st.cond.wait_for(lambda: b in st.returned, 30), b)
+            self.assertTrue(st.cond.wait_for(lambda: st.calls, 30), "no Release call")
+        self.assertEqual(st.calls, [sorted(st.entered)])
+
+    def test_slow_release_handler_does_not_hold_back_the_burst(self):
+        w1, st, n = self._release_burst(unique("coalesce-slow"), slow=True)
+        sent = lambda: sorted(b for c in st.calls for b in c)
+        with st.cond:
+            # The first handler called blocks until the test opens it; the
+            # others go to the server without it.
+            self.assertTrue(st.cond.wait_for(lambda: len(sent()) == n - 1, 30), (st.entered, st.calls))
+            slow = st.entered[0]
+            self.assertNotIn(slow, sent())
+            self.assertEqual(sorted(set(st.entered) - {slow}), sent())
+            st.opened.add(slow)
+            st.cond.notify_all()
+            self.assertTrue(st.cond.wait_for(lambda: slow in sent(), 30), st.calls)
+        self.assertEqual(st.calls[-1], [slow])
 
     def test_blocked_keepalives_fence_then_rejoin(self):
         name = unique("fence")
