@@ -99,8 +99,23 @@ func TestEpochGap(t *testing.T) {
 		}
 		return out
 	}
-	if w := writeMap(t, m, &rev, t0, coordinator.Reset{}, coordinator.KeyspacePut{Keyspace: ks}, mem("a", 1)); w.Reason != coordinator.ReasonCreate {
-		t.Fatalf("first map: %+v", w)
+	// The first map, and its grants to a, land: nothing is moving.
+	acts := m.StepAll([]coordinator.Event{coordinator.Reset{}, coordinator.KeyspacePut{Keyspace: ks}, mem("a", 1)}, t0)
+	for len(acts) > 0 {
+		var echo []coordinator.Event
+		for _, a := range acts {
+			rev++
+			switch a := a.(type) {
+			case coordinator.WriteMap:
+				echo = append(echo, coordinator.MapPut{Keyspace: "k", Map: a.Map, Rev: rev})
+			case coordinator.WriteGrants:
+				for id, g := range a.Grants {
+					echo = append(echo, coordinator.GrantsPut{Keyspace: "k", ID: id, Grants: g, Rev: rev})
+				}
+				echo = append(echo, coordinator.TokensPut{Keyspace: "k", Token: a.Token, Rev: rev})
+			}
+		}
+		acts = m.StepAll(echo, t0)
 	}
 	if _, ok := m.Wake(); ok {
 		t.Fatal("Wake with nothing held back")
@@ -125,11 +140,19 @@ func TestEpochGap(t *testing.T) {
 	if _, ok := m.Wake(); ok {
 		t.Fatal("Wake after the held-back map was written")
 	}
-	// d joins and, within the gap, a crashes: one map, written at once.
+	// d joins while a's 8 buckets are still on their way to b and c: its
+	// map waits for them, at most holdFactor (8) gaps after the last map.
 	t1 := t0.Add(1100 * time.Millisecond)
 	if ws := maps(m.Step(mem("d", 5), t1)); len(ws) != 0 {
 		t.Fatalf("d's join within the gap mapped: %+v", ws)
 	}
+	if at, ok := m.Wake(); !ok || !at.Equal(t0.Add(9*time.Second)) {
+		t.Fatalf("Wake = %v %v while handoffs go on; want %v", at, ok, t0.Add(9*time.Second))
+	}
+	if ws := maps(m.Step(coordinator.Tick{}, t0.Add(3*time.Second))); len(ws) != 0 {
+		t.Fatalf("map past the gap while handoffs go on: %+v", ws)
+	}
+	// Within that, a crashes: one map, written at once.
 	w = writeMap(t, m, &rev, t1, coordinator.MemberDeleted{Keyspace: "k", ID: "a"})
 	if w.Reason != coordinator.ReasonCrash || w.Moves != 4 || !strings.Contains(w.Detail, "d joined") {
 		t.Fatalf("a's crash with d's join: %+v", w)

@@ -86,6 +86,9 @@ type keyspace struct {
 	// (zero: none waits).
 	lastMapAt time.Time
 	deferred  time.Time
+	// moving is how many buckets the last drain scan found not held by
+	// their target (handed over, or waiting for a grant).
+	moving int
 
 	mapInflight    uint64 // epoch written, awaiting its echo; 0 = none
 	grantsInflight uint64 // token written, awaiting its echo; 0 = none
@@ -452,7 +455,14 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		k.balanced = k.hasMap && len(p.Moves) == 0
 	}
 	if k.hasMap && len(p.Moves) > 0 && m.epochGap > 0 && k.onlyRebalances(p.Moves) {
-		if due := k.lastMapAt.Add(m.epochGap); now.Before(due) {
+		due := k.lastMapAt.Add(m.epochGap)
+		if k.moving > 0 {
+			// The last map's handoffs are still going: a new map now would
+			// move some of their buckets again. Hold it until they are
+			// done, or holdFactor gaps have passed.
+			due = k.lastMapAt.Add(holdFactor * m.epochGap)
+		}
+		if now.Before(due) {
 			k.deferred = due
 			p.Moves = nil // the current map stays until due
 		}
@@ -484,6 +494,12 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	// members that asked to leave and hold nothing.
 	acts = append(acts, m.revocations(name, k, now)...)
 
+	// A map held back for the last one's handoffs is due once they are
+	// done (the scan above counted them).
+	if !k.deferred.IsZero() && k.moving == 0 {
+		k.deferred = maxTime(k.lastMapAt.Add(m.epochGap), now)
+	}
+
 	// 3. Grants: release what was released, grant what is free.
 	if k.grantsInflight == 0 {
 		if a, ok := k.grantRound(name); ok {
@@ -492,6 +508,19 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		}
 	}
 	return acts
+}
+
+// holdFactor bounds how long a map that only rebalances waits for the
+// last map's handoffs: holdFactor epoch gaps after the last map (2 s with
+// the default 250 ms), so that a member slow to release does not hold up
+// joins until its drain timeout.
+const holdFactor = 8
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // onlyRebalances reports whether every move takes a bucket from a member
@@ -634,11 +663,16 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	}
 	var relOf string // the holder rel is the releases of: buckets come in runs of one holder
 	var rel map[int]uint64
+	k.moving = 0
 	for b, h := range holder {
 		if h != relOf {
 			relOf, rel = h, k.releases[h]
 		}
-		if h == "" || h == k.m.Assignment.Owner(b) || rel[b] == token[b] {
+		owner := k.m.Assignment.Owner(b)
+		if h != owner {
+			k.moving++
+		}
+		if h == "" || h == owner || rel[b] == token[b] {
 			k.waitSince[b] = time.Time{}
 			continue
 		}
