@@ -102,20 +102,7 @@ func TestEpochGap(t *testing.T) {
 	// The first map, and its grants to a, land: nothing is moving.
 	acts := m.StepAll([]coordinator.Event{coordinator.Reset{}, coordinator.KeyspacePut{Keyspace: ks}, mem("a", 1)}, t0)
 	for len(acts) > 0 {
-		var echo []coordinator.Event
-		for _, a := range acts {
-			rev++
-			switch a := a.(type) {
-			case coordinator.WriteMap:
-				echo = append(echo, coordinator.MapPut{Keyspace: "k", Map: a.Map, Rev: rev})
-			case coordinator.WriteGrants:
-				for id, g := range a.Grants {
-					echo = append(echo, coordinator.GrantsPut{Keyspace: "k", ID: id, Grants: g, Rev: rev})
-				}
-				echo = append(echo, coordinator.TokensPut{Keyspace: "k", Token: a.Token, Rev: rev})
-			}
-		}
-		acts = m.StepAll(echo, t0)
+		acts = m.StepAll(echoWrites(acts, &rev), t0)
 	}
 	if _, ok := m.Wake(); ok {
 		t.Fatal("Wake with nothing held back")

@@ -27,25 +27,29 @@ func settledMachine(b *testing.B, buckets, members int) (*coordinator.Machine, t
 		if len(acts) == 0 {
 			return m, now
 		}
-		var echo []coordinator.Event
-		for _, a := range acts {
-			rev++
-			switch a := a.(type) {
-			case coordinator.WriteMap:
-				echo = append(echo, coordinator.MapPut{Keyspace: "k", Map: a.Map, Rev: rev})
-			case coordinator.WriteGrants:
-				for id, g := range a.Grants {
-					echo = append(echo, coordinator.GrantsPut{Keyspace: "k", ID: id, Grants: g, Rev: rev})
-				}
-				echo = append(echo, coordinator.TokensPut{Keyspace: "k", Token: a.Token, Rev: rev})
-			default:
-				b.Fatalf("unexpected action %T", a)
-			}
-		}
-		acts = m.StepAll(echo, now)
+		acts = m.StepAll(echoWrites(acts, &rev), now)
 	}
 	b.Fatal("the machine did not settle")
 	return nil, now
+}
+
+// echoWrites returns the events the store's watch would bring back for
+// the map and grant writes among acts, each at its own revision.
+func echoWrites(acts []coordinator.Action, rev *coordinator.Rev) []coordinator.Event {
+	var echo []coordinator.Event
+	for _, a := range acts {
+		*rev++
+		switch a := a.(type) {
+		case coordinator.WriteMap:
+			echo = append(echo, coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: *rev})
+		case coordinator.WriteGrants:
+			for id, g := range a.Grants {
+				echo = append(echo, coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: *rev})
+			}
+			echo = append(echo, coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: *rev})
+		}
+	}
+	return echo
 }
 
 // BenchmarkStepSettled: one step of a settled keyspace on an event that
