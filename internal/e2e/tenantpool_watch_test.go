@@ -39,6 +39,16 @@ func TestTenantPoolWatchDeltas(t *testing.T) {
 	}
 	st := e.stepUntilState(l, "gw", "six members placed", 20, func(st tenantpool.State) bool { return len(st.Members) == 6 })
 
+	// The replica answers from its view, which the leader's publication
+	// reaches through etcd's watch: wait until it has st's version, so
+	// that the watch's first message is that version.
+	for v := uint64(0); v < st.Version; {
+		resp, err := api.GetPoolSnapshot(e.ctx, connect.NewRequest(&keyshardv1.GetPoolSnapshotRequest{Pool: "gw", SinceVersion: v, Wait: durationpb.New(time.Second)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v = resp.Msg.GetSnapshot().GetVersion()
+	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	stream, err := api.WatchPoolSnapshot(ctx, connect.NewRequest(&keyshardv1.WatchPoolSnapshotRequest{Pool: "gw"}))
