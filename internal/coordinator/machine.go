@@ -73,10 +73,8 @@ type keyspace struct {
 	holderBuf []string
 	tokenBuf  []uint64
 	// grantsVer counts changes to grants (and to the bucket count);
-	// holderVer is the grantsVer the buffers above were computed at
-	// (holderOK: they were).
+	// holderVer is the grantsVer the buffers above were computed at.
 	grantsVer, holderVer uint64
-	holderOK             bool
 	// balanced: the last Balance over the current map and members moved
 	// nothing, and nothing it reads has changed since (apply clears it).
 	balanced bool
@@ -563,10 +561,10 @@ func (k *keyspace) drainOf(id string) (drain, bool) {
 // slices are the keyspace's: computed again only once a grant changed,
 // and not to be written by the caller.
 func (k *keyspace) holders() ([]string, []uint64) {
-	if k.holderOK && k.holderVer == k.grantsVer && len(k.holderBuf) == k.cfg.Buckets {
+	if k.holderBuf != nil && k.holderVer == k.grantsVer && len(k.holderBuf) == k.cfg.Buckets {
 		return k.holderBuf, k.tokenBuf // no grant changed since they were computed
 	}
-	k.holderOK, k.holderVer = true, k.grantsVer
+	k.holderVer = k.grantsVer
 	if len(k.holderBuf) != k.cfg.Buckets {
 		k.holderBuf, k.tokenBuf = make([]string, k.cfg.Buckets), make([]uint64, k.cfg.Buckets)
 	} else {

@@ -109,14 +109,9 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 			return
 		}
 		resp.Epoch = ks.Map.Value.Epoch
-		target := map[string]uint32{}
-		for b := range ks.Map.Value.Assignment.Owners {
-			if o := ks.Map.Value.Assignment.Owner(b); o != "" {
-				target[o]++
-			}
-		}
+		target := ks.Map.Value.Assignment.Counts()
 		for id, m := range ks.Members {
-			st := &v1.MemberStatus{Member: memberProto(m.Value), TargetBuckets: target[id]}
+			st := &v1.MemberStatus{Member: memberProto(m.Value), TargetBuckets: uint32(target[id])}
 			for _, bt := range ks.Grants[id].Value.Buckets {
 				st.GrantedBuckets++
 				if ks.Map.Value.Assignment.Owner(bt.Bucket) != id {
@@ -130,12 +125,12 @@ func (a *adminService) ListMembers(ctx context.Context, req *connect.Request[v1.
 		}
 	})
 	sort.Slice(resp.Members, func(i, j int) bool { return resp.Members[i].Member.Id < resp.Members[j].Member.Id })
+	if !req.Msg.GetLeaseLeft() {
+		return connect.NewResponse(resp), nil
+	}
 	leases := make([]shard.LeaseID, 0, len(leaseOf))
 	for _, l := range leaseOf {
 		leases = append(leases, l)
-	}
-	if !req.Msg.GetLeaseLeft() {
-		return connect.NewResponse(resp), nil
 	}
 	left := a.s.leasesLeft(ctx, leases)
 	for _, st := range resp.Members {
