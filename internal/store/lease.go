@@ -87,16 +87,20 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, ti
 }
 
 // KeepAliveOnce renews lease id once and returns its new TTL. It returns
-// ErrLeaseNotFound if the lease has expired or was revoked.
+// ErrLeaseNotFound if the lease has expired or was revoked. Renewals from
+// every caller share one LeaseKeepAlive stream (see renewer).
 func (s *Store) KeepAliveOnce(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.closed() {
 		return 0, errClosed("keep lease alive")
 	}
-	resp, err := s.client.KeepAliveOnce(ctx, clientv3.LeaseID(id))
+	ttl, err := s.renewer.renew(ctx, id)
+	if err == nil && ttl <= 0 {
+		err = rpctypes.ErrLeaseNotFound
+	}
 	if err != nil {
 		return 0, s.err(fmt.Sprintf("keep lease %v alive", id), err)
 	}
-	return time.Duration(resp.TTL) * time.Second, nil
+	return time.Duration(ttl) * time.Second, nil
 }
 
 // LeaseInfo is what TimeToLive reports about a lease.

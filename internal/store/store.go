@@ -52,6 +52,9 @@ type Store struct {
 	log    *slog.Logger
 	maxOps int
 
+	renewer *renewer   // KeepAliveOnce's shared stream
+	held    heldChecks // MemberHeld's batched reads
+
 	closeOnce sync.Once
 	closeErr  error
 	checker   sync.WaitGroup // checkEndpoints, exited before Close returns
@@ -108,6 +111,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		c.Lease = namespace.NewLease(c.Lease, cfg.Namespace)
 	}
 	s := &Store{client: c, log: log, maxOps: cfg.MaxTxnOps}
+	s.renewer = newRenewer(s)
 	// clientv3.New does not wait for a connection; check that etcd answers
 	// so that a bad endpoint fails here, clearly.
 	sctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
