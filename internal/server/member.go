@@ -154,13 +154,20 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	// so never has a renewal acknowledged after its replacement was
 	// written: the leader can then quarantine its buckets for only what
 	// remains of its lease.
+	// A member this replica's view already shows active on the session
+	// only needs the check, which etcd reads for many keep-alives at once
+	// (store.MemberHeld); a view that is behind sends it the long way.
 	var (
-		ttl time.Duration
-		rev int64
+		ttl    time.Duration
+		rev    int64
+		active = m.s.activeOn(sess)
 	)
 	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
 		if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
 			return err
+		}
+		if active {
+			return m.s.store.MemberHeld(ctx, sess.keyspace, sess.member, sess.lease)
 		}
 		rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
 		return err
@@ -199,6 +206,19 @@ func (s *Server) replaced(sess session) bool {
 		}
 	})
 	return (cur != 0 && cur != sess.lease) || quar == sess.lease
+}
+
+// activeOn reports whether this replica's view has member sess.member's
+// record on sess's session and no longer pending.
+func (s *Server) activeOn(sess session) (active bool) {
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
+			if m, ok := ks.Members[sess.member]; ok {
+				active = m.Lease == sess.lease && !m.Value.Pending
+			}
+		}
+	})
+	return active
 }
 
 func sessionEnded(sess session) error {
