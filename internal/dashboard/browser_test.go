@@ -359,15 +359,21 @@ func (p *page) screenshot(name string) {
 	p.t.Logf("screenshot of %s: %s", name, path)
 }
 
+// legendJS is the page's epoch and the per-member counts of its legend
+// (the unassigned row left out), as a legendValue; the chromium and the
+// Firefox tests read it alike.
+const legendJS = `({epoch: document.querySelector('#view').dataset.epoch || '',
+	counts: Object.fromEntries([...document.querySelectorAll('#legend li[data-member]')].filter(li => li.dataset.member !== '').map(li => [li.dataset.member, +li.dataset.count]))})`
+
+type legendValue struct {
+	Epoch  string         `json:"epoch"`
+	Counts map[string]int `json:"counts"`
+}
+
 // legend reads the per-member counts the page shows.
 func (p *page) legend() (string, map[string]int) {
 	p.t.Helper()
-	type legend struct {
-		Epoch  string         `json:"epoch"`
-		Counts map[string]int `json:"counts"`
-	}
-	got := evalJS[legend](p, `({epoch: document.querySelector('#view').dataset.epoch || '',
-		counts: Object.fromEntries([...document.querySelectorAll('#legend li[data-member]')].filter(li => li.dataset.member !== '').map(li => [li.dataset.member, +li.dataset.count]))})`)
+	got := evalJS[legendValue](p, legendJS)
 	return got.Epoch, got.Counts
 }
 
