@@ -155,19 +155,21 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	// written: the leader can then quarantine its buckets for only what
 	// remains of its lease.
 	// A member this replica's view already shows active on the session
-	// only needs the check, which etcd reads for many keep-alives at once
-	// (store.MemberHeld); a view that is behind sends it the long way.
+	// only needs the renewal and the check, which the store makes for many
+	// keep-alives at once (store.RenewMember); a view that is behind sends
+	// it the long way.
 	var (
 		ttl    time.Duration
 		rev    int64
 		active = m.s.activeOn(sess)
 	)
 	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
-		if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
+		if active {
+			ttl, err = m.s.store.RenewMember(ctx, sess.keyspace, sess.member, sess.lease)
 			return err
 		}
-		if active {
-			return m.s.store.MemberHeld(ctx, sess.keyspace, sess.member, sess.lease)
+		if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
+			return err
 		}
 		rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
 		return err

@@ -192,3 +192,41 @@ func (rs *renewStream) failLocked(err error) {
 	}
 	rs.pending = nil
 }
+
+// renewMany renews each of ids, sending them back to back on the shared
+// stream before waiting for any answer, and returns etcd's TTL for each
+// (<= 0: the lease is gone) or why it has none. A renewal whose stream
+// broke is retried on its own, the way renew does.
+func (r *renewer) renewMany(ctx context.Context, ids []shard.LeaseID) ([]int64, []error) {
+	ttls, errs := make([]int64, len(ids)), make([]error, len(ids))
+	chs := make([]<-chan renewAnswer, len(ids))
+	rs, err := r.stream()
+	if err == nil {
+		for i, id := range ids {
+			if chs[i], err = rs.send(id); err != nil {
+				r.drop(rs)
+				break
+			}
+		}
+	}
+	for i, id := range ids {
+		if chs[i] != nil {
+			select {
+			case a := <-chs[i]:
+				if !errors.Is(a.err, errRenewStream) {
+					ttls[i], errs[i] = a.ttl, a.err
+					continue
+				}
+				r.drop(rs)
+			case <-ctx.Done():
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					r.drop(rs)
+				}
+				errs[i] = ctx.Err()
+				continue
+			}
+		}
+		ttls[i], errs[i] = r.renew(ctx, id)
+	}
+	return ttls, errs
+}

@@ -52,8 +52,9 @@ type Store struct {
 	log    *slog.Logger
 	maxOps int
 
-	renewer *renewer   // KeepAliveOnce's shared stream
-	held    heldChecks // MemberHeld's batched reads
+	renewer     *renewer      // KeepAliveOnce's shared stream
+	renewals    renewals      // RenewMember's batches
+	renewWindow time.Duration // RenewBatchWindow; 0 in tests that make batches themselves
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,6 +113,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s := &Store{client: c, log: log, maxOps: cfg.MaxTxnOps}
 	s.renewer = newRenewer(s)
+	s.renewWindow = RenewBatchWindow
 	// clientv3.New does not wait for a connection; check that etcd answers
 	// so that a bad endpoint fails here, clearly.
 	sctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)

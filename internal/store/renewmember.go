@@ -1,0 +1,168 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/keyshard/keyshard/internal/shard"
+)
+
+// RenewMember renews session lease of member id in keyspace ks, then
+// checks that the member's record is still on lease, and returns the TTL
+// etcd renewed. It is a keep-alive of an active member: a session that
+// was replaced or has ended never counts a renewal made after that as its
+// own (Activate does the same for a pending member, and activates it).
+//
+// Keep-alives are made in batches. The first waits up to
+// RenewBatchWindow for others; then their renewals go back to back on the
+// shared LeaseKeepAlive stream, and the checks of the renewed ones are
+// one linearizable transaction that compares each record's lease
+// without decoding it. Keep-alives that arrive while a batch is in flight
+// make the next one. A check is never answered by a read that started
+// before its renewal was answered. At thousands of members this turns a
+// keep-alive's two etcd round trips into a share of two per batch.
+//
+// Errors: ErrLeaseNotFound (the session expired or was revoked),
+// ErrNotFound (no member record), ErrFenced (the id is held by another
+// session), ErrInvalidName, ErrUnavailable, ctx's error.
+func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.LeaseID) (time.Duration, error) {
+	if s.closed() {
+		return 0, errClosed("keep member alive")
+	}
+	if err := checkNames(ks, id); err != nil {
+		return 0, err
+	}
+	c := &renewal{key: MemberKey(ks, id), ks: ks, id: id, lease: lease, done: make(chan renewResult, 1)}
+	s.renewals.add(s, c)
+	select {
+	case r := <-c.done:
+		return r.ttl, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// RenewBatchWindow is how long the first keep-alive of a batch waits for
+// others (see RenewMember): it adds at most that to a keep-alive's
+// latency, which nothing waits on but the member's next renewal.
+const RenewBatchWindow = 5 * time.Millisecond
+
+// renewals is RenewMember's queue. Its goroutine runs while the queue is
+// not empty and exits when it is.
+type renewals struct {
+	mu      sync.Mutex
+	queue   []*renewal
+	running bool
+
+	batches int64 // batches made, for tests (under mu)
+}
+
+type renewal struct {
+	key, ks, id string
+	lease       shard.LeaseID
+	done        chan renewResult // buffered: answered once, read or not
+}
+
+type renewResult struct {
+	ttl time.Duration
+	err error
+}
+
+// renewBatchTimeout bounds one batch; a caller with a shorter deadline
+// stops waiting on its own.
+const renewBatchTimeout = 10 * time.Second
+
+func (q *renewals) add(s *Store, c *renewal) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queue = append(q.queue, c)
+	if !q.running {
+		q.running = true
+		go q.run(s) // exits when the queue is empty
+	}
+}
+
+func (q *renewals) run(s *Store) {
+	for {
+		q.mu.Lock()
+		if len(q.queue) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		full := len(q.queue) >= s.maxOps
+		q.mu.Unlock()
+		if !full && s.renewWindow > 0 {
+			t := time.NewTimer(s.renewWindow)
+			select {
+			case <-t.C:
+			case <-s.client.Ctx().Done():
+				t.Stop()
+			}
+		}
+		q.mu.Lock()
+		n := min(len(q.queue), s.maxOps) // not 0: only run takes from the queue
+		batch := q.queue[:n:n]
+		q.queue = q.queue[n:]
+		if len(q.queue) == 0 {
+			q.queue = nil
+		}
+		q.batches++
+		q.mu.Unlock()
+		q.renew(s, batch)
+	}
+}
+
+func (q *renewals) renew(s *Store, batch []*renewal) {
+	ctx, cancel := context.WithTimeout(s.client.Ctx(), renewBatchTimeout)
+	defer cancel()
+	ids := make([]shard.LeaseID, len(batch))
+	for i, c := range batch {
+		ids[i] = c.lease
+	}
+	ttls, errs := s.renewer.renewMany(ctx, ids)
+	var (
+		ops     []clientv3.Op
+		checked []int
+	)
+	for i, c := range batch {
+		op := fmt.Sprintf("keep member %s/%s alive", c.ks, c.id)
+		switch {
+		case errs[i] != nil:
+			c.done <- renewResult{err: s.err(op, errs[i])}
+		case ttls[i] <= 0:
+			c.done <- renewResult{err: s.err(op, rpctypes.ErrLeaseNotFound)}
+		default:
+			// Not WithKeysOnly: etcd then leaves the lease out.
+			ops = append(ops, clientv3.OpGet(c.key))
+			checked = append(checked, i)
+		}
+	}
+	if len(ops) == 0 {
+		return
+	}
+	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	for j, i := range checked {
+		c := batch[i]
+		op := fmt.Sprintf("keep member %s/%s alive", c.ks, c.id)
+		if err != nil {
+			c.done <- renewResult{err: s.err(op, err)}
+			continue
+		}
+		switch kvs := resp.Responses[j].GetResponseRange().Kvs; {
+		case len(kvs) == 0:
+			c.done <- renewResult{err: fmt.Errorf("store: %s: member %q: %w", op, c.id, ErrNotFound)}
+		default:
+			if held := shard.LeaseID(kvs[0].Lease); held != c.lease {
+				c.done <- renewResult{err: fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, c.id, held, c.lease)}
+			} else {
+				c.done <- renewResult{ttl: time.Duration(ttls[i]) * time.Second}
+			}
+		}
+	}
+}

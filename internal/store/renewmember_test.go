@@ -1,0 +1,118 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestRenewMember(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "renew")
+	a, b := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
+	if _, _, err := s.Join(ctx, "renew", member("w1"), a.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := s.RenewMember(ctx, "renew", "w1", a.LeaseID()); err != nil || ttl != a.TTL() {
+		t.Fatalf("on its session: %v, %v; want %v", ttl, err, a.TTL())
+	}
+	if _, err := s.RenewMember(ctx, "renew", "w2", a.LeaseID()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("no such member: %v, want ErrNotFound", err)
+	}
+	if _, _, err := s.Join(ctx, "renew", member("w1"), b.LeaseID(), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RenewMember(ctx, "renew", "w1", a.LeaseID()); !errors.Is(err, ErrFenced) {
+		t.Fatalf("replaced session: %v, want ErrFenced", err)
+	}
+	if _, err := s.RenewMember(ctx, "renew", "w1", b.LeaseID()); err != nil {
+		t.Fatalf("the replacing session: %v", err)
+	}
+	if err := s.Revoke(ctx, b.LeaseID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RenewMember(ctx, "renew", "w1", b.LeaseID()); !errors.Is(err, ErrLeaseNotFound) {
+		t.Fatalf("revoked session: %v, want ErrLeaseNotFound", err)
+	}
+	if _, err := s.RenewMember(ctx, "renew", "bad/id", b.LeaseID()); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("bad id: %v, want ErrInvalidName", err)
+	}
+}
+
+// Keep-alives that queue while a batch is in flight make one batch, and
+// each gets its own member's answer: renewed, fenced, or gone.
+func TestRenewMemberBatches(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "renew-batch")
+	a, b := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
+	gone, _, err := s.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revoke(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	const n = 60
+	for i := range n {
+		if _, _, err := s.Join(ctx, "renew-batch", member(fmt.Sprintf("w%d", i)), a.LeaseID(), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Pretend a batch is in flight, so that every keep-alive queues.
+	s.renewals.mu.Lock()
+	s.renewals.running = true
+	s.renewals.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	ttls := make([]time.Duration, n)
+	for i := range n {
+		lease := a.LeaseID()
+		switch i % 3 {
+		case 1:
+			lease = b.LeaseID() // alive, but not the holder
+		case 2:
+			lease = gone
+		}
+		wg.Go(func() { ttls[i], errs[i] = s.RenewMember(ctx, "renew-batch", fmt.Sprintf("w%d", i), lease) })
+	}
+	for queued := 0; queued < n; {
+		s.renewals.mu.Lock()
+		queued = len(s.renewals.queue)
+		s.renewals.mu.Unlock()
+		if ctx.Err() != nil {
+			t.Fatalf("only %d of %d keep-alives queued", queued, n)
+		}
+		time.Sleep(time.Millisecond) // polls a condition; the answers do not depend on it
+	}
+	go s.renewals.run(s) // the "batch in flight" ends: the queue goes at once
+	wg.Wait()
+	for i, err := range errs {
+		switch i % 3 {
+		case 0:
+			if err != nil || ttls[i] != a.TTL() {
+				t.Errorf("w%d on its session: %v, %v", i, ttls[i], err)
+			}
+		case 1:
+			if !errors.Is(err, ErrFenced) {
+				t.Errorf("w%d on another live session: %v, want ErrFenced", i, err)
+			}
+		case 2:
+			if !errors.Is(err, ErrLeaseNotFound) {
+				t.Errorf("w%d on a revoked session: %v, want ErrLeaseNotFound", i, err)
+			}
+		}
+	}
+	s.renewals.mu.Lock()
+	batches := s.renewals.batches
+	s.renewals.mu.Unlock()
+	if batches != 1 {
+		t.Errorf("%d batches for %d queued keep-alives; want 1", batches, n)
+	}
+	if got := s.renewer.opened.Load(); got != 1 {
+		t.Errorf("%d renewal streams opened; want 1", got)
+	}
+}
