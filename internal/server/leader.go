@@ -191,8 +191,42 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			wake.Stop()
 		}
 	}()
+	// waiting adds to evs the events of the updates the watch has ready
+	// (up to 256), without blocking; false: the watch has ended.
+	waiting := func(evs []coordinator.Event) ([]coordinator.Event, bool) {
+		for range 256 {
+			select {
+			case u, ok := <-updates:
+				if !ok {
+					return evs, false
+				}
+				seen = max(seen, u.Rev)
+				evs = own.events(evs, u)
+			default:
+				return evs, true
+			}
+		}
+		return evs, true
+	}
 	for {
-		for len(pending) > 0 {
+		// committed collects what the writes of pending committed; the
+		// machine steps once on all of it when pending is done, not after
+		// each write: a grant round of a thousand members is a thousand
+		// writes, and a step after each planned nothing new (the others
+		// were in flight) at milliseconds apiece.
+		var committed []coordinator.Event
+		for len(pending) > 0 || len(committed) > 0 {
+			if len(pending) == 0 {
+				// With the updates that came during the writes: the step
+				// after a write would otherwise see nothing new, and the
+				// next one see the updates.
+				evs, open := waiting(committed)
+				if !open {
+					return errNotLeader
+				}
+				pending, committed = plan(evs), nil
+				continue
+			}
 			a := pending[0]
 			pending = pending[1:]
 			if r, ok := a.(coordinator.RevokeSession); ok && drainTimeout(r) {
@@ -211,9 +245,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 				// Tell the machine what it just wrote, at the revision it was
 				// written, so it can plan the next round now instead of when
 				// the watch echoes the write (the echo is then dropped).
-				if evs := own.committed(a, rev); len(evs) > 0 {
-					pending = append(pending, plan(evs)...)
-				}
+				committed = append(committed, own.committed(a, rev)...)
 			case errors.Is(err, store.ErrFenced):
 				return errNotLeader
 			case ctx.Err() != nil:
@@ -264,19 +296,9 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			// Take every update already waiting too, and plan once: a burst
 			// of releases becomes one grant round, not one round each.
 			seen = max(seen, u.Rev)
-			evs := own.events(nil, u)
-		drain:
-			for range 256 {
-				select {
-				case u, ok := <-updates:
-					if !ok {
-						return errNotLeader
-					}
-					seen = max(seen, u.Rev)
-					evs = own.events(evs, u)
-				default:
-					break drain
-				}
+			evs, open := waiting(own.events(nil, u))
+			if !open {
+				return errNotLeader
 			}
 			pending = plan(evs)
 		case <-tick.C():
