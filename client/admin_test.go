@@ -200,6 +200,20 @@ func TestAdminMembersAndStatus(t *testing.T) {
 	if diff := cmp.Diff(wantSt, st); diff != "" {
 		t.Errorf("Status (-want +got):\n%s", diff)
 	}
+	// w3 joins and keeps alive, but the map gives it nothing (the real
+	// server's map for it not written yet); w4 joins only (pending).
+	s3 := join(t, c, &keyshardv1.Member{Id: "w3"})
+	if _, err := call(ctx, c, memberAPI.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s3}); err != nil {
+		t.Fatal(err)
+	}
+	join(t, c, &keyshardv1.Member{Id: "w4"})
+	if st, err = a.Status(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantSt.Keyspaces[0].Members, wantSt.Keyspaces[0].MembersWithoutBuckets = 4, 1
+	if diff := cmp.Diff(wantSt, st); diff != "" {
+		t.Errorf("Status with w3 active and not in the map (-want +got):\n%s", diff)
+	}
 }
 
 // TestWaitDrained: progress reports the buckets left; the wait wakes on

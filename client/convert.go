@@ -133,6 +133,16 @@ type KeyspaceStatus struct {
 	// no longer their target (a release awaited).
 	DrainingMembers  int
 	ReleasingBuckets int
+	// MembersWithoutBuckets are the active members (kept alive once, not
+	// draining) to which the current map gives no bucket. While the
+	// keyspace has at least as many buckets as such members, nonzero means
+	// a map the leader has not written yet: a join held back by the
+	// rebalance gap, or waiting for the last map's handoffs. The keyspace
+	// has settled when UnassignedBuckets, HandoffsInFlight,
+	// ReleasingBuckets and MembersWithoutBuckets are all 0 (with more
+	// active members than buckets, MembersWithoutBuckets stays at the
+	// surplus).
+	MembersWithoutBuckets int
 }
 
 // Grant is the right to act on one bucket, from Acquire until Release (or
@@ -325,13 +335,14 @@ func statusFromProto(s *keyshardv1.StatusResponse) Status {
 	}
 	for _, k := range s.GetKeyspaces() {
 		out.Keyspaces = append(out.Keyspaces, KeyspaceStatus{
-			Keyspace:          keyspaceFromProto(k.GetKeyspace()),
-			Epoch:             k.GetEpoch(),
-			Members:           int(k.GetMembers()),
-			UnassignedBuckets: int(k.GetUnassignedBuckets()),
-			HandoffsInFlight:  int(k.GetHandoffsInFlight()),
-			DrainingMembers:   int(k.GetDrainingMembers()),
-			ReleasingBuckets:  int(k.GetReleasingBuckets()),
+			Keyspace:              keyspaceFromProto(k.GetKeyspace()),
+			Epoch:                 k.GetEpoch(),
+			Members:               int(k.GetMembers()),
+			UnassignedBuckets:     int(k.GetUnassignedBuckets()),
+			HandoffsInFlight:      int(k.GetHandoffsInFlight()),
+			DrainingMembers:       int(k.GetDrainingMembers()),
+			ReleasingBuckets:      int(k.GetReleasingBuckets()),
+			MembersWithoutBuckets: int(k.GetMembersWithoutBuckets()),
 		})
 	}
 	return out

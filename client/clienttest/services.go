@@ -171,12 +171,23 @@ func (a adminService) Status(context.Context, *connect.Request[keyshardv1.Status
 		if k.m == nil {
 			st.UnassignedBuckets = k.cfg.Buckets
 		}
+		owns := map[string]bool{}
 		for b, o := range k.m.GetOwners() {
 			switch {
 			case o == 0:
 				st.UnassignedBuckets++
 			case holder[uint32(b)] != k.m.GetMembers()[o-1].GetId():
 				st.HandoffsInFlight++
+			}
+			if o != 0 {
+				owns[k.m.GetMembers()[o-1].GetId()] = true
+			}
+		}
+		// Active members (a keep-alive answered, not draining or leaving)
+		// the map gives nothing: the real server's map yet to be written.
+		for _, x := range live {
+			if x.active && !x.draining && !x.leaving && !owns[x.member.GetId()] {
+				st.MembersWithoutBuckets++
 			}
 		}
 		resp.Keyspaces = append(resp.Keyspaces, st)

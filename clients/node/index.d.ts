@@ -171,7 +171,11 @@ export declare class Client {
   status(options?: CallOptions): Promise<{
     replica: string;
     leader: string;
-    keyspaces: { keyspace: Keyspace; epoch: bigint; members: number; unassignedBuckets: number; handoffsInFlight: number; drainingMembers: number; releasingBuckets: number }[];
+    keyspaces: {
+      keyspace: Keyspace; epoch: bigint; members: number; unassignedBuckets: number; handoffsInFlight: number; drainingMembers: number; releasingBuckets: number;
+      /** Active members (kept alive once, not draining) the current map gives no bucket: with buckets enough, a map not written yet (a join held back by the rebalance gap). */
+      membersWithoutBuckets: number;
+    }[];
     replicas: { id: string; url: string; leader: boolean }[];
     store: { healthy: boolean; error: string; endpoints: string[]; dbSizeBytes: bigint; revision: bigint; latency: number };
   }>;

@@ -44,7 +44,7 @@ func TestTopCLI(t *testing.T) {
 	if n := strings.Count(out, "keyshard top — "); n != 2 {
 		t.Errorf("%d frames, want 2:\n%s", n, out)
 	}
-	for _, want := range []string{"replica ", "store healthy", "KEYSPACE", "rooms", "  MEMBER", "  w1  ", "  w2  ", "z-w1", ": join w1, ", ": join w2, ", ": create, 0 buckets moved"} {
+	for _, want := range []string{"replica ", "store healthy", "KEYSPACE", "RELEASING  WAITING", "rooms", "  MEMBER", "  w1  ", "  w2  ", "z-w1", ": join w1, ", ": join w2, ", ": create, 0 buckets moved"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("top lacks %q:\n%s", want, out)
 		}

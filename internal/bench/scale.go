@@ -215,7 +215,7 @@ type TimeSplit struct {
 // notSplit is what no server metric separates today.
 var notSplit = []string{
 	"watch fan-out: serve has no metric for delivering maps and grants to streams and long polls; it is in serve_cpu_s, and its latency only end to end (routers scenario)",
-	"API handling (Join, KeepAlive, GetGrants, Release, ListMembers of this harness) against the leader's work: one process, one CPU figure",
+	"API handling (Join, KeepAlive, GetGrants, Release, Status and ListMembers of this harness) against the leader's work: one process, one CPU figure",
 	"etcd CPU by caller (leader writes, keep-alive lease renewals, watches)",
 }
 
@@ -229,16 +229,16 @@ type JoinStormReport struct {
 	// KeepAlive answered (a session is granted nothing before it).
 	JoinsS float64 `json:"joins_s"`
 	// GrantedAfterLastJoinS is from the last join to every bucket
-	// granted as the final map assigns it (ListMembers: every member's
-	// granted count equals its target, none releasing, the sum equals
-	// Buckets), polled every 100 ms; GrantedAfterFirstJoinS from the
-	// first. TimedOut: not reached within the budget (the figures are
-	// then the budget).
+	// granted as the final map assigns it (Status: no bucket unassigned,
+	// none awaiting its grant or its release, Members members and none
+	// the map leaves without buckets), polled every 100 ms;
+	// GrantedAfterFirstJoinS from the first. TimedOut: not reached within
+	// the budget (the figures are then the budget).
 	GrantedAfterLastJoinS  float64 `json:"granted_after_last_join_s"`
 	GrantedAfterFirstJoinS float64 `json:"granted_after_first_join_s"`
 	TimedOut               bool    `json:"timed_out,omitempty"`
 	// Granted is the buckets granted at the end; MembersListed the
-	// members ListMembers listed.
+	// members Status counted.
 	Granted       int `json:"granted"`
 	MembersListed int `json:"members_listed"`
 	// EtcdWrites is etcd's revision after minus before: from the first
@@ -792,30 +792,26 @@ func split(a, b sample) TimeSplit {
 	}
 }
 
-// grantState is a keyspace's grants as ListMembers shows them.
+// grantState is a keyspace's grants as Status shows them.
 type grantState struct {
 	members, granted int
-	// settled: every member is granted what the map assigns it, none is
-	// releasing, and wantMembers are listed.
+	// settled: every bucket is granted to its target owner, none is
+	// releasing, the map gives every active member buckets (while there
+	// are buckets enough: a join the leader holds back for the rebalance
+	// gap leaves it none yet), and wantMembers are listed.
 	settled bool
 }
 
-func (e *scaleEnv) grants(ctx context.Context, ks string, buckets, wantMembers int) (grantState, error) {
-	ms, err := e.sdk.Admin().ListMembers(ctx, ks)
-	if err != nil {
-		return grantState{}, fmt.Errorf("list the members of %s: %w", ks, err)
+// grantsOf is k's grantState.
+func grantsOf(k client.KeyspaceStatus, wantMembers int) grantState {
+	buckets := k.Keyspace.Buckets
+	return grantState{
+		members: k.Members,
+		// Held by their target owner, and held by another until released.
+		granted: buckets - k.UnassignedBuckets - k.HandoffsInFlight + k.ReleasingBuckets,
+		settled: k.Members == wantMembers && k.UnassignedBuckets == 0 && k.HandoffsInFlight == 0 && k.ReleasingBuckets == 0 &&
+			k.MembersWithoutBuckets <= max(k.Members-buckets, 0), // more members than buckets: the surplus holds none
 	}
-	g := grantState{members: len(ms.Members), settled: len(ms.Members) == wantMembers}
-	for _, m := range ms.Members {
-		g.granted += m.GrantedBuckets
-		// A member with no target while there are buckets enough joined
-		// within the rebalance gap: its map is still to come.
-		if m.GrantedBuckets != m.TargetBuckets || m.ReleasingBuckets != 0 || (m.TargetBuckets == 0 && len(ms.Members) <= buckets) {
-			g.settled = false
-		}
-	}
-	g.settled = g.settled && g.granted == buckets
-	return g, nil
 }
 
 // waitSettled polls the keyspaces every 100 ms until each is settled
@@ -829,14 +825,25 @@ func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, w
 	states = make([]grantState, len(kss))
 	done := make([]bool, len(kss))
 	for {
+		// One Status for every keyspace.
+		var st client.Status
+		if st, err = e.sdk.Admin().Status(ctx); err != nil {
+			return time.Time{}, states, false, fmt.Errorf("status: %w", err)
+		}
+		byName := make(map[string]client.KeyspaceStatus, len(st.Keyspaces))
+		for _, k := range st.Keyspaces {
+			byName[k.Keyspace.Name] = k
+		}
 		all := true
 		for i, ks := range kss {
 			if done[i] {
 				continue
 			}
-			if states[i], err = e.grants(ctx, ks, buckets, want[i]); err != nil {
-				return time.Time{}, states, false, err
+			k, ok := byName[ks]
+			if !ok {
+				return time.Time{}, states, false, fmt.Errorf("status lists no keyspace %s", ks)
 			}
+			states[i] = grantsOf(k, want[i])
 			done[i] = states[i].settled
 			all = all && done[i]
 		}

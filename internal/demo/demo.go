@@ -364,7 +364,9 @@ func (d *demo) step(ctx context.Context, what string, prev *mapState) error {
 		if err != nil {
 			return err
 		}
-		if ks.HandoffsInFlight == 0 && ks.UnassignedBuckets == 0 && slices.Equal(m.members, want) {
+		// A worker whose join the leader holds back (rebalance gap) is
+		// counted in MembersWithoutBuckets, and not among the map's members.
+		if ks.HandoffsInFlight == 0 && ks.UnassignedBuckets == 0 && ks.MembersWithoutBuckets == 0 && slices.Equal(m.members, want) {
 			cur = m
 			break
 		}

@@ -203,7 +203,8 @@ func (h *harness) waitConverged(limit time.Duration, live ...string) time.Durati
 			return err.Error()
 		case !h.running(st.Leader):
 			return fmt.Sprintf("leader %q is not a running replica", st.Leader)
-		case ks.Members != len(live) || ks.UnassignedBuckets != 0 || ks.HandoffsInFlight != 0:
+		case ks.Members != len(live) || ks.UnassignedBuckets != 0 || ks.HandoffsInFlight != 0 || ks.ReleasingBuckets != 0 ||
+			ks.MembersWithoutBuckets > max(ks.Members-h.buckets, 0): // a join held back for the rebalance gap
 			return fmt.Sprintf("keyspace status %+v", ks)
 		}
 		ms, err := h.admin.ListMembers(ctx, keyspace)

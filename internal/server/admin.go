@@ -172,39 +172,64 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 			if !ks.Config.Exists() {
 				continue
 			}
-			st := &v1.KeyspaceStatus{Keyspace: keyspaceProto(ks.Config.Value), Epoch: ks.Map.Value.Epoch, Members: uint32(len(ks.Members))}
-			holder := map[int]string{}
-			for id, g := range ks.Grants {
-				for _, bt := range g.Value.Buckets {
-					holder[bt.Bucket] = id
-				}
-			}
-			for b := range ks.Map.Value.Assignment.Owners {
-				o := ks.Map.Value.Assignment.Owner(b)
-				if o == "" {
-					st.UnassignedBuckets++
-				} else if holder[b] != o {
-					st.HandoffsInFlight++
-				}
-			}
-			for b, h := range holder {
-				if ks.Map.Value.Assignment.Owner(b) != h {
-					st.ReleasingBuckets++
-				}
-			}
-			for id, d := range ks.Drains {
-				if m, ok := ks.Members[id]; ok && d.Lease == m.Lease {
-					st.DrainingMembers++
-				}
-			}
-			if !ks.Map.Exists() {
-				st.UnassignedBuckets = uint32(ks.Config.Value.Buckets)
-			}
-			resp.Keyspaces = append(resp.Keyspaces, st)
+			resp.Keyspaces = append(resp.Keyspaces, keyspaceStatus(ks))
 		}
 	})
 	sort.Slice(resp.Keyspaces, func(i, j int) bool { return resp.Keyspaces[i].Keyspace.Name < resp.Keyspaces[j].Keyspace.Name })
 	return connect.NewResponse(resp), nil
+}
+
+// keyspaceStatus is Status's summary of one keyspace from the view.
+func keyspaceStatus(ks *store.KeyspaceState) *v1.KeyspaceStatus {
+	st := &v1.KeyspaceStatus{Keyspace: keyspaceProto(ks.Config.Value), Epoch: ks.Map.Value.Epoch, Members: uint32(len(ks.Members))}
+	a := ks.Map.Value.Assignment
+	holder := map[int]string{}
+	for id, g := range ks.Grants {
+		for _, bt := range g.Value.Buckets {
+			holder[bt.Bucket] = id
+		}
+	}
+	for b := range a.Owners {
+		o := a.Owner(b)
+		if o == "" {
+			st.UnassignedBuckets++
+		} else if holder[b] != o {
+			st.HandoffsInFlight++
+		}
+	}
+	for b, h := range holder {
+		if a.Owner(b) != h {
+			st.ReleasingBuckets++
+		}
+	}
+	for id, d := range ks.Drains {
+		if m, ok := ks.Members[id]; ok && d.Lease == m.Lease {
+			st.DrainingMembers++
+		}
+	}
+	// Active members the map gives nothing: while there are buckets
+	// enough, a map the leader holds back (rebalance_gap) names them.
+	// A pending member gets nothing until its first keep-alive, a
+	// draining one (or one of weight 0) nothing at all.
+	var counts map[string]int
+	for id, m := range ks.Members {
+		if m.Value.Pending || !(m.Value.Weight > 0) {
+			continue
+		}
+		if d, ok := ks.Drains[id]; ok && d.Lease == m.Lease { // a replaced session's drain ends with it
+			continue
+		}
+		if counts == nil {
+			counts = a.Counts()
+		}
+		if counts[id] == 0 {
+			st.MembersWithoutBuckets++
+		}
+	}
+	if !ks.Map.Exists() {
+		st.UnassignedBuckets = uint32(ks.Config.Value.Buckets)
+	}
+	return st
 }
 
 // keyspace returns a keyspace's config from the view, or from etcd if the

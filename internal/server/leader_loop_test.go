@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/clock/clocktest"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
@@ -498,4 +499,66 @@ func TestLeadRebalanceGap(t *testing.T) {
 			t.Errorf("map epoch %d (after %d): %v; want b gone and d in", m.Epoch, epoch, c)
 		}
 	})
+}
+
+// TestLeadHeldJoinStatus: while the leader holds a join back for the
+// rebalance gap, Status's KeyspaceStatus counts the joined member in
+// members_without_buckets, so a caller waiting for the keyspace to settle
+// waits for its map; a pending member (no keep-alive yet) and a draining
+// one, which no map would give buckets, are not counted. Once the gap has
+// passed and the map is written, none is.
+func TestLeadHeldJoinStatus(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, _ := storeWithA()
+		l := startLoop(t, st, func(s *Server) { s.cfg.RebalanceGap = 300 * time.Millisecond })
+		defer l.stop()
+		l.settle()
+		status := func() *v1.KeyspaceStatus { return keyspaceStatus(st.snapshot().Keyspaces["rooms"]) }
+		if k := status(); k.MembersWithoutBuckets != 0 || k.HandoffsInFlight != 0 || k.UnassignedBuckets != 0 {
+			t.Fatalf("a alone: %v; want settled", k)
+		}
+		n := len(st.calls())
+		leaseP, _, _ := st.Grant(context.Background(), loopTTL)
+		st.put(store.KindMember, "rooms", "p", shard.Member{ID: "p", Weight: 1, Session: leaseP, Pending: true}, leaseP)
+		l.settle()
+		if k := status(); k.MembersWithoutBuckets != 0 || k.Members != 2 {
+			t.Fatalf("p pending: %v; want 2 members, none without buckets counted", k)
+		}
+		st.join("rooms", "b", loopTTL)
+		leaseC := st.join("rooms", "c", loopTTL)
+		l.settle()
+		if k := status(); k.MembersWithoutBuckets != 2 || k.HandoffsInFlight != 0 || k.UnassignedBuckets != 0 || k.ReleasingBuckets != 0 {
+			t.Fatalf("b and c joined within the gap: %v; want 2 members without buckets", k)
+		}
+		st.put(store.KindDrain, "rooms", "c", shard.Drain{By: "admin"}, leaseC)
+		l.settle()
+		if k := status(); k.MembersWithoutBuckets != 1 || k.DrainingMembers != 1 {
+			t.Fatalf("c drained: %v; want 1 member without buckets (b), 1 draining", k)
+		}
+		if got := written(st.calls(), n); len(got) != 0 {
+			t.Fatalf("within the gap: %v; want the map held", got)
+		}
+		l.clk.Advance(300 * time.Millisecond)
+		l.settle()
+		if got := written(st.calls(), n); len(got) == 0 || got[0] != "[map]" {
+			t.Fatalf("at the gap's end: %v, want a map first", got)
+		}
+		if c := st.snapshot().Keyspaces["rooms"].Map.Value.Assignment.Counts(); c["b"] == 0 || c["c"] != 0 || c["p"] != 0 {
+			t.Fatalf("map after the gap: %v; want b in, c and p out", c)
+		}
+		if k := status(); k.MembersWithoutBuckets != 0 {
+			t.Fatalf("after the gap: %v; want no member without buckets", k)
+		}
+	})
+}
+
+// TestKeyspaceStatusNoMap: before the keyspace's first map every active
+// member is without buckets.
+func TestKeyspaceStatusNoMap(t *testing.T) {
+	st, _ := storeWithA()
+	st.join("rooms", "b", loopTTL)
+	k := keyspaceStatus(st.snapshot().Keyspaces["rooms"])
+	if k.MembersWithoutBuckets != 2 || k.UnassignedBuckets != uint32(loopKeyspace.Buckets) || k.Epoch != 0 {
+		t.Fatalf("no map: %v; want 2 members without buckets, every bucket unassigned", k)
+	}
 }

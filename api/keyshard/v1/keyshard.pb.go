@@ -1987,8 +1987,19 @@ type KeyspaceStatus struct {
 	// Buckets held by a member that is not their target owner: their
 	// release is awaited.
 	ReleasingBuckets uint32 `protobuf:"varint,7,opt,name=releasing_buckets,json=releasingBuckets,proto3" json:"releasing_buckets,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Active members (joined and kept alive once, so not pending, and not
+	// draining or leaving) to which the current map gives no bucket. While
+	// the keyspace has at least as many buckets as such members, nonzero
+	// means a map the leader has not written yet: a join held back by
+	// rebalance_gap, or waiting for the last map's handoffs. A keyspace has
+	// settled when unassigned_buckets, handoffs_in_flight, releasing_buckets
+	// and members_without_buckets are all 0; with more active members than
+	// buckets, members_without_buckets stays at their number minus the
+	// buckets. (A member whose weight is so small beside the others' that
+	// its share rounds down to no bucket is counted too.)
+	MembersWithoutBuckets uint32 `protobuf:"varint,8,opt,name=members_without_buckets,json=membersWithoutBuckets,proto3" json:"members_without_buckets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *KeyspaceStatus) Reset() {
@@ -2066,6 +2077,13 @@ func (x *KeyspaceStatus) GetDrainingMembers() uint32 {
 func (x *KeyspaceStatus) GetReleasingBuckets() uint32 {
 	if x != nil {
 		return x.ReleasingBuckets
+	}
+	return 0
+}
+
+func (x *KeyspaceStatus) GetMembersWithoutBuckets() uint32 {
+	if x != nil {
+		return x.MembersWithoutBuckets
 	}
 	return 0
 }
@@ -7060,7 +7078,7 @@ const file_keyshard_proto_rawDesc = "" +
 	"\tendpoints\x18\x03 \x03(\tR\tendpoints\x12\"\n" +
 	"\rdb_size_bytes\x18\x04 \x01(\x03R\vdbSizeBytes\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x03R\brevision\x123\n" +
-	"\alatency\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xa8\x02\n" +
+	"\alatency\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xe0\x02\n" +
 	"\x0eKeyspaceStatus\x121\n" +
 	"\bkeyspace\x18\x01 \x01(\v2\x15.keyshard.v1.KeyspaceR\bkeyspace\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -7068,7 +7086,8 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x12unassigned_buckets\x18\x04 \x01(\rR\x11unassignedBuckets\x12,\n" +
 	"\x12handoffs_in_flight\x18\x05 \x01(\rR\x10handoffsInFlight\x12)\n" +
 	"\x10draining_members\x18\x06 \x01(\rR\x0fdrainingMembers\x12+\n" +
-	"\x11releasing_buckets\x18\a \x01(\rR\x10releasingBuckets\"M\n" +
+	"\x11releasing_buckets\x18\a \x01(\rR\x10releasingBuckets\x126\n" +
+	"\x17members_without_buckets\x18\b \x01(\rR\x15membersWithoutBuckets\"M\n" +
 	"\x19GetKeyspaceHistoryRequest\x12\x1a\n" +
 	"\bkeyspace\x18\x01 \x01(\tR\bkeyspace\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\"P\n" +

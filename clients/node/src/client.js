@@ -231,7 +231,13 @@ export class Client {
     await this._call('keyshard.v1.AdminService/DrainMember', { keyspace, member }, opts);
   }
 
-  /** status() -> {replica, leader, keyspaces: [{keyspace, epoch, members, unassignedBuckets, handoffsInFlight}]} */
+  /**
+   * status() -> {replica, leader, keyspaces: [{keyspace, epoch, members, unassignedBuckets, handoffsInFlight,
+   * drainingMembers, releasingBuckets, membersWithoutBuckets}], replicas, store}.
+   * membersWithoutBuckets: active members (kept alive once, not draining) the current map gives no bucket; with
+   * buckets enough, nonzero means a map the leader has not written yet (a join held back by the rebalance gap). A
+   * keyspace has settled when unassignedBuckets, handoffsInFlight, releasingBuckets and membersWithoutBuckets are 0.
+   */
   async status(opts) {
     const r = await this._call('keyshard.v1.AdminService/Status', {}, opts);
     return {
@@ -245,6 +251,7 @@ export class Client {
         handoffsInFlight: k.handoffsInFlight ?? 0,
         drainingMembers: k.drainingMembers ?? 0,
         releasingBuckets: k.releasingBuckets ?? 0,
+        membersWithoutBuckets: k.membersWithoutBuckets ?? 0,
       })),
       replicas: (r.replicas ?? []).map((x) => ({ id: x.id ?? '', url: x.url ?? '', leader: x.leader ?? false })),
       store: {

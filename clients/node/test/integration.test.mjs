@@ -71,6 +71,35 @@ test('admin calls: create, get, list, update, status; errors decoded', async () 
   assert.deepEqual((await client.listMembers('admin-ks')).members, []);
 });
 
+// On a serve of its own with a 10 s rebalance gap: a join the leader holds
+// back shows in membersWithoutBuckets while it is held (checked well
+// within the gap, which the test does not wait out).
+test('status counts a join held back by the rebalance gap', async () => {
+  const srv = await startServer({ args: ['--rebalance-gap', '10s'] });
+  const c = new Client(srv.url, { timeout: 10 });
+  try {
+    await c.createKeyspace({ name: 'held', buckets: 16, leaseTtl: 30 });
+    const join = async (id, keepAlive = true) => {
+      const { session } = await c.call('MemberService', 'Join', { keyspace: 'held', member: { id } });
+      if (keepAlive) await c.call('MemberService', 'KeepAlive', { session });
+    };
+    const status = async () => (await c.status()).keyspaces.find((k) => k.keyspace.name === 'held');
+    // w1's map places unassigned buckets: it is not held back.
+    await join('w1');
+    let k = await waitFor(async () => { const k = await status(); return k.unassignedBuckets === 0 && k; }, { what: "w1's map" });
+    assert.deepEqual([k.members, k.membersWithoutBuckets], [1, 0]);
+    // w2 joins within the gap: its map waits, and status counts it; w3
+    // joins without a keep-alive (pending: no map gives it a bucket).
+    await join('w2');
+    await join('w3', false);
+    k = await status();
+    assert.deepEqual([k.members, k.unassignedBuckets, k.membersWithoutBuckets], [3, 0, 1], JSON.stringify(k, (_, v) => (typeof v === 'bigint' ? String(v) : v)));
+  } finally {
+    await c.close();
+    await srv.stop();
+  }
+});
+
 test('Router follows epochs; owner() agrees with Lookup', async () => {
   await client.createKeyspace({ name: 'routed', buckets: 64, leaseTtl: 3 });
   const r = new Router(client, 'routed');

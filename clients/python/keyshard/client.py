@@ -384,9 +384,17 @@ class Client:
     def status(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Status: {"replica", "leader", "keyspaces": [{"keyspace": Keyspace,
         "epoch", "members", "unassigned_buckets", "handoffs_in_flight",
-        "draining_members", "releasing_buckets"}], "replicas": [{"id", "url",
-        "leader"}], "store": {"healthy", "error", "endpoints", "db_size_bytes",
-        "revision", "latency"}}. A member token may read it."""
+        "draining_members", "releasing_buckets", "members_without_buckets"}],
+        "replicas": [{"id", "url", "leader"}], "store": {"healthy", "error",
+        "endpoints", "db_size_bytes", "revision", "latency"}}. A member token
+        may read it.
+
+        members_without_buckets counts the active members (kept alive once,
+        not draining) that the current map gives no bucket: while there are
+        at least as many buckets, nonzero means a map the leader has not
+        written yet (a join held back by the rebalance gap). A keyspace has
+        settled when unassigned_buckets, handoffs_in_flight,
+        releasing_buckets and members_without_buckets are all 0."""
         r = self.call("AdminService", "Status", {}, timeout=timeout)
         st = r.get("store") or {}
         return {"replica": r.get("replica", ""), "leader": r.get("leader", ""),
@@ -395,7 +403,8 @@ class Client:
                                "unassigned_buckets": int(k.get("unassignedBuckets", 0)),
                                "handoffs_in_flight": int(k.get("handoffsInFlight", 0)),
                                "draining_members": int(k.get("drainingMembers", 0)),
-                               "releasing_buckets": int(k.get("releasingBuckets", 0))}
+                               "releasing_buckets": int(k.get("releasingBuckets", 0)),
+                               "members_without_buckets": int(k.get("membersWithoutBuckets", 0))}
                               for k in r.get("keyspaces") or []],
                 "replicas": [{"id": x.get("id", ""), "url": x.get("url", ""), "leader": bool(x.get("leader"))}
                              for x in r.get("replicas") or []],

@@ -47,15 +47,16 @@ def keyshard_bin():
 
 
 class Server:
-    """A `keyshard serve` on a loopback port with a temporary data dir."""
+    """A `keyshard serve` on a loopback port with a temporary data dir;
+    extra_args are more flags for serve."""
 
-    def __init__(self):
+    def __init__(self, extra_args=()):
         self.dir = tempfile.mkdtemp(prefix="keyshard-py-test-")
         self.log_path = os.path.join(self.dir, "serve.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [keyshard_bin(), "serve", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(self.dir, "data"),
-             "--replica", "r1", "--log-level", "info"],
+             "--replica", "r1", "--log-level", "info", *extra_args],
             stdout=subprocess.DEVNULL, stderr=self._log)
         end = time.monotonic() + 60
         self.addr = None

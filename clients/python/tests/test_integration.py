@@ -436,6 +436,46 @@ class IntegrationTest(unittest.TestCase):
         self.assertEqual(k.buckets, 8)
 
 
+class HeldJoinTest(unittest.TestCase):
+    """Status on a serve of its own with a 10 s rebalance gap: a join the
+    leader holds back shows in members_without_buckets while it is held
+    (the test checks well within the gap, and does not wait it out)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = support.Server(extra_args=["--rebalance-gap", "10s"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def test_members_without_buckets(self):
+        c = ks.Client(self.srv.url, timeout=10)
+        self.addCleanup(c.close)
+        name = unique("held")
+        c.create_keyspace(name, buckets=16, lease_ttl=30)
+
+        def join(mid, keep_alive=True):
+            s = c.call("MemberService", "Join", {"keyspace": name, "member": {"id": mid}})["session"]
+            if keep_alive:
+                c.call("MemberService", "KeepAlive", {"session": s})
+
+        def status():
+            return next(k for k in c.status()["keyspaces"] if k["keyspace"].name == name)
+
+        # w1's map places unassigned buckets: it is not held back.
+        join("w1")
+        k = wait_for(lambda: (lambda k: k if k["unassigned_buckets"] == 0 else None)(status()), 20,
+                     what="w1's map")
+        self.assertEqual((k["members"], k["members_without_buckets"]), (1, 0))
+        # w2 joins within the gap: its map waits, and Status counts it.
+        join("w2")
+        # w3 joins without a keep-alive: pending, no map gives it a bucket.
+        join("w3", keep_alive=False)
+        k = status()
+        self.assertEqual((k["members"], k["unassigned_buckets"], k["members_without_buckets"]), (3, 0, 1), k)
+
+
 def _wrong_owner(w, key):
     try:
         w.owns(key)

@@ -13,6 +13,7 @@ async function usage(): Promise<void> {
 
   const st = await client.status();
   const healthy: boolean = st.store.healthy;
+  const waiting: number = st.keyspaces[0].membersWithoutBuckets;
   const leader: string | undefined = st.replicas.find((r) => r.leader)?.id;
   const hist = await client.history('rooms', { limit: 20 });
   const reason: 'create' | 'join' | 'leave' | 'crash' | 'drain' | 'load' | 'update' | 'import' | 'unspecified' = hist[0].reason;
@@ -40,6 +41,6 @@ async function usage(): Promise<void> {
   } catch (e) {
     if (e instanceof NotFound) console.log(e.code);
   }
-  console.log(epoch, b, healthy, leader, reason, runs, session, f);
+  console.log(epoch, b, healthy, waiting, leader, reason, runs, session, f);
 }
 void usage;
