@@ -189,10 +189,13 @@ func bucketTargets(buckets int, ms []Member, counts []int) ([]int, bool) {
 	frac := make([]float64, len(ms))
 	sum := 0
 	for i, m := range ms {
+		// A share a rounding error below a whole number is that number
+		// (276 buckets × 3 / 7.2 is 114.99999999999999, not 115), as
+		// MinMoves counts it.
 		share := float64(buckets) * (m.Weight / total)
-		f := math.Floor(share)
+		f := math.Floor(share + 1e-9)
 		targets[i] = int(f)
-		frac[i] = share - f
+		frac[i] = max(share-f, 0)
 		sum += targets[i]
 	}
 	// order ranks the candidates for the remainder: holding more than

@@ -435,3 +435,24 @@ func FuzzBalance(f *testing.F) {
 		}
 	})
 }
+
+// A share a rounding error below a whole number gets that number:
+// 276 × 3 / 7.2 is 114.99999999999999 in float64, and the member of
+// weight 3 must get 115 (found by TestBalanceProperties).
+func TestBalanceShareRounding(t *testing.T) {
+	ms := []placement.Member{{ID: "a", Weight: 0.5}, {ID: "b", Weight: 1}, {ID: "c", Weight: 1}, {ID: "d", Weight: 3}, {ID: "e", Weight: 1.7}}
+	// Everyone but d holds more than its share, so the remainder goes to
+	// them first: d gets only what its floor says.
+	cur := placement.NewAssignment(276)
+	cur.Members = []string{"a", "b", "c", "e"}
+	for b := range cur.Owners {
+		cur.Owners[b] = int32(b % 4)
+	}
+	p, err := placement.Balance(cur, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Assignment.Counts()["d"]; got != 115 {
+		t.Errorf("member of weight 3 of 7.2 over 276 buckets has %d; want 115", got)
+	}
+}
