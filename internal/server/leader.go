@@ -145,10 +145,17 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	m.SetEpochGap(s.cfg.RebalanceGap)
 	// plan steps the machine, timed for keyshard_leader_plan_seconds (on
 	// the wall clock: it measures CPU work, not the server's clock).
+	// lastPlan is when the last step ended and how long it took.
+	var lastPlan struct {
+		end  time.Time
+		took time.Duration
+	}
 	plan := func(evs []coordinator.Event) []coordinator.Action {
 		start := time.Now()
 		as := m.StepAll(evs, s.clock.Now())
-		s.metrics.leaderPlan.Observe(time.Since(start).Seconds())
+		lastPlan.end = time.Now()
+		lastPlan.took = lastPlan.end.Sub(start)
+		s.metrics.leaderPlan.Observe(lastPlan.took.Seconds())
 		return as
 	}
 	snap, err := s.loadAll(ctx, st)
@@ -300,12 +307,33 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			if !open {
 				return errNotLeader
 			}
+			// Steps back to back (a join storm's releases, arriving a few
+			// at a time) are spaced by as long as the last one took, so
+			// that each gathers what came meanwhile and the leader spends
+			// at most about half its time stepping. An update after a
+			// quiet spell is stepped at once.
+			if pause := min(lastPlan.took-time.Since(lastPlan.end), maxStepPause); pause > 0 {
+				t := time.NewTimer(pause)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return errNotLeader
+				case <-t.C:
+				}
+				if evs, open = waiting(evs); !open {
+					return errNotLeader
+				}
+			}
 			pending = plan(evs)
 		case <-tick.C():
 			pending = plan([]coordinator.Event{coordinator.Tick{}})
 		}
 	}
 }
+
+// maxStepPause bounds the pause between two steps of the leader's
+// machine made back to back (see lead).
+const maxStepPause = 50 * time.Millisecond
 
 // errWatchBehind: a drain-timeout revocation waits for the watch.
 var errWatchBehind = errors.New("server: revocation deferred")
