@@ -795,6 +795,9 @@ func split(a, b sample) TimeSplit {
 // grantState is a keyspace's grants as Status shows them.
 type grantState struct {
 	members, granted int
+	// handoffs: buckets whose target has no grant yet; waiting: active
+	// members the map gives no bucket (a map the leader holds back).
+	handoffs, waiting int
 	// settled: every bucket is granted to its target owner, none is
 	// releasing, the map gives every active member buckets (while there
 	// are buckets enough: a join the leader holds back for the rebalance
@@ -808,7 +811,9 @@ func grantsOf(k client.KeyspaceStatus, wantMembers int) grantState {
 	return grantState{
 		members: k.Members,
 		// Held by their target owner, and held by another until released.
-		granted: buckets - k.UnassignedBuckets - k.HandoffsInFlight + k.ReleasingBuckets,
+		granted:  buckets - k.UnassignedBuckets - k.HandoffsInFlight + k.ReleasingBuckets,
+		handoffs: k.HandoffsInFlight,
+		waiting:  k.MembersWithoutBuckets,
 		settled: k.Members == wantMembers && k.UnassignedBuckets == 0 && k.HandoffsInFlight == 0 && k.ReleasingBuckets == 0 &&
 			k.MembersWithoutBuckets <= max(k.Members-buckets, 0), // more members than buckets: the surplus holds none
 	}
@@ -819,7 +824,7 @@ func grantsOf(k client.KeyspaceStatus, wantMembers int) grantState {
 func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, want []int, budget time.Duration, logf logFunc) (at time.Time, states []grantState, timedOut bool, err error) {
 	start := time.Now()
 	deadline := start.Add(budget)
-	nextLog := start.Add(5 * time.Second)
+	nextLog := start.Add(2 * time.Second)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	states = make([]grantState, len(kss))
@@ -855,16 +860,18 @@ func (e *scaleEnv) waitSettled(ctx context.Context, kss []string, buckets int, w
 			return now, states, true, nil
 		}
 		if now.After(nextLog) { // a long wait shows its progress
-			nextLog = now.Add(5 * time.Second)
-			settled, granted, members := 0, 0, 0
+			nextLog = now.Add(2 * time.Second)
+			settled, granted, members, handoffs, waiting := 0, 0, 0, 0, 0
 			for i := range kss {
 				if done[i] {
 					settled++
 				}
 				granted += states[i].granted
 				members += states[i].members
+				handoffs += states[i].handoffs
+				waiting += states[i].waiting
 			}
-			logf("  %.0fs: %d of %d keyspaces settled; %d of %d buckets granted, %d members listed", now.Sub(start).Seconds(), settled, len(kss), granted, buckets*len(kss), members)
+			logf("  %.0fs: %d of %d keyspaces settled; %d of %d buckets granted (%d handoffs in flight), %d members listed (%d without buckets)", now.Sub(start).Seconds(), settled, len(kss), granted, buckets*len(kss), handoffs, members, waiting)
 		}
 		select {
 		case <-ctx.Done():
