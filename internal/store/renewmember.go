@@ -19,9 +19,9 @@ import (
 // own (Activate does the same for a pending member, and activates it).
 //
 // Keep-alives are made in batches. The first waits up to
-// RenewBatchWindow for others; then their renewals go back to back on the
-// shared LeaseKeepAlive stream, and the checks of the renewed ones are
-// one linearizable transaction that compares each record's lease
+// RenewBatchWindow (20 ms) for others; then their renewals go back to
+// back on the shared LeaseKeepAlive stream, and the checks of the renewed
+// ones are one linearizable transaction that compares each record's lease
 // without decoding it. Keep-alives that arrive while a batch is in flight
 // make the next one. A check is never answered by a read that started
 // before its renewal was answered. At thousands of members this turns a
@@ -49,8 +49,12 @@ func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.Leas
 
 // RenewBatchWindow is how long the first keep-alive of a batch waits for
 // others (see RenewMember): it adds at most that to a keep-alive's
-// latency, which nothing waits on but the member's next renewal.
-const RenewBatchWindow = 5 * time.Millisecond
+// latency, which nothing waits on (a member's fence deadline counts from
+// when it sent the keep-alive, and its next one goes TTL/3 later). On the
+// live scenario of 2,000 members (600 keep-alives a second), serve and
+// etcd together used 39.8 % of a core with 5 ms, 23.6 % with 20 ms and
+// 22.3 % with 50 ms.
+const RenewBatchWindow = 20 * time.Millisecond
 
 // renewals is RenewMember's queue. Its goroutine runs while the queue is
 // not empty and exits when it is.
