@@ -179,6 +179,9 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	// in etcd and not yet delivered).
 	seen := snap.Rev
 	checked := map[shard.LeaseID]int64{}
+	// deferredRevoke: the last action was a drain-timeout revocation put
+	// off until the watch catches up.
+	deferredRevoke := false
 	// failed are the writes that failed since the last retry; the machine
 	// still counts them in flight, so it plans nothing in their place until
 	// the retry timer replans them. failures counts the consecutive failed
@@ -236,12 +239,23 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			}
 			a := pending[0]
 			pending = pending[1:]
+			// The machine reports a drain timeout right after its
+			// revocation; a revocation deferred below is not made, so
+			// neither is its report. (Reported at each retry of the
+			// deferred decision, every 50 ms, a fleet of thousands of
+			// late members logged millions of lines and starved the loop.)
+			if rep, ok := a.(coordinator.Report); ok && deferredRevoke && rep.Kind == coordinator.ReportDrainTimeout {
+				deferredRevoke = false
+				continue
+			}
+			deferredRevoke = false
 			if r, ok := a.(coordinator.RevokeSession); ok && drainTimeout(r) {
 				if wait, err := s.watchBehind(ctx, st, checked, r.Session, seen); err != nil || wait {
 					if err == nil {
 						err = fmt.Errorf("%w: the watch has not delivered revision %d yet; the machine decides again once it has", errWatchBehind, checked[r.Session])
 					}
 					failed = append(failed, coordinator.WriteFailed{Action: a, Err: err})
+					deferredRevoke = true
 					continue
 				}
 			}

@@ -228,3 +228,26 @@ func writeFailures(t *testing.T, s *Server) float64 {
 	t.Fatal("no keyshard_leader_write_failures_total")
 	return 0
 }
+
+// reports returns keyshard_reports_total of kind (summed over keyspaces).
+func reports(t *testing.T, s *Server, kind string) float64 {
+	t.Helper()
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "keyshard_reports_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}

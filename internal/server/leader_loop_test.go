@@ -438,6 +438,12 @@ func TestLeadDrainTimeoutWaitsForWatch(t *testing.T) {
 		if _, ok := st.snapshot().Keyspaces["rooms"].Members["a"]; !ok {
 			t.Fatal("a's session was revoked for a release the watch had not delivered")
 		}
+		// A deferred revocation is not reported: only one that is made.
+		// (Each retry of the deferred decision reported it again: at 10,000
+		// members, millions of log lines that starved the leader.)
+		if n := reports(t, l.s, "drain-timeout"); n != 0 {
+			t.Errorf("%v drain-timeout reports for a revocation the leader deferred", n)
+		}
 		// The watch catches up; the deferred decision is taken again after
 		// its backoff, and the release wins.
 		l.settle()
