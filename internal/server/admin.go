@@ -183,22 +183,42 @@ func (a *adminService) Status(ctx context.Context, _ *connect.Request[v1.StatusR
 func keyspaceStatus(ks *store.KeyspaceState) *v1.KeyspaceStatus {
 	st := &v1.KeyspaceStatus{Keyspace: keyspaceProto(ks.Config.Value), Epoch: ks.Map.Value.Epoch, Members: uint32(len(ks.Members))}
 	a := ks.Map.Value.Assignment
-	holder := map[int]string{}
+	// holder is, per bucket, the index in the map's members of the member
+	// holding it: a slice and indexes, not maps of names, since Status
+	// reads every bucket of every keyspace under the view's lock.
+	const (
+		none  = -1 // held by nobody
+		other = -2 // held by a member the map does not name
+	)
+	idx := make(map[string]int32, len(a.Members))
+	for i, id := range a.Members {
+		idx[id] = int32(i)
+	}
+	holder := make([]int32, len(a.Owners))
+	for b := range holder {
+		holder[b] = none
+	}
 	for id, g := range ks.Grants {
+		i, ok := idx[id]
+		if !ok {
+			i = other
+		}
 		for _, bt := range g.Value.Buckets {
-			holder[bt.Bucket] = id
+			if bt.Bucket >= 0 && bt.Bucket < len(holder) {
+				holder[bt.Bucket] = i
+			} else {
+				st.ReleasingBuckets++ // a bucket the map does not have
+			}
 		}
 	}
-	for b := range a.Owners {
-		o := a.Owner(b)
-		if o == "" {
+	for b, o := range a.Owners {
+		if o < 0 || int(o) >= len(a.Members) {
+			o = none
 			st.UnassignedBuckets++
 		} else if holder[b] != o {
 			st.HandoffsInFlight++
 		}
-	}
-	for b, h := range holder {
-		if a.Owner(b) != h {
+		if holder[b] != none && holder[b] != o {
 			st.ReleasingBuckets++
 		}
 	}

@@ -568,3 +568,32 @@ func TestKeyspaceStatusNoMap(t *testing.T) {
 		t.Fatalf("no map: %v; want 2 members without buckets, every bucket unassigned", k)
 	}
 }
+
+// TestKeyspaceStatusCounts: Status's counts over a map of 8 buckets.
+// a owns 0-3, b owns 4-6, bucket 7 is unassigned. a holds 0-3 and 4 (4
+// is b's: a handoff, and a's release); b holds 5; x, whom the map does
+// not name, holds 6 (a handoff, and a release) and 7 (a release of an
+// unassigned bucket), and 9, a bucket the map does not have.
+func TestKeyspaceStatusCounts(t *testing.T) {
+	u := placement.Unassigned
+	ks := &store.KeyspaceState{
+		Config: store.Entry[shard.Keyspace]{Value: shard.Keyspace{Name: "k", Buckets: 8}, ModRevision: 1},
+		Map: store.Entry[shard.Map]{ModRevision: 2, Value: shard.Map{Epoch: 3, Assignment: placement.Assignment{
+			Members: []string{"a", "b"}, Owners: []int32{0, 0, 0, 0, 1, 1, 1, u}}}},
+		Members: map[string]store.Entry[shard.Member]{
+			"a": {Value: shard.Member{ID: "a", Weight: 1}, Lease: 1},
+			"b": {Value: shard.Member{ID: "b", Weight: 1}, Lease: 2},
+			"c": {Value: shard.Member{ID: "c", Weight: 1}, Lease: 3}, // active, no buckets
+		},
+		Grants: map[string]store.Entry[shard.Grants]{
+			"a": {Value: shard.Grants{Buckets: []shard.BucketToken{{Bucket: 0}, {Bucket: 1}, {Bucket: 2}, {Bucket: 3}, {Bucket: 4}}}},
+			"b": {Value: shard.Grants{Buckets: []shard.BucketToken{{Bucket: 5}}}},
+			"x": {Value: shard.Grants{Buckets: []shard.BucketToken{{Bucket: 6}, {Bucket: 7}, {Bucket: 9}}}},
+		},
+	}
+	k := keyspaceStatus(ks)
+	got := [5]uint32{k.UnassignedBuckets, k.HandoffsInFlight, k.ReleasingBuckets, k.MembersWithoutBuckets, k.Members}
+	if want := [5]uint32{1, 2, 4, 1, 3}; got != want {
+		t.Fatalf("unassigned, handoffs, releasing, without buckets, members = %v; want %v", got, want)
+	}
+}
