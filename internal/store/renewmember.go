@@ -38,6 +38,7 @@ func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.Leas
 		return 0, err
 	}
 	c := &renewal{key: MemberKey(ks, id), ks: ks, id: id, lease: lease, done: make(chan renewResult, 1)}
+	c.deadline, _ = ctx.Deadline()
 	s.renewals.add(s, c)
 	select {
 	case r := <-c.done:
@@ -69,6 +70,7 @@ type renewals struct {
 type renewal struct {
 	key, ks, id string
 	lease       shard.LeaseID
+	deadline    time.Time        // the caller's; zero: none
 	done        chan renewResult // buffered: answered once, read or not
 }
 
@@ -77,8 +79,11 @@ type renewResult struct {
 	err error
 }
 
-// renewBatchTimeout bounds one batch; a caller with a shorter deadline
-// stops waiting on its own.
+// renewBatchTimeout bounds one batch. A batch also ends when the last of
+// its callers' deadlines passes: nobody waits for it then, and an etcd
+// endpoint that hangs must not hold up the keep-alives queued behind it,
+// whose next attempts make a batch of their own (on a new stream: the
+// renewer drops one that let a deadline pass).
 const renewBatchTimeout = 10 * time.Second
 
 func (q *renewals) add(s *Store, c *renewal) {
@@ -123,7 +128,21 @@ func (q *renewals) run(s *Store) {
 }
 
 func (q *renewals) renew(s *Store, batch []*renewal) {
-	ctx, cancel := context.WithTimeout(s.client.Ctx(), renewBatchTimeout)
+	end := time.Now().Add(renewBatchTimeout)
+	last := time.Time{}
+	for _, c := range batch {
+		if c.deadline.IsZero() {
+			last = end
+			break
+		}
+		if c.deadline.After(last) {
+			last = c.deadline
+		}
+	}
+	if last.Before(end) {
+		end = last
+	}
+	ctx, cancel := context.WithDeadline(s.client.Ctx(), end)
 	defer cancel()
 	ids := make([]shard.LeaseID, len(batch))
 	for i, c := range batch {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -114,5 +115,26 @@ func TestRenewMemberBatches(t *testing.T) {
 	}
 	if got := s.renewer.opened.Load(); got != 1 {
 		t.Errorf("%d renewal streams opened; want 1", got)
+	}
+}
+
+// A batch ends with its callers' deadlines, not renewBatchTimeout later:
+// a keep-alive whose deadline has passed gets its error at once, and the
+// next one is made.
+func TestRenewMemberDeadline(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "renew-deadline")
+	a := newSession(t, s, 10*time.Second)
+	if _, _, err := s.Join(ctx, "renew-deadline", member("w1"), a.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	past, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := s.RenewMember(past, "renew-deadline", "w1", a.LeaseID()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("past deadline: %v; want context.DeadlineExceeded", err)
+	}
+	if ttl, err := s.RenewMember(ctx, "renew-deadline", "w1", a.LeaseID()); err != nil || ttl != a.TTL() {
+		t.Fatalf("the next keep-alive: %v, %v", ttl, err)
 	}
 }
