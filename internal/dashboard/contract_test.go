@@ -32,7 +32,7 @@ func TestDashboardContract(t *testing.T) {
 	answers := map[string]string{
 		"AdminService/Status": `{"replica":"r1","leader":"r2","replicas":[{"id":"r1","url":"http://r1:7400"},{"id":"r2","url":"http://r2:7400","leader":true}],
 			"store":{"healthy":true,"endpoints":["http://etcd-1:2379"],"dbSizeBytes":"2097152","revision":"812","latency":"0.003s"},
-			"keyspaces":[{"keyspace":{"name":"rooms","buckets":8,"mode":"KEYSPACE_MODE_STREAM"},"epoch":"9","members":2,"handoffsInFlight":2,"drainingMembers":1,"releasingBuckets":1}]}`,
+			"keyspaces":[{"keyspace":{"name":"rooms","buckets":8,"mode":"KEYSPACE_MODE_STREAM"},"epoch":"9","members":2,"handoffsInFlight":2,"drainingMembers":1,"releasingBuckets":1,"membersWithoutBuckets":3}]}`,
 		"AdminService/ListHotKeyPools":      `{"pools":[{"name":"ingest","threshold":100}]}`,
 		"HotKeyService/GetOverflowSet":      `{"set":{"pool":"ingest","version":"3","keys":[{"key":"token:abc","rate":1702,"since":"` + now + `"}]},"changed":true}`,
 		"TenantPoolService/ListTenantPools": `{"pools":[{"pool":{"name":"gateways"},"members":3,"tenants":12,"version":"4"}]}`,
@@ -93,7 +93,7 @@ func TestDashboardContract(t *testing.T) {
 	p.waitJS("replicas, store, draining and releasing", 5*time.Second, `(() => {
 		const t = document.querySelector('#view').innerText;
 		return t.includes('http://r2:7400') && t.includes('leader') && t.includes('healthy') && t.includes('2.0 MiB') && t.includes('revision 812') && t.includes('read 3.0 ms')
-			&& document.querySelector('#keyspaces tr[data-keyspace="rooms"]').innerText.replace(/\s+/g, ' ').includes('9 2 0 2 1 1');
+			&& document.querySelector('#keyspaces tr[data-keyspace="rooms"]').innerText.replace(/\s+/g, ' ').includes('9 2 0 2 1 1 3');
 	})()`)
 	p.screenshot("contract-overview")
 

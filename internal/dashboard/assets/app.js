@@ -379,11 +379,11 @@ function keyspaceTable(list) {
   if (!list.length) return html`<p class="muted">No keyspaces.</p>`;
   const hasDrain = list.some((k) => 'drainingMembers' in k || 'releasingBuckets' in k);
   return html`<table id="keyspaces"><thead><tr><th>keyspace</th><th class="num">buckets</th><th>mode</th><th class="num">epoch</th><th class="num">members</th>
-    <th class="num">unassigned</th><th class="num">handoffs in flight</th>${hasDrain ? html`<th class="num">draining</th><th class="num">releasing</th>` : ''}</tr></thead><tbody>
+    <th class="num">unassigned</th><th class="num">handoffs in flight</th>${hasDrain ? html`<th class="num">draining</th><th class="num">releasing</th>` : ''}<th class="num" title="active members the map gives no bucket yet: a join the leader holds back (rebalance gap)">waiting</th></tr></thead><tbody>
     ${list.map((k) => html`<tr data-keyspace="${k.keyspace?.name}"><td>${ksLink(k.keyspace?.name)}</td><td class="num">${fmtInt(k.keyspace?.buckets)}</td>
       <td>${enumName(k.keyspace?.mode, 'KEYSPACE_MODE_')}</td><td class="num">${k.epoch ?? '—'}</td><td class="num">${k.members ?? '—'}</td>
       <td class="num">${k.unassignedBuckets ?? (k.epoch ? 0 : '—')}</td><td class="num">${k.handoffsInFlight ?? (k.epoch ? 0 : '—')}</td>
-      ${hasDrain ? html`<td class="num">${k.drainingMembers || 0}</td><td class="num">${k.releasingBuckets || 0}</td>` : ''}</tr>`)}
+      ${hasDrain ? html`<td class="num">${k.drainingMembers || 0}</td><td class="num">${k.releasingBuckets || 0}</td>` : ''}<td class="num">${k.membersWithoutBuckets || 0}</td></tr>`)}
     </tbody></table>`;
 }
 
