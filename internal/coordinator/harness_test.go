@@ -133,6 +133,9 @@ func (w *world) step(evs ...coordinator.Event) []coordinator.Action {
 		return nil
 	}
 	acts := w.m.StepAll(evs, w.now)
+	if err := coordinator.CheckIndex(w.m); err != nil {
+		w.violation = append(w.violation, err.Error())
+	}
 	w.pending = append(w.pending, acts...)
 	for _, a := range acts {
 		if r, ok := a.(coordinator.Report); ok {

@@ -66,15 +66,20 @@ type keyspace struct {
 	hasRes      bool
 	resInflight bool
 
-	waitSince []time.Time // per bucket, since when its holder is asked to release; zero: it is not
-	// holderBuf and tokenBuf back holders' answer, kept until a grant
-	// changes (the machine runs on one goroutine; nothing writes them but
-	// holders).
-	holderBuf []string
-	tokenBuf  []uint64
-	// grantsVer counts changes to grants (and to the bucket count);
-	// holderVer is the grantsVer the buffers above were computed at.
-	grantsVer, holderVer uint64
+	// idx indexes grants and releases by bucket (index.go); ids interns
+	// member ids for it.
+	idx bucketIndex
+	ids map[string]string
+	// What changed since the index was last brought in step: the grants
+	// and releases records before the changes, and whether the map did.
+	pendGrants map[string]shard.Grants
+	pendRel    map[string]map[int]uint64
+	mapChanged bool
+	// mapUnassigned counts the buckets the map gives nobody.
+	mapUnassigned int
+	// grew: a member joined, became active, changed weight or zone, or
+	// stopped draining since the last Balance.
+	grew bool
 	// balanced: the last Balance over the current map and members moved
 	// nothing, and nothing it reads has changed since (apply clears it).
 	balanced bool
@@ -217,30 +222,43 @@ func (m *Machine) apply(ev Event) {
 	switch e := ev.(type) {
 	case KeyspacePut:
 		k := m.ks(e.Keyspace.Name)
-		k.cfg, k.known = e.Keyspace, true
-		k.grantsVer++ // the bucket count may have changed
+		k.cfg, k.known = e.Keyspace, true // the bucket count may have changed: index() checks
 	case KeyspaceDeleted:
 		delete(m.keyspaces, e.Name)
 	case MemberPut:
-		m.ks(e.Keyspace).members[e.Member.ID] = e.Member
+		k := m.ks(e.Keyspace)
+		if prev, ok := k.members[e.Member.ID]; !ok || prev.Weight != e.Member.Weight || prev.Pending != e.Member.Pending || prev.Zone != e.Member.Zone {
+			k.grew = true
+		}
+		k.members[e.Member.ID] = e.Member
 	case MemberDeleted:
 		k := m.ks(e.Keyspace)
 		delete(k.members, e.ID)
 		delete(k.revoked, e.ID)
+		k.forget(e.ID)
 	case DrainPut:
 		m.ks(e.Keyspace).drains[e.ID] = drain{leave: e.Drain.Leave, session: e.Session}
 	case DrainDeleted:
-		delete(m.ks(e.Keyspace).drains, e.ID)
+		k := m.ks(e.Keyspace)
+		delete(k.drains, e.ID)
+		k.grew = true
 	case MapPut:
 		k := m.ks(e.Keyspace)
-		k.m, k.mapRev, k.hasMap = e.Map, e.Rev, true
+		k.m, k.mapRev, k.hasMap = k.internMap(e.Map), e.Rev, true
+		k.mapUnassigned = 0
+		for b := range k.m.Assignment.Buckets() {
+			if k.m.Assignment.Owner(b) == "" {
+				k.mapUnassigned++
+			}
+		}
+		k.mapChanged = true
 		if k.mapInflight != 0 && e.Map.Epoch >= k.mapInflight {
 			k.mapInflight = 0
 		}
 	case GrantsPut:
 		k := m.ks(e.Keyspace)
+		k.grantsChanged(e.ID, k.grants[e.ID])
 		k.grants[e.ID], k.grantRev[e.ID] = e.Grants, e.Rev
-		k.grantsVer++
 	case GrantsDeleted:
 		k := m.ks(e.Keyspace)
 		if g, ok := k.grants[e.ID]; ok {
@@ -248,10 +266,11 @@ func (m *Machine) apply(ev Event) {
 				k.revoked[e.ID] = g.Session
 			}
 			delete(k.revokeInflight, g.Session)
+			k.grantsChanged(e.ID, g)
 		}
 		delete(k.grants, e.ID)
 		delete(k.grantRev, e.ID)
-		k.grantsVer++
+		k.forget(e.ID)
 	case ReleasesPut:
 		rel := make(map[int]uint64, len(e.Releases.Buckets))
 		pos := map[int]uint64{}
@@ -262,11 +281,15 @@ func (m *Machine) apply(ev Event) {
 			}
 		}
 		k := m.ks(e.Keyspace)
+		old := k.releases[e.ID]
 		k.releases[e.ID], k.relPos[e.ID] = rel, pos
+		k.releasesChanged(e.ID, old)
 	case ReleasesDeleted:
 		k := m.ks(e.Keyspace)
+		old := k.releases[e.ID]
 		delete(k.releases, e.ID)
 		delete(k.relPos, e.ID)
+		k.releasesChanged(e.ID, old)
 	case CommitPut:
 		k := m.ks(e.Keyspace)
 		k.commits[e.ID], k.commitRev[e.ID] = e.Commit, e.Rev
@@ -445,8 +468,14 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 	var p placement.Plan
 	if k.balanced && k.hasMap && !k.hasRes && cur.Buckets() == k.cfg.Buckets {
 		p.Assignment = cur
+	} else if due, ok := k.holdWithoutBalance(m.epochGap, now); ok {
+		// Whatever Balance would move now only rebalances, and waits
+		// until due: a storm of joins is not balanced at every step.
+		p.Assignment = cur
+		k.deferred = due
 	} else {
 		var err error
+		k.grew = false
 		if p, err = placement.Balance(cur, k.effectiveMembers(now)); err != nil {
 			return []Action{Report{Keyspace: name, Kind: "invalid-state", Message: err.Error()}}
 		}
@@ -521,6 +550,34 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
+// holdWithoutBalance returns when a map may next be written, and true,
+// if members joined or changed weight since the last Balance and any map
+// planned now would only rebalance (every member the current
+// map names is still joined and not draining, and it leaves no bucket
+// unassigned) and so would be held back until then: Balance need not run
+// before.
+func (k *keyspace) holdWithoutBalance(gap time.Duration, now time.Time) (time.Time, bool) {
+	if !k.grew || gap <= 0 || !k.hasMap || k.hasRes || k.mapUnassigned != 0 || k.m.Assignment.Buckets() != k.cfg.Buckets {
+		return time.Time{}, false
+	}
+	due := k.lastMapAt.Add(gap)
+	if k.moving > 0 {
+		due = k.lastMapAt.Add(holdFactor * gap)
+	}
+	if !now.Before(due) {
+		return time.Time{}, false
+	}
+	for _, id := range k.m.Assignment.Members {
+		if _, joined := k.members[id]; !joined {
+			return time.Time{}, false
+		}
+		if _, draining := k.drainOf(id); draining {
+			return time.Time{}, false
+		}
+	}
+	return due, true
+}
+
 // onlyRebalances reports whether every move takes a bucket from a member
 // that is still joined and not draining: nothing is unassigned or
 // orphaned, so the move may wait.
@@ -547,6 +604,15 @@ func replacedReason(mem shard.Member, session shard.LeaseID) string {
 	return fmt.Sprintf("replaced by session %v", mem.Session)
 }
 
+// forget drops member id's interned name once nothing of it is left.
+func (k *keyspace) forget(id string) {
+	if _, ok := k.members[id]; !ok {
+		if _, ok := k.grants[id]; !ok {
+			delete(k.ids, id)
+		}
+	}
+}
+
 // drainOf returns member id's drain request, if one applies to its
 // current session.
 func (k *keyspace) drainOf(id string) (drain, bool) {
@@ -557,33 +623,8 @@ func (k *keyspace) drainOf(id string) (drain, bool) {
 	return d, true
 }
 
-// holders returns, per bucket, the member holding it and its token. The
-// slices are the keyspace's: computed again only once a grant changed,
-// and not to be written by the caller.
-func (k *keyspace) holders() ([]string, []uint64) {
-	if k.holderBuf != nil && k.holderVer == k.grantsVer && len(k.holderBuf) == k.cfg.Buckets {
-		return k.holderBuf, k.tokenBuf // no grant changed since they were computed
-	}
-	k.holderVer = k.grantsVer
-	if len(k.holderBuf) != k.cfg.Buckets {
-		k.holderBuf, k.tokenBuf = make([]string, k.cfg.Buckets), make([]uint64, k.cfg.Buckets)
-	} else {
-		clear(k.holderBuf)
-		clear(k.tokenBuf)
-	}
-	holder, token := k.holderBuf, k.tokenBuf
-	for id, g := range k.grants {
-		for _, bt := range g.Buckets {
-			if bt.Bucket >= 0 && bt.Bucket < len(holder) {
-				holder[bt.Bucket], token[bt.Bucket] = id, bt.Token
-			}
-		}
-	}
-	return holder, token
-}
-
 func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action {
-	holder, token := k.holders()
+	x := k.index()
 	var acts []Action
 	revoke := func(id string, session shard.LeaseID, superseded bool, reason string, kind ReportKind) {
 		if k.revokeInflight[session] {
@@ -650,39 +691,28 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 	}
 
 	// Drain timeouts: a holder asked to release (target moved away) for
-	// longer than the keyspace's drain timeout loses its session.
-	// This scan visits every bucket at every step (a join storm of 1,000
-	// members over 65,536 buckets spent a fifth of serve's CPU here): the
-	// wait times are a slice, not a map, and a holder's releases are
-	// looked up once per run of its buckets.
+	// longer than the keyspace's drain timeout loses its session. The
+	// scan visits the unsettled buckets only (index.go).
 	late := map[string]int{}
-	if len(k.waitSince) != len(holder) {
-		k.waitSince = make([]time.Time, len(holder))
-	}
-	var relOf string // the holder rel is the releases of: buckets come in runs of one holder
-	var rel map[int]uint64
 	k.moving = 0
-	for b, h := range holder {
-		if h != relOf {
-			relOf, rel = h, k.releases[h]
-		}
-		owner := k.m.Assignment.Owner(b)
+	x.eachUnsettled(func(b int) {
+		h, owner := x.holder[b], k.m.Assignment.Owner(b)
 		if h != owner {
 			k.moving++
 		}
-		if h == "" || h == owner || rel[b] == token[b] {
-			k.waitSince[b] = time.Time{}
-			continue
+		if h == "" || h == owner || x.released[b] {
+			x.waitSince[b] = time.Time{}
+			return
 		}
-		since := k.waitSince[b]
+		since := x.waitSince[b]
 		if since.IsZero() {
-			k.waitSince[b] = now
-			continue
+			x.waitSince[b] = now
+			return
 		}
 		if k.cfg.DrainTimeout > 0 && now.Sub(since) >= k.cfg.DrainTimeout {
 			late[h]++
 		}
-	}
+	})
 	lateIDs := make([]string, 0, len(late))
 	for id := range late {
 		lateIDs = append(lateIDs, id)
@@ -725,7 +755,7 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 // grantRound computes one round of grant changes, or false if nothing can
 // change now.
 func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
-	holder, token := k.holders()
+	x := k.index()
 	quarantined := map[int]bool{}
 	for _, bs := range k.quar {
 		for _, b := range bs {
@@ -768,9 +798,9 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 		g, ok := k.grants[id]
 		return ok && k.revokeInflight[g.Session]
 	}
-	// The loop visits every bucket at every round: what it looks up per
-	// holder (its releases, whether it is being revoked) is looked up once
-	// per run of its buckets, and whether a target can receive once per
+	// The loop visits the unsettled buckets (index.go): whether their
+	// holder is being revoked is looked up once per run of its buckets,
+	// and whether a target can receive once per
 	// member of the map (not where commits are folded: that answer can
 	// change within the round).
 	var receive []int8 // per map member: 0 not asked yet, 1 can receive, 2 cannot
@@ -791,46 +821,42 @@ func (k *keyspace) grantRound(name string) (WriteGrants, bool) {
 	}
 	owners := k.m.Assignment.Owners
 	var lastH string
-	var lastRel map[int]uint64
-	var lastRevoking bool
+	var lastRevoking, seen bool
 	granted, released := 0, 0
-	for b := range k.cfg.Buckets {
+	x.eachUnsettled(func(b int) {
 		target := k.m.Assignment.Owner(b)
-		h := holder[b]
-		if b == 0 || h != lastH {
-			lastH, lastRel = h, k.releases[h]
+		h := x.holder[b]
+		if !seen || h != lastH {
+			seen, lastH = true, h
 			lastRevoking = h != "" && revoking(h)
 		}
 		if lastRevoking {
-			continue
-		}
-		if h == target && h != "" && lastRel[b] != token[b] {
-			continue
+			return
 		}
 		// A holder that released a bucket it was not asked to (its target
 		// is still the holder) gives it up all the same; it is granted
 		// back at a new token below.
 		if h != "" {
-			if lastRel[b] != token[b] {
-				continue // still waiting for the holder to release
+			if !x.released[b] {
+				return // still waiting for the holder to release
 			}
 			delete(touch(h), b)
 			f.release(h, b)
 			released++
 		}
 		if target == "" || (len(quarantined) > 0 && quarantined[b]) {
-			continue
+			return
 		}
 		o := int32(-1)
 		if b < len(owners) {
 			o = owners[b]
 		}
 		if !canReceiveIdx(o, target) {
-			continue
+			return
 		}
 		touch(target)[b] = shard.BucketToken{Bucket: b, Token: newToken, Position: f.from(b)}
 		granted++
-	}
+	})
 	if len(next) == 0 && !f.changes() {
 		return WriteGrants{}, false
 	}
