@@ -56,10 +56,11 @@ type Barrier struct {
 }
 
 // NewBarrier returns a barrier that reads the other lane's committed
-// offsets with adm. Errors wrap ErrBadConfig.
+// offsets with adm. Errors are *ConfigErrors (ErrBadConfig) naming the
+// argument or field.
 func NewBarrier(adm *kadm.Client, cfg BarrierConfig) (*Barrier, error) {
 	if adm == nil {
-		return nil, fmt.Errorf("%w: NewBarrier needs a *kadm.Client", ErrBadConfig)
+		return nil, configError("kafka.NewBarrier", "adm", "(the *kadm.Client) is nil; build one with kadm.NewClient(cl)")
 	}
 	return newBarrier(adm, cfg)
 }
@@ -72,15 +73,15 @@ func newBarrier(adm admin, cfg BarrierConfig) (*Barrier, error) {
 	case Main:
 		b.header = HeaderWaitOverflow
 	default:
-		return nil, fmt.Errorf("%w: BarrierConfig.Lane must be Main or Overflow, got %v", ErrBadConfig, cfg.Lane)
+		return nil, configError("kafka.NewBarrier", "BarrierConfig.Lane", "must be Main or Overflow, got %v", cfg.Lane)
 	}
 	switch {
 	case cfg.Topic == "":
-		return nil, fmt.Errorf("%w: BarrierConfig.Topic (the other lane's topic) is empty", ErrBadConfig)
+		return nil, configError("kafka.NewBarrier", "BarrierConfig.Topic", "(the other lane's topic) is empty")
 	case cfg.Group == "":
-		return nil, fmt.Errorf("%w: BarrierConfig.Group (the other lane's group) is empty", ErrBadConfig)
+		return nil, configError("kafka.NewBarrier", "BarrierConfig.Group", "(the other lane's group) is empty")
 	case cfg.PollInterval < 0:
-		return nil, fmt.Errorf("%w: BarrierConfig.PollInterval must be positive, got %v", ErrBadConfig, cfg.PollInterval)
+		return nil, configError("kafka.NewBarrier", "BarrierConfig.PollInterval", "must be positive, got %v", cfg.PollInterval)
 	case cfg.PollInterval == 0:
 		b.cfg.PollInterval = DefaultPollInterval
 	}

@@ -35,15 +35,65 @@ var (
 	// ErrNoDeadLetterTopic: a dead-letter rule matched the key but
 	// Config.DeadLetterTopic is empty. Never produced; counted as failed.
 	ErrNoDeadLetterTopic = errors.New("kafka: dead-letter rule matched but no dead-letter topic is configured")
-	// ErrBadConfig is wrapped by every configuration error of NewRouter,
-	// Router.Start (a topic missing or not describable, metrics refused),
-	// NewBarrier and Router.SetRules; the message names the argument or
-	// field.
+	// ErrBadConfig: a configuration error that retrying cannot fix. Every
+	// such error is a *ConfigError, which names the argument or field: from
+	// NewRouter, Router.Start (a topic missing or not describable, metrics
+	// refused), NewBarrier, Router.SetRules and PartitionReader.Read (its
+	// topic or partition missing).
 	ErrBadConfig = errors.New("kafka: bad config")
 	// ErrBadHeader is wrapped by Barrier.Wait for a barrier header that is
 	// not "<partition>:<offset>".
 	ErrBadHeader = errors.New("kafka: bad barrier header")
 )
+
+// ConfigError is a configuration error: an argument, field or option that
+// the package refused, with what is wrong and what to do. It wraps
+// ErrBadConfig, so errors.Is(err, ErrBadConfig) holds, and the error it
+// comes from, if any (kerr.UnknownTopicOrPartition for a missing topic, a
+// hotkey.ErrBadConfig for a bad policy). errors.As tells which field:
+//
+//	var ce *kafka.ConfigError
+//	if errors.As(err, &ce) && ce.Field == "Config.OverflowTopic" { ... }
+type ConfigError struct {
+	// Func is the function that refused it: "kafka.NewRouter",
+	// "Router.Start", "PartitionReader.Read".
+	Func string
+	// Field names the argument, field or option as the caller writes it:
+	// "Config.MainTopic", "BarrierConfig.Group", "kgo.RecordPartitioner",
+	// "partition".
+	Field string
+	// Reason says what is wrong with it, and what to do, in words that
+	// follow Field: "is empty", `"events": topic not found; create it or
+	// fix the name`. It may be empty when Err says it all.
+	Reason string
+	// Err is the error it comes from, or nil.
+	Err error
+}
+
+func (e *ConfigError) Error() string {
+	s := ErrBadConfig.Error() + ": " + e.Func + ": " + e.Field
+	if e.Reason != "" {
+		s += " " + e.Reason
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns ErrBadConfig and Err.
+func (e *ConfigError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrBadConfig}
+	}
+	return []error{ErrBadConfig, e.Err}
+}
+
+// configError returns a *ConfigError of function fn for field, with the
+// reason given by format and a, and no cause.
+func configError(fn, field, format string, a ...any) error {
+	return &ConfigError{Func: fn, Field: field, Reason: fmt.Sprintf(format, a...)}
+}
 
 // Record headers the router sets. Consumers honour the two barriers with a
 // Barrier.
@@ -169,42 +219,44 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-func (c Config) withDefaults() (Config, error) {
+// withDefaults checks c and fills in its defaults; errors are
+// *ConfigErrors of function fn.
+func (c Config) withDefaults(fn string) (Config, error) {
 	switch {
 	case c.MainTopic == "":
-		return c, fmt.Errorf("%w: Config.MainTopic is empty", ErrBadConfig)
+		return c, configError(fn, "Config.MainTopic", "is empty")
 	case c.OverflowTopic == "":
-		return c, fmt.Errorf("%w: Config.OverflowTopic is empty", ErrBadConfig)
+		return c, configError(fn, "Config.OverflowTopic", "is empty")
 	case c.OverflowTopic == c.MainTopic:
-		return c, fmt.Errorf("%w: Config.OverflowTopic must differ from Config.MainTopic (both %q)", ErrBadConfig, c.MainTopic)
+		return c, configError(fn, "Config.OverflowTopic", "must differ from Config.MainTopic (both %q)", c.MainTopic)
 	case c.DeadLetterTopic != "" && (c.DeadLetterTopic == c.MainTopic || c.DeadLetterTopic == c.OverflowTopic):
-		return c, fmt.Errorf("%w: Config.DeadLetterTopic %q must differ from the main and overflow topics", ErrBadConfig, c.DeadLetterTopic)
+		return c, configError(fn, "Config.DeadLetterTopic", "%q must differ from the main and overflow topics", c.DeadLetterTopic)
 	case c.OverflowGroup == "":
-		return c, fmt.Errorf("%w: Config.OverflowGroup is empty (its committed offsets gate the return to main)", ErrBadConfig)
+		return c, configError(fn, "Config.OverflowGroup", "is empty (its committed offsets gate the return to main)")
 	}
 	if c.SendTimeout == 0 {
 		c.SendTimeout = DefaultSendTimeout
 	}
 	if c.SendTimeout < 0 {
-		return c, fmt.Errorf("%w: Config.SendTimeout must be positive, got %v", ErrBadConfig, c.SendTimeout)
+		return c, configError(fn, "Config.SendTimeout", "must be positive, got %v", c.SendTimeout)
 	}
 	if c.RefreshInterval == 0 {
 		c.RefreshInterval = DefaultRefreshInterval
 	}
 	if c.RefreshInterval < 0 {
-		return c, fmt.Errorf("%w: Config.RefreshInterval must be positive, got %v", ErrBadConfig, c.RefreshInterval)
+		return c, configError(fn, "Config.RefreshInterval", "must be positive, got %v", c.RefreshInterval)
 	}
 	if c.RetentionWarnFraction == 0 {
 		c.RetentionWarnFraction = DefaultRetentionWarnFraction
 	}
 	if !(c.RetentionWarnFraction > 0 && c.RetentionWarnFraction <= 1) {
-		return c, fmt.Errorf("%w: Config.RetentionWarnFraction must be in (0, 1], got %v", ErrBadConfig, c.RetentionWarnFraction)
+		return c, configError(fn, "Config.RetentionWarnFraction", "must be in (0, 1], got %v", c.RetentionWarnFraction)
 	}
 	if h := c.ClusterHotKeys; h != nil && h.Client == nil {
-		return c, fmt.Errorf("%w: Config.ClusterHotKeys.Client is nil; dial the control plane with client.Dial", ErrBadConfig)
+		return c, configError(fn, "Config.ClusterHotKeys.Client", "is nil; dial the control plane with client.Dial")
 	}
-	if err := checkDeadLetter(c.Policy.Rules, c.DeadLetterTopic); err != nil {
-		return c, fmt.Errorf("%w: Config.Policy.Rules: %w", ErrBadConfig, err)
+	if err := checkDeadLetter(fn, c.Policy.Rules, c.DeadLetterTopic); err != nil {
+		return c, err
 	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
@@ -213,14 +265,15 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// checkDeadLetter rejects dead-letter rules without a dead-letter topic.
-func checkDeadLetter(rs *hotkey.Rules, topic string) error {
+// checkDeadLetter rejects dead-letter rules without a dead-letter topic,
+// with a *ConfigError of function fn.
+func checkDeadLetter(fn string, rs *hotkey.Rules, topic string) error {
 	if topic != "" {
 		return nil
 	}
 	for _, r := range rs.Rules() {
 		if r.Action == hotkey.RuleDeadLetter {
-			return fmt.Errorf("rule %q needs Config.DeadLetterTopic", r.String())
+			return configError(fn, "Config.DeadLetterTopic", "is empty, but rule %q sends to it; set it or drop the rule", r.String())
 		}
 	}
 	return nil

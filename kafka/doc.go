@@ -65,9 +65,9 @@
 //		MainTopic: "events", OverflowTopic: "events-overflow", OverflowGroup: "ingest-overflow",
 //		Policy: hotkey.PolicyConfig{Detector: hotkey.DetectorConfig{Threshold: 1000, MaxTotalRate: 200_000}},
 //	})
-//	if err != nil { return err } // wraps ErrBadConfig: names the field; nothing was sent
+//	if err != nil { return err } // a *ConfigError (ErrBadConfig) naming the field; nothing was sent
 //	defer r.Close()
-//	if err := r.Start(ctx); err != nil { return err } // loads the topics; a missing one: ErrBadConfig naming it
+//	if err := r.Start(ctx); err != nil { return err } // loads the topics; a missing one: a *ConfigError naming it
 //	r.Produce(ctx, &kgo.Record{Key: distinctID, Value: event}, func(rec *kgo.Record, err error) {
 //		// exactly once: nil, ErrMissingKey, ErrDropped, ErrTimeout or the client's error
 //	})
@@ -111,6 +111,46 @@
 // count the failures. Keys longer than the detector's MaxKeyLen cannot be
 // reported by name (Stats().Cluster.TruncatedKeys counts them). The kill
 // switch sends the set's keys to main like every other overflow key.
+//
+// # Errors
+//
+// Every error the package returns that a caller may act on wraps one of
+// its sentinels; test with errors.Is. Messages say what is wrong and what
+// to do; do not parse them.
+//
+//   - ErrBadConfig: retrying cannot fix it; fix the configuration or the
+//     cluster. The error is a *ConfigError: errors.As gives the function
+//     (Func) and the argument or field as the caller writes it (Field:
+//     "Config.OverflowTopic", "BarrierConfig.Group",
+//     "kgo.RecordPartitioner", or a PartitionReader's "topic" or
+//     "partition"). It also wraps its cause: kerr.UnknownTopicOrPartition
+//     for a topic or partition that does not exist (from Router.Start, or
+//     from PartitionReader.Read, so a stream.Consumer's Run returns it),
+//     kerr's error for one the client may not read, hotkey.ErrBadConfig
+//     for Config.Policy, the SDK's *client.ArgError for
+//     Config.ClusterHotKeys, the registry's error for Config.Registerer.
+//   - ErrNotStarted, ErrClosed: a send, Refresh or Start came before
+//     Start or after Close; nothing was produced. Router.Start called
+//     again after it succeeded, or while another Start runs, returns an
+//     error wrapping client.ErrInvalid, as the SDK's Run called twice.
+//   - ErrMissingKey, ErrDropped, ErrNoDeadLetterTopic: that record was
+//     not produced, by the policy or for want of a key; the router goes
+//     on.
+//   - ErrTimeout: no answer within Config.SendTimeout; the record may
+//     still be written (Stats.LateAcks).
+//   - ErrBadHeader: Barrier.Wait met a barrier header it cannot parse.
+//   - ErrOffsetOutOfRange: a PartitionReader was asked for an offset the
+//     partition no longer (or not yet) has; an operator decides where to
+//     resume (keyshard positions reset).
+//
+// Anything else comes from the Kafka client or a broker (kerr's errors,
+// with kerr.IsRetriable), or is ctx's: Start retries what may pass by
+// waiting until its ctx ends, then wraps ctx.Err() and the last failure.
+// Keyspace membership is the SDK's business, not this package's: a lost
+// session, a bucket not held at a commit's token, or a commit that would
+// move a position backwards come back from stream.Worker.Commit (and
+// WorkerOptions.OnCommit) as the client package's ErrSessionLost,
+// ErrNotHeld and ErrBackwards, whatever its Reader.
 //
 // # Lifecycle and threading
 //

@@ -43,9 +43,9 @@ func idleKeyshard(t *testing.T) *client.Client {
 	return kc
 }
 
-// TestNewRouterErrors: NewRouter refuses each bad argument with an error
-// wrapping ErrBadConfig that names it, and sends nothing, good arguments
-// or bad.
+// TestNewRouterErrors: NewRouter refuses each bad argument with a
+// *ConfigError (ErrBadConfig) whose Field names it, and sends nothing,
+// good arguments or bad.
 func TestNewRouterErrors(t *testing.T) {
 	e := newEnv(t)
 	reqs := e.countRequests()
@@ -61,12 +61,12 @@ func TestNewRouterErrors(t *testing.T) {
 		return withConfig(func(c *Config) { c.ClusterHotKeys = &hk })
 	}
 	for _, c := range []struct {
-		arg  string // the error names it
+		arg  string // the error's Field
 		call func() (*Router, error)
 	}{
-		{"*kgo.Client", func() (*Router, error) { return NewRouter(nil, e.adm, testConfig(e)) }},
-		{"*kadm.Client", func() (*Router, error) { return NewRouter(e.cl, nil, testConfig(e)) }},
-		{"partitioner", func() (*Router, error) {
+		{"cl", func() (*Router, error) { return NewRouter(nil, e.adm, testConfig(e)) }},
+		{"adm", func() (*Router, error) { return NewRouter(e.cl, nil, testConfig(e)) }},
+		{"kgo.RecordPartitioner", func() (*Router, error) {
 			return NewRouter(e.client(t, kgo.RecordPartitioner(kgo.RoundRobinPartitioner())), e.adm, testConfig(e))
 		}},
 		{"Config.MainTopic", withConfig(func(c *Config) { c.MainTopic = "" })},
@@ -78,18 +78,32 @@ func TestNewRouterErrors(t *testing.T) {
 		{"Config.RefreshInterval", withConfig(func(c *Config) { c.RefreshInterval = -time.Second })},
 		{"Config.RetentionWarnFraction", withConfig(func(c *Config) { c.RetentionWarnFraction = 1.5 })},
 		{"Config.Policy", withConfig(func(c *Config) { c.Policy.Detector.Threshold = 0 })},
-		{"Config.Policy.Rules", withConfig(func(c *Config) {
+		{"Config.DeadLetterTopic", withConfig(func(c *Config) {
 			c.DeadLetterTopic = ""
 			c.Policy.Rules = mustRules(t, "dead-letter k:*")
 		})},
 		{"Config.ClusterHotKeys.Client", withHotKeys(ClusterHotKeysConfig{Pool: "events", Producer: "p1"})},
-		{"HotKeysConfig.Pool", withHotKeys(ClusterHotKeysConfig{Client: kc, Producer: "p1"})},
-		{"HotKeysConfig.Producer", withHotKeys(ClusterHotKeysConfig{Client: kc, Pool: "events"})},
-		{"HotKeysConfig.Interval", withHotKeys(ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1", Interval: -time.Second})},
+		{"Config.ClusterHotKeys", withHotKeys(ClusterHotKeysConfig{Client: kc, Producer: "p1"})},
+		{"Config.ClusterHotKeys", withHotKeys(ClusterHotKeysConfig{Client: kc, Pool: "events"})},
+		{"Config.ClusterHotKeys", withHotKeys(ClusterHotKeysConfig{Client: kc, Pool: "events", Producer: "p1", Interval: -time.Second})},
 	} {
 		r, err := c.call()
-		if r != nil || !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), c.arg) {
-			t.Errorf("%s: NewRouter = %v, %v; want ErrBadConfig naming %s", c.arg, r, err, c.arg)
+		var ce *ConfigError
+		if r != nil || !errors.Is(err, ErrBadConfig) || !errors.As(err, &ce) || ce.Field != c.arg ||
+			ce.Func != "kafka.NewRouter" || !strings.Contains(err.Error(), c.arg) {
+			t.Errorf("%s: NewRouter = %v, %v; want a *ConfigError (ErrBadConfig) of kafka.NewRouter naming %s", c.arg, r, err, c.arg)
+		}
+	}
+	// The SDK's refusal of a ClusterHotKeys field is kept, naming it.
+	for field, hk := range map[string]ClusterHotKeysConfig{
+		"HotKeysConfig.Pool":     {Client: kc, Producer: "p1"},
+		"HotKeysConfig.Producer": {Client: kc, Pool: "events"},
+		"HotKeysConfig.Interval": {Client: kc, Pool: "events", Producer: "p1", Interval: -time.Second},
+	} {
+		_, err := withHotKeys(hk)()
+		var ae *client.ArgError
+		if !errors.As(err, &ae) || ae.Arg != field || !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("%s: NewRouter = %v; want it to wrap the SDK's *client.ArgError naming it", field, err)
 		}
 	}
 	if _, err := withConfig(func(c *Config) { c.Policy.Detector.Threshold = 0 })(); !errors.Is(err, hotkey.ErrBadConfig) {
@@ -215,7 +229,9 @@ func TestStartMissingTopic(t *testing.T) {
 		err = r.Start(ctx)
 		topic := map[string]string{"Config.MainTopic": cfg.MainTopic, "Config.OverflowTopic": cfg.OverflowTopic,
 			"Config.DeadLetterTopic": cfg.DeadLetterTopic}[c.field]
+		var ce *ConfigError
 		if !errors.Is(err, ErrBadConfig) || !errors.Is(err, kerr.UnknownTopicOrPartition) ||
+			!errors.As(err, &ce) || ce.Func != "Router.Start" || ce.Field != c.field ||
 			!strings.Contains(err.Error(), c.field+` "`+topic+`"`) || !strings.Contains(err.Error(), "create it") {
 			t.Errorf("%s: Start = %v; want ErrBadConfig and UnknownTopicOrPartition naming %s %q and what to do", c.field, err, c.field, topic)
 		}
@@ -409,15 +425,15 @@ func TestStartTwice(t *testing.T) {
 	ctx := testCtx(t)
 	done := startAsync(ctx, r)
 	e.clk.MustBlockUntil(t, 1)
-	if err := r.Start(ctx); err == nil {
-		t.Error("a second Start while the first runs returned nil")
+	if err := r.Start(ctx); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("a second Start while the first runs: %v, want client.ErrInvalid", err)
 	}
 	e.clk.Advance(startBackoffMin)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(ctx); err == nil {
-		t.Error("Start after Start returned nil")
+	if err := r.Start(ctx); !errors.Is(err, client.ErrInvalid) || errors.Is(err, ErrBadConfig) {
+		t.Errorf("Start after Start: %v, want client.ErrInvalid (as the SDK's Run called twice)", err)
 	}
 	if adm.callCount() != 2 {
 		t.Errorf("%d metadata requests, want 2 (the first Start's)", adm.callCount())

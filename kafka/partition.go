@@ -1,8 +1,6 @@
 package kafka
 
 import (
-	"fmt"
-
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -70,13 +68,17 @@ func (b *noBackup) Rem() int           { return b.n - b.i }
 // another partition while its own is unavailable). p is a fresh
 // partitioner from the client's configuration; probing it sends nothing.
 func checkPartitioner(p kgo.Partitioner) (err error) {
-	const fix = "build the client with kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)) or leave the default"
+	const (
+		fn    = "kafka.NewRouter"
+		field = "kgo.RecordPartitioner" // the client's option
+		fix   = "build the client with kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)) or leave the default"
+	)
 	if p == nil {
-		return fmt.Errorf("%w: the client has no partitioner; %s", ErrBadConfig, fix)
+		return configError(fn, field, "is not set; %s", fix)
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: the client's partitioner panicked on a keyed record (%v); %s", ErrBadConfig, v, fix)
+			err = configError(fn, field, "panicked on a keyed record (%v); %s", v, fix)
 		}
 	}()
 	tp := p.ForTopic("keyshard-partitioner-probe")
@@ -84,7 +86,7 @@ func checkPartitioner(p kgo.Partitioner) (err error) {
 		for _, n := range probeCounts {
 			rec := &kgo.Record{Topic: "keyshard-partitioner-probe", Key: []byte(k), Value: []byte("v")}
 			if !tp.RequiresConsistency(rec) {
-				return fmt.Errorf("%w: the client's partitioner may move keyed records between partitions; %s", ErrBadConfig, fix)
+				return configError(fn, field, "may move keyed records between partitions; %s", fix)
 			}
 			var got int
 			if bp, ok := tp.(kgo.TopicBackupPartitioner); ok {
@@ -93,8 +95,8 @@ func checkPartitioner(p kgo.Partitioner) (err error) {
 				got = tp.Partition(rec, n)
 			}
 			if want := int(KeyPartition(rec.Key, int32(n))); got != want {
-				return fmt.Errorf("%w: the client's partitioner puts key %q on partition %d of %d, Kafka's Java client on %d; %s",
-					ErrBadConfig, k, got, n, want, fix)
+				return configError(fn, field, "puts key %q on partition %d of %d, Kafka's Java client on %d; %s",
+					k, got, n, want, fix)
 			}
 		}
 	}

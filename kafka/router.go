@@ -205,7 +205,8 @@ type send struct {
 // places keys as Kafka's Java client does (murmur2; franz-go's default
 // partitioner and kgo.StickyKeyPartitioner(nil) do), the configuration,
 // the policy and Config.ClusterHotKeys. It sends nothing and starts no
-// goroutine. Errors wrap ErrBadConfig and name the argument or field.
+// goroutine. Errors are *ConfigErrors (ErrBadConfig) naming the argument
+// or field.
 //
 // The router does not own cl or adm: close them after Close. Build cl
 // with kgo.RecordDeliveryTimeout at or below Config.SendTimeout so that the
@@ -213,9 +214,9 @@ type send struct {
 func NewRouter(cl *kgo.Client, adm *kadm.Client, cfg Config) (*Router, error) {
 	switch {
 	case cl == nil:
-		return nil, fmt.Errorf("%w: NewRouter: the *kgo.Client is nil; build one with kgo.NewClient", ErrBadConfig)
+		return nil, configError("kafka.NewRouter", "cl", "(the *kgo.Client) is nil; build one with kgo.NewClient")
 	case adm == nil:
-		return nil, fmt.Errorf("%w: NewRouter: the *kadm.Client is nil; build one with kadm.NewClient(cl)", ErrBadConfig)
+		return nil, configError("kafka.NewRouter", "adm", "(the *kadm.Client) is nil; build one with kadm.NewClient(cl)")
 	}
 	p, _ := cl.OptValue(kgo.RecordPartitioner).(kgo.Partitioner)
 	if err := checkPartitioner(p); err != nil {
@@ -233,13 +234,13 @@ func NewRouter(cl *kgo.Client, adm *kadm.Client, cfg Config) (*Router, error) {
 }
 
 func newRouter(prod producer, adm admin, cfg Config) (*Router, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.withDefaults("kafka.NewRouter")
 	if err != nil {
 		return nil, err
 	}
 	pol, err := hotkey.NewPolicy(cfg.Policy)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Config.Policy: %w", ErrBadConfig, err)
+		return nil, &ConfigError{Func: "kafka.NewRouter", Field: "Config.Policy", Err: err}
 	}
 	r := &Router{
 		prod:      prod,
@@ -259,7 +260,7 @@ func newRouter(prod producer, adm admin, cfg Config) (*Router, error) {
 	_, r.realClock = cfg.Clock.(clock.Real)
 	if cfg.ClusterHotKeys != nil {
 		if r.hot, err = r.newHotKeys(cfg); err != nil {
-			return nil, fmt.Errorf("%w: Config.ClusterHotKeys: %w", ErrBadConfig, err)
+			return nil, &ConfigError{Func: "kafka.NewRouter", Field: "Config.ClusterHotKeys", Err: err}
 		}
 	}
 	return r, nil
@@ -283,15 +284,17 @@ const (
 // a topic without a leader yet, with backoff from 100ms to 5s, logging each
 // failure, until ctx ends; it then returns an error wrapping ctx.Err() and
 // the last failure. Give it a deadline. A missing topic does not appear by
-// waiting: Start returns at once an error wrapping ErrBadConfig that names
-// the field and the topic, and wraps kerr.UnknownTopicOrPartition. Errors
-// wrapping ErrBadConfig also come from a topic the client may not describe
-// (with kerr's error) and from Config.Registerer refusing the metrics.
+// waiting: Start returns at once a *ConfigError (ErrBadConfig) whose Field
+// names the field ("Config.OverflowTopic"), whose message names the topic,
+// and which wraps kerr.UnknownTopicOrPartition. *ConfigErrors also come
+// from a topic the client may not describe (wrapping kerr's error) and
+// from Config.Registerer refusing the metrics.
 //
 // A failed Start starts nothing, and may be called again (the Kafka
 // client caches metadata, a missing topic included, for
 // kgo.MetadataMinAge). Start returns ErrClosed after Close, or if Close
-// ends it; and an error if it has succeeded before or runs already.
+// ends it; and an error wrapping client.ErrInvalid if it has succeeded
+// before or runs already (as the SDK's Run called twice).
 func (r *Router) Start(ctx context.Context) error {
 	r.mu.Lock()
 	switch {
@@ -300,10 +303,10 @@ func (r *Router) Start(ctx context.Context) error {
 		return ErrClosed
 	case r.started:
 		r.mu.Unlock()
-		return errors.New("kafka: Router.Start called after it succeeded")
+		return fmt.Errorf("%w: kafka: Router.Start called after it succeeded", client.ErrInvalid)
 	case r.starting:
 		r.mu.Unlock()
-		return errors.New("kafka: Router.Start called while another Start runs")
+		return fmt.Errorf("%w: kafka: Router.Start called while another Start runs", client.ErrInvalid)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -316,7 +319,7 @@ func (r *Router) Start(ctx context.Context) error {
 	if err == nil && r.cfg.Registerer != nil {
 		c := newCollector(r)
 		if err = r.cfg.Registerer.Register(c); err != nil {
-			err = fmt.Errorf("%w: Config.Registerer: %w", ErrBadConfig, err)
+			err = &ConfigError{Func: "Router.Start", Field: "Config.Registerer", Reason: "refused the router's metrics (routers of the same topics on one registry need a label each: prometheus.WrapRegistererWith)", Err: err}
 		} else {
 			r.collector = c
 		}
@@ -408,13 +411,13 @@ func (r *Router) describeTopics(ctx context.Context) (mainN int32, retry bool, e
 			d.Err = kerr.UnknownTopicOrPartition
 			fallthrough
 		case errors.Is(d.Err, kerr.UnknownTopicOrPartition):
-			return 0, false, fmt.Errorf("%w: Config.%s %q: topic not found; create it or fix the name: %w", ErrBadConfig, fields[i], t, d.Err)
+			return 0, false, &ConfigError{Func: "Router.Start", Field: "Config." + fields[i], Reason: fmt.Sprintf("%q: topic not found; create it or fix the name", t), Err: d.Err}
 		case kerr.IsRetriable(d.Err): // a leader election, a topic being created
 			return 0, true, fmt.Errorf("kafka: Config.%s %q: %w", fields[i], t, d.Err)
 		case d.Err != nil:
-			return 0, false, fmt.Errorf("%w: Config.%s %q: %w", ErrBadConfig, fields[i], t, d.Err)
+			return 0, false, &ConfigError{Func: "Router.Start", Field: "Config." + fields[i], Reason: fmt.Sprintf("%q", t), Err: d.Err}
 		case len(d.Partitions) == 0:
-			return 0, false, fmt.Errorf("%w: Config.%s %q: no partitions", ErrBadConfig, fields[i], t)
+			return 0, false, configError("Router.Start", "Config."+fields[i], "%q: no partitions", t)
 		}
 	}
 	return int32(len(td[r.cfg.MainTopic].Partitions)), false, nil
@@ -1080,11 +1083,12 @@ func (r *Router) SetEnabled(on bool) {
 // Enabled reports the kill switch's state (false: overflow disabled).
 func (r *Router) Enabled() bool { return r.policy.Enabled() }
 
-// SetRules replaces the operator rules (nil for none). It returns an error
-// wrapping ErrBadConfig if a dead-letter rule has no Config.DeadLetterTopic.
+// SetRules replaces the operator rules (nil for none). It returns a
+// *ConfigError (ErrBadConfig) naming Config.DeadLetterTopic if a
+// dead-letter rule has no dead-letter topic; the rules in force stay.
 func (r *Router) SetRules(rs *hotkey.Rules) error {
-	if err := checkDeadLetter(rs, r.cfg.DeadLetterTopic); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	if err := checkDeadLetter("Router.SetRules", rs, r.cfg.DeadLetterTopic); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

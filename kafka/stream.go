@@ -98,34 +98,53 @@ func (r *PartitionReader) locate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kafka: look up topic %q: %w", r.topic, err)
 	}
+	// A topic or partition that does not exist, or that the client may not
+	// read, does not appear by reading again: a *ConfigError, as for
+	// Router.Start. Errors Kafka calls retriable (a leader election) are
+	// returned as they are.
+	final := func(field, reason string, err error) error {
+		var ke *kerr.Error
+		if errors.Is(err, kerr.UnknownTopicOrPartition) || (errors.As(err, &ke) && !ke.Retriable) {
+			return &ConfigError{Func: "PartitionReader.Read", Field: field, Reason: reason, Err: err}
+		}
+		return fmt.Errorf("kafka: %s: %w", reason, err)
+	}
 	for _, mt := range resp.Topics {
 		if mt.Topic == nil || *mt.Topic != r.topic {
 			continue
 		}
 		if err := kerr.ErrorForCode(mt.ErrorCode); err != nil {
-			return fmt.Errorf("kafka: topic %q: %w", r.topic, err)
+			if errors.Is(err, kerr.UnknownTopicOrPartition) {
+				return final("topic", fmt.Sprintf("%q: topic not found; create it or fix the name", r.topic), err)
+			}
+			return final("topic", fmt.Sprintf("%q", r.topic), err)
 		}
 		for _, mp := range mt.Partitions {
 			if mp.Partition != r.partition {
 				continue
 			}
 			if err := kerr.ErrorForCode(mp.ErrorCode); err != nil {
-				return fmt.Errorf("kafka: topic %q partition %d: %w", r.topic, r.partition, err)
+				return final("partition", fmt.Sprintf("%d of topic %q", r.partition, r.topic), err)
 			}
 			r.known, r.leader, r.topicID = true, mp.Leader, mt.TopicID
 			return nil
 		}
-		return fmt.Errorf("kafka: topic %q has no partition %d (it has %d)", r.topic, r.partition, len(mt.Partitions))
+		return final("partition", fmt.Sprintf("%d: topic %q has %d partition(s); fix the partition or add partitions to the topic",
+			r.partition, r.topic, len(mt.Partitions)), kerr.UnknownTopicOrPartition)
 	}
-	return fmt.Errorf("kafka: topic %q: %w", r.topic, kerr.UnknownTopicOrPartition)
+	return final("topic", fmt.Sprintf("%q: topic not found; create it or fix the name", r.topic), kerr.UnknownTopicOrPartition)
 }
 
 // Read returns the partition's records from offset from on, in offset
 // order, and the offset to read next. At the end of the partition it
 // waits up to MaxWait and returns no records and next == from. A leader
 // that moved is looked up again and the Read answers no records, so the
-// caller simply reads again. Errors: ErrOffsetOutOfRange, ctx's, and the
-// broker's.
+// caller simply reads again. Errors: ErrOffsetOutOfRange (an operator
+// decides where to resume), a *ConfigError (ErrBadConfig, and
+// kerr.UnknownTopicOrPartition or the broker's final error) for a topic or
+// partition that does not exist or may not be read, ctx's, and the
+// broker's others (reading again may pass). A stream.Consumer's Run
+// returns them, wrapped.
 func (r *PartitionReader) Read(ctx context.Context, from uint64) ([]stream.Record, uint64, error) {
 	if from > 1<<63-1 {
 		return nil, from, fmt.Errorf("%w: position %d is not a Kafka offset", ErrOffsetOutOfRange, from)

@@ -105,7 +105,7 @@ func TestPartitionReaderErrors(t *testing.T) {
 		}
 	}
 	r, _ := NewPartitionReader(cl, "events", 3, PartitionReaderConfig{})
-	if _, _, err := r.Read(ctx, 0); err == nil || !strings.Contains(err.Error(), "no partition 3") {
+	if _, _, err := r.Read(ctx, 0); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), `partition 3: topic "events" has 1 partition(s)`) {
 		t.Errorf("Read of a missing partition: %v", err)
 	}
 }

@@ -61,6 +61,27 @@ type Store struct {
 	checker   sync.WaitGroup // checkEndpoints, exited before Close returns
 }
 
+// The client's gRPC keep-alive. While a call or stream is open on a
+// connection that has been silent for clientKeepAliveTime, the client
+// pings it and drops it if no answer comes within clientKeepAliveTimeout.
+//
+// etcd enforces a policy on these pings, embedded or not: at most one
+// every --grpc-keepalive-min-time (5s by default), and none on a
+// connection without a call open (PermitWithoutStream is false, fixed in
+// etcd's code), where every ping less than two hours after the last one
+// counts. At the third ping too many etcd closes the connection with a
+// GOAWAY "too_many_pings", which gRPC logs as an error. So the client
+// never pings without a call open, and pings less often than the
+// default minimum. An idle connection costs no ping: a dead endpoint is
+// found by the call that next opens a stream on it (a keep-alive check
+// within clientKeepAliveTime+clientKeepAliveTimeout), and, with several
+// endpoints, by checkEndpoints within about a second.
+const (
+	clientKeepAliveTime      = 10 * time.Second // gRPC's floor; above etcd's 5s
+	clientKeepAliveTimeout   = 5 * time.Second
+	clientPingsWithoutStream = false
+)
+
 // Open connects to etcd. It waits, bounded by ctx and cfg.DialTimeout, for
 // one endpoint to answer, and returns an error wrapping ErrUnavailable if
 // none does.
@@ -87,22 +108,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	} else {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   cfg.Endpoints,
-		TLS:         cfg.TLS,
-		Username:    cfg.Username,
-		Password:    cfg.Password,
-		DialTimeout: cfg.DialTimeout,
-		// gRPC framing adds a little to each request; let the server be the
-		// one to refuse, with an error that names its flag.
-		MaxCallSendMsgSize: cfg.MaxRequestBytes + 64<<10,
-		Logger:             zapToSlog(h, zapcore.WarnLevel, "etcd-client", nil),
-		// Keep idle connections checked so that a dead endpoint is noticed
-		// and the client fails over.
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		PermitWithoutStream:  true,
-	})
+	c, err := clientv3.New(clientConfig(cfg, h))
 	if err != nil {
 		return nil, etcdErr("store: open", err)
 	}
@@ -126,6 +132,27 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.checker.Go(func() { s.checkEndpoints(cfg.Endpoints) }) // exits when the client is closed
 	}
 	return s, nil
+}
+
+// clientConfig is the etcd client's configuration for cfg, logging to h
+// (nil: nowhere).
+func clientConfig(cfg Config, h slog.Handler) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:   cfg.Endpoints,
+		TLS:         cfg.TLS,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		DialTimeout: cfg.DialTimeout,
+		// gRPC framing adds a little to each request; let the server be the
+		// one to refuse, with an error that names its flag.
+		MaxCallSendMsgSize: cfg.MaxRequestBytes + 64<<10,
+		Logger:             zapToSlog(h, zapcore.WarnLevel, "etcd-client", nil),
+		// Check connections with a call open, within etcd's keep-alive
+		// policy (see clientKeepAliveTime).
+		DialKeepAliveTime:    clientKeepAliveTime,
+		DialKeepAliveTimeout: clientKeepAliveTimeout,
+		PermitWithoutStream:  clientPingsWithoutStream,
+	}
 }
 
 // Close closes the connection. It is idempotent. Leases are not revoked:
