@@ -211,12 +211,16 @@ func keyspaceStatus(ks *store.KeyspaceState) *v1.KeyspaceStatus {
 			}
 		}
 	}
+	owned := make([]int32, len(a.Members)) // buckets per member of the map
 	for b, o := range a.Owners {
 		if o < 0 || int(o) >= len(a.Members) {
 			o = none
 			st.UnassignedBuckets++
-		} else if holder[b] != o {
-			st.HandoffsInFlight++
+		} else {
+			owned[o]++
+			if holder[b] != o {
+				st.HandoffsInFlight++
+			}
 		}
 		if holder[b] != none && holder[b] != o {
 			st.ReleasingBuckets++
@@ -231,7 +235,6 @@ func keyspaceStatus(ks *store.KeyspaceState) *v1.KeyspaceStatus {
 	// enough, a map the leader holds back (rebalance_gap) names them.
 	// A pending member gets nothing until its first keep-alive, a
 	// draining one (or one of weight 0) nothing at all.
-	var counts map[string]int
 	for id, m := range ks.Members {
 		if m.Value.Pending || !(m.Value.Weight > 0) {
 			continue
@@ -239,10 +242,7 @@ func keyspaceStatus(ks *store.KeyspaceState) *v1.KeyspaceStatus {
 		if d, ok := ks.Drains[id]; ok && d.Lease == m.Lease { // a replaced session's drain ends with it
 			continue
 		}
-		if counts == nil {
-			counts = a.Counts()
-		}
-		if counts[id] == 0 {
+		if i, ok := idx[id]; !ok || owned[i] == 0 {
 			st.MembersWithoutBuckets++
 		}
 	}
