@@ -273,7 +273,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 				return ctx.Err()
 			default:
 				s.log.Warn("leader write failed; replanning it after a backoff", "action", fmt.Sprintf("%T", a), "err", err)
-				s.metrics.writeFailures.Inc()
+				s.metrics.writeFailures.WithLabelValues(actionName(a), writeFailureCause(err)).Inc()
 				failed = append(failed, coordinator.WriteFailed{Action: a, Err: err})
 				failures[actionKeyspace(a)]++
 			}
@@ -462,6 +462,40 @@ func actionKeyspace(a coordinator.Action) string {
 // write is do bounded by deadline d (by s's clock): when it passes, the
 // write's context is cancelled and write returns an error wrapping
 // errWriteDeadline. ctx still bounds it as a whole.
+// actionName names a leader write's action for the write-failure series.
+func actionName(a coordinator.Action) string {
+	switch a.(type) {
+	case coordinator.WriteMap:
+		return "map"
+	case coordinator.WriteGrants:
+		return "grants"
+	case coordinator.RevokeSession:
+		return "revoke"
+	case coordinator.WriteReservation:
+		return "reservation"
+	}
+	return "other"
+}
+
+// writeFailureCause sorts a failed leader write's error for the
+// write-failure series: a conflict means the machine planned on a stale
+// view (it replans on the watch's news); deadline and unavailable mean
+// etcd is slow or unreachable; too_large a write etcd's request size
+// refuses.
+func writeFailureCause(err error) string {
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return "conflict"
+	case errors.Is(err, errWriteDeadline), errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, store.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, store.ErrTooLarge):
+		return "too_large"
+	}
+	return "other"
+}
+
 func (s *Server) write(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
 	var rev int64
 	start := time.Now()

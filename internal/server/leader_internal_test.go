@@ -192,8 +192,8 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	// The abandoned round is counted, and its retry waits for the backoff
 	// (the leader's ticker is the other timer).
 	clk.MustBlockUntil(t, 2)
-	if n := writeFailures(t, s); n != 1 {
-		t.Fatalf("write failures = %v, want 1", n)
+	if by := writeFailuresBy(t, s); len(by) != 1 || by["grants/deadline"] != 1 {
+		t.Fatalf("write failures by action/cause = %v, want grants/deadline: 1", by)
 	}
 	clk.Advance(writeBackoff(1))
 	select {
@@ -213,20 +213,39 @@ func TestLeaderWriteDeadline(t *testing.T) {
 	}
 }
 
-// writeFailures is keyshard_leader_write_failures_total of s.
+// writeFailures is keyshard_leader_write_failures_total of s, summed
+// over actions and causes.
 func writeFailures(t *testing.T, s *Server) float64 {
+	t.Helper()
+	var n float64
+	for _, by := range writeFailuresBy(t, s) {
+		n += by
+	}
+	return n
+}
+
+// writeFailuresBy is keyshard_leader_write_failures_total of s by
+// "action/cause".
+func writeFailuresBy(t *testing.T, s *Server) map[string]float64 {
 	t.Helper()
 	mfs, err := s.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() == "keyshard_leader_write_failures_total" {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+		if mf.GetName() != "keyshard_leader_write_failures_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			out[labels["action"]+"/"+labels["cause"]] += m.GetCounter().GetValue()
 		}
 	}
-	t.Fatal("no keyshard_leader_write_failures_total")
-	return 0
+	return out
 }
 
 // reports returns keyshard_reports_total of kind (summed over keyspaces).

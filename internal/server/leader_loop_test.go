@@ -271,8 +271,10 @@ func TestLeadReplansFailedWrite(t *testing.T) {
 			if n := len(calls); n != 3 || !errors.Is(calls[2].err, store.ErrConflict) {
 				t.Fatalf("the replan of an applied round: %v; want a conflict", written(calls, 2))
 			}
-			if n := writeFailures(t, l.s); n != 2 {
-				t.Fatalf("%v failed writes, want 2", n)
+			// The first failure is the injected one (etcd unreachable), the
+			// second the replan's conflict.
+			if by := writeFailuresBy(t, l.s); len(by) != 2 || by["grants/unavailable"] != 1 || by["grants/conflict"] != 1 {
+				t.Fatalf("failed writes by action/cause %v, want grants/unavailable: 1, grants/conflict: 1", by)
 			}
 			l.settle()
 			l.clk.Advance(writeBackoff(2))

@@ -11,7 +11,7 @@ type metrics struct {
 	moves          *prometheus.CounterVec
 	granted        *prometheus.CounterVec
 	reports        *prometheus.CounterVec
-	writeFailures  prometheus.Counter
+	writeFailures  *prometheus.CounterVec
 	leaderPlan     prometheus.Histogram // the coordinator's planning of each batch of events
 	leaderWrite    prometheus.Histogram // each leader write: one fenced transaction
 
@@ -70,9 +70,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_leader_write_seconds", Help: "Duration of each leader write (one fenced etcd transaction: a map, a grant round, a revocation), failed ones included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		writeFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed (conflict, unavailable store); each is replanned.",
-		}),
+		writeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed, by action (map, grants, revoke, reservation) and cause (conflict, deadline, unavailable, too_large, other); each is replanned.",
+		}, []string{"action", "cause"}),
 		hotReports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_hotkey_reports_total", Help: "Hot-key reports (ReportHotKeys) stored through this replica.",
 		}, []string{"pool"}),
