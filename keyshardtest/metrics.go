@@ -8,9 +8,10 @@ import (
 	"testing"
 )
 
-// Metric returns the value of the unlabelled Prometheus series name that
-// the keyshard serve at url exposes on /metrics; it fails tb if the
-// series is absent or not a number.
+// Metric returns the value of the Prometheus metric name that the
+// keyshard serve at url exposes on /metrics, summed over its series (its
+// labels); it fails tb if no series of it is exposed or one is not a
+// number.
 func Metric(tb testing.TB, url, name string) float64 {
 	tb.Helper()
 	res, err := http.Get(url + "/metrics")
@@ -19,14 +20,23 @@ func Metric(tb testing.TB, url, name string) float64 {
 	}
 	defer res.Body.Close()
 	sc := bufio.NewScanner(res.Body)
+	var sum float64
+	found := false
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				tb.Fatalf("%s: %v", name, err)
-			}
-			return f
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
 		}
+		sp := strings.LastIndexByte(rest, ' ')
+		f, err := strconv.ParseFloat(rest[sp+1:], 64)
+		if err != nil {
+			tb.Fatalf("%s: %v", line, err)
+		}
+		sum, found = sum+f, true
+	}
+	if found {
+		return sum
 	}
 	tb.Fatalf("no series %s on %s/metrics", name, url)
 	return 0

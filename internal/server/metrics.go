@@ -129,6 +129,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_api_long_polls_refused_total", Help: "Long polls and watch streams refused because this replica held limits.max_long_polls already.",
 		}),
 	}
+	// Every action and cause is exposed from the start, at 0, so that a
+	// rate over the series sees the first failure.
+	for _, action := range []string{"map", "grants", "revoke", "reservation"} {
+		for _, cause := range []string{"conflict", "deadline", "unavailable", "too_large", "other"} {
+			m.writeFailures.WithLabelValues(action, cause)
+		}
+	}
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
