@@ -146,7 +146,8 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	}
 	// A session this replica knows was replaced is not renewed: the
 	// leader may have put its quarantine on its lease (see revoke).
-	if m.s.replaced(sess) {
+	replaced, active := m.s.sessionState(sess)
+	if replaced {
 		return nil, sessionReplaced(sess)
 	}
 	// Renew, then check that the member record is still on this session,
@@ -159,9 +160,8 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	// keep-alives at once (store.RenewMember); a view that is behind sends
 	// it the long way.
 	var (
-		ttl    time.Duration
-		rev    int64
-		active = m.s.activeOn(sess)
+		ttl time.Duration
+		rev int64
 	)
 	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
 		if active {
@@ -191,36 +191,34 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
 }
 
-// replaced reports whether this replica's view has member sess.member on
-// another session than sess, or the member's quarantine on sess's lease
-// (which only a replaced session carries). (A view that is behind says
-// false; the check after the renewal catches that.)
+// replaced reports whether this replica's view has session sess replaced
+// (see sessionState).
 func (s *Server) replaced(sess session) bool {
-	var cur, quar shard.LeaseID
-	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
-			if m, ok := ks.Members[sess.member]; ok {
-				cur = m.Lease
-			}
-			if q, ok := ks.Quarantines[sess.member]; ok {
-				quar = q.Lease
-			}
-		}
-	})
-	return (cur != 0 && cur != sess.lease) || quar == sess.lease
+	r, _ := s.sessionState(sess)
+	return r
 }
 
-// activeOn reports whether this replica's view has member sess.member's
-// record on sess's session and no longer pending.
-func (s *Server) activeOn(sess session) (active bool) {
+// sessionState reads this replica's view of session sess once: replaced,
+// when the view has member sess.member on another session than sess, or
+// the member's quarantine on sess's lease (which only a replaced session
+// carries); active, when it has the member on sess and no longer
+// pending. (A view that is behind says neither; the check after the
+// renewal catches a replacement.)
+func (s *Server) sessionState(sess session) (replaced, active bool) {
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-		if ks := snap.Keyspaces[sess.keyspace]; ks != nil {
-			if m, ok := ks.Members[sess.member]; ok {
-				active = m.Lease == sess.lease && !m.Value.Pending
-			}
+		ks := snap.Keyspaces[sess.keyspace]
+		if ks == nil {
+			return
+		}
+		if m, ok := ks.Members[sess.member]; ok {
+			replaced = m.Lease != 0 && m.Lease != sess.lease
+			active = m.Lease == sess.lease && !m.Value.Pending
+		}
+		if q, ok := ks.Quarantines[sess.member]; ok && q.Lease == sess.lease {
+			replaced = true
 		}
 	})
-	return active
+	return replaced, active && !replaced
 }
 
 func sessionEnded(sess session) error {
