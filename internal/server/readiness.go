@@ -28,16 +28,21 @@ type reachability struct {
 	mu          sync.Mutex
 	lastOK      time.Time     // the last successful probe, or when probing started
 	unreachable bool          // no successful probe for unreachableAfter
-	lost        chan struct{} // closed when the replica becomes unreachable, then replaced
+	// lost is cancelled when the replica becomes unreachable, then
+	// replaced. A context rather than a channel: a stream registers a
+	// callback on it (context.AfterFunc) instead of parking a goroutine
+	// to wait for it, one per stream.
+	lost     context.Context
+	loseNext context.CancelFunc
 }
 
 // state reports whether etcd is unreachable, since when it has not been
-// reached, and a channel closed when it next becomes unreachable.
-func (r *reachability) state() (unreachable bool, lastOK time.Time, lost <-chan struct{}) {
+// reached, and a context cancelled when it next becomes unreachable.
+func (r *reachability) state() (unreachable bool, lastOK time.Time, lost context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lost == nil {
-		r.lost = make(chan struct{})
+		r.lost, r.loseNext = context.WithCancel(context.Background())
 	}
 	return r.unreachable, r.lastOK, r.lost
 }
@@ -94,9 +99,9 @@ func (s *Server) checkStore(ctx context.Context) {
 		r.unreachable = true
 		s.metrics.storeReachable.Set(0)
 		if r.lost != nil {
-			close(r.lost)
+			r.loseNext()
 		}
-		r.lost = make(chan struct{})
+		r.lost, r.loseNext = context.WithCancel(context.Background())
 	}
 }
 
@@ -142,25 +147,16 @@ func (g reachGate) WrapStreamingHandler(next connect.StreamingHandlerFunc) conne
 		}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := make(chan struct{})
-		ended := make(chan struct{})
-		go func() { // exits when the stream's handler has returned, or etcd becomes unreachable
-			defer close(ended)
-			select {
-			case <-lost:
-				cancel()
-			case <-stop:
-			}
-		}()
+		// The stream ends when etcd becomes unreachable: a callback on
+		// lost, not a goroutine waiting for it (a replica holds a stream
+		// per member, and a goroutine's stack is most of what one costs).
+		stop := context.AfterFunc(lost, cancel)
 		err := next(ctx, conn)
-		close(stop)
-		<-ended
-		select {
-		case <-lost:
+		stop()
+		if lost.Err() != nil {
 			_, lastOK, _ := g.s.reach.state()
 			return g.s.unreachableErr(lastOK)
-		default:
-			return err
 		}
+		return err
 	}
 }
