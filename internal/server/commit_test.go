@@ -321,8 +321,8 @@ func TestStreamCommitRacesHandoff(t *testing.T) {
 	createStream(t, ctx, ts, "ev", 8)
 	a, _ := holdAll(t, ctx, ts, "ev", "a", 8)
 	b := joinMember(t, ts, "ev", "b")
+	keepAliveUntilCleanup(t, ctx, ts, a, b.sess)
 	asked := pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool {
-		keepAlive(t, ctx, ts, a)
 		return len(r.Release) > 0
 	})
 	var rel []*v1.BucketGrant

@@ -34,6 +34,35 @@ func keepAlive(t *testing.T, ctx context.Context, ts *testServer, sess string) {
 	}
 }
 
+// keepAliveUntilCleanup keeps sessions alive, every second as a worker
+// would at a TTL of 3 s, until the test ends: a test whose steps may take
+// longer than the lease TTL on a busy machine (several -race tests at
+// once on two cores) must not lose its members to the clock.
+func keepAliveUntilCleanup(t *testing.T, ctx context.Context, ts *testServer, sessions ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // exits at the test's cleanup
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, sess := range sessions {
+				if _, err := ts.member.KeepAlive(ctx, connect.NewRequest(&v1.KeepAliveRequest{Session: sess})); err != nil && ctx.Err() == nil {
+					t.Errorf("keep-alive of %s: %v", sess, err)
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // pollGrants long-polls sess's grants through ts until cond holds; every
 // answer on the way is passed to check first.
 func pollGrants(t *testing.T, ctx context.Context, ts *testServer, sess string, minRev uint64, check, cond func(*v1.GetGrantsResponse) bool) *v1.GetGrantsResponse {
