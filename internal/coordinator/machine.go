@@ -645,9 +645,15 @@ func (m *Machine) revocations(name string, k *keyspace, now time.Time) []Action 
 		mem := k.members[id]
 		fenced := superseded && mem.Replaces == session && mem.ReplacesFenced
 		if g, ok := k.grants[id]; ok && g.Session == session && !fenced {
+			rel := k.releases[id]
 			for _, bt := range g.Buckets {
-				if k.releases[id][bt.Bucket] != bt.Token {
-					q = append(q, bt.Bucket)
+				b := bt.Bucket
+				if b >= 0 && b < len(x.holder) && x.holder[b] == id && x.token[b] == bt.Token {
+					if !x.released[b] { // the index answers without a map lookup
+						q = append(q, b)
+					}
+				} else if rel[b] != bt.Token {
+					q = append(q, b)
 				}
 			}
 		}
