@@ -441,6 +441,7 @@ The full sizes take several minutes.`,
 	fl.DurationVar(&o.Window, "window", 0, "the live scenario's measured window (default 30s; 3s with --quick)")
 	fl.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "lease TTL of every keyspace (default 10s, the server's; 3s with --quick)")
 	fl.DurationVar(&o.Budget, "budget", 0, "the longest each wait may take before it is reported as timed out (default 3m; 60s with --quick)")
+	fl.IntVar(&o.MembersPerConn, "members-per-conn", 0, "simulated members per HTTP/2 connection to serve (default 0: all share one transport, about 250 streams per connection; 1: a connection per member, as a fleet of processes)")
 	return cmd
 }
 

@@ -83,6 +83,12 @@ type ScaleOptions struct {
 	// LeaseTTL of the keyspaces. Default the server's default, 10 s
 	// (Quick: 3 s, so that the crash scenario ends sooner).
 	LeaseTTL time.Duration
+	// MembersPerConn is how many simulated members share one HTTP/2
+	// connection to serve (a transport of their own). 0, the default:
+	// every member shares one transport, which opens a connection per
+	// serve's limit of concurrent streams (250), as one process hosting
+	// many members does; 1 is a fleet of separate processes.
+	MembersPerConn int
 	// Budget bounds each wait (for every bucket to be granted, for every
 	// router to see an epoch); a wait that runs out is reported as timed
 	// out, not as an error. Default 3 minutes (Quick: 60 s).
@@ -156,6 +162,9 @@ func (o *ScaleOptions) defaults() error {
 	if o.LeaseTTL < 2*time.Second {
 		return fmt.Errorf("bench scale: lease TTL %v; want at least 2s", o.LeaseTTL)
 	}
+	if o.MembersPerConn < 0 {
+		return fmt.Errorf("bench scale: members per connection %d; want 0 (all share one transport) or more", o.MembersPerConn)
+	}
 	return nil
 }
 
@@ -174,6 +183,9 @@ type ScaleReport struct {
 	Etcd        string `json:"etcd"`
 	EtcdMembers int    `json:"etcd_members"`
 	Quick       bool   `json:"quick,omitempty"`
+	// MembersPerConn is how many simulated members share a connection
+	// (0: all share one transport; see ScaleOptions.MembersPerConn).
+	MembersPerConn int `json:"members_per_conn"`
 
 	JoinStorm *JoinStormReport `json:"join_storm,omitempty"`
 	Live      *LiveReport      `json:"live,omitempty"`
@@ -354,7 +366,7 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 		return ScaleReport{}, err
 	}
 	start := time.Now()
-	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick}
+	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn}
 	if opts.Etcd == EtcdCluster3 {
 		rep.EtcdMembers = 3
 	}
@@ -890,6 +902,13 @@ type fleet struct {
 	e  *scaleEnv
 	wg sync.WaitGroup
 
+	// perConn members share each of conns (0: all use e.member).
+	perConn int
+	mu      sync.Mutex
+	joined  int
+	conns   []*http.Transport
+	api     []keyshardv1connect.MemberServiceClient
+
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
 	releaseCalls, releasedBuckets             atomic.Int64
 	releaseErrs, streamErrs                   atomic.Int64
@@ -932,13 +951,41 @@ type simMember struct {
 	keyspace, id, session string
 	ttl                   time.Duration
 	stop                  context.CancelFunc
+	api                   keyshardv1connect.MemberServiceClient
+}
+
+// client returns the member API client of the next member to join: every
+// perConn members get a transport, so a connection, of their own.
+func (f *fleet) client() keyshardv1connect.MemberServiceClient {
+	if f.perConn <= 0 {
+		return f.e.member
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.joined%f.perConn == 0 {
+		tr := &http.Transport{Protocols: new(http.Protocols)}
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		f.conns = append(f.conns, tr)
+		f.api = append(f.api, keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: tr}, f.e.url))
+	}
+	f.joined++
+	return f.api[len(f.api)-1]
+}
+
+// closeConns closes the fleet's own connections, once its members ended.
+func (f *fleet) closeConns() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, tr := range f.conns {
+		tr.CloseIdleConnections()
+	}
 }
 
 // join joins one member and activates its session (first KeepAlive);
 // the member then runs until crash or ctx ends, joining again with a new
 // session if it loses one, as the SDK's Worker does.
 func (f *fleet) join(ctx context.Context, ks, id string) (*simMember, error) {
-	m := &simMember{keyspace: ks, id: id}
+	m := &simMember{keyspace: ks, id: id, api: f.client()}
 	if err := f.session(ctx, m); err != nil {
 		return nil, err
 	}
@@ -970,7 +1017,7 @@ func (f *fleet) session(ctx context.Context, m *simMember) error {
 }
 
 func (f *fleet) trySession(ctx context.Context, m *simMember, replace bool) error {
-	resp, err := f.e.member.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: m.keyspace, Member: &keyshardv1.Member{Id: m.id, Address: m.id + ":1"}, Replace: replace}))
+	resp, err := m.api.Join(ctx, connect.NewRequest(&keyshardv1.JoinRequest{Keyspace: m.keyspace, Member: &keyshardv1.Member{Id: m.id, Address: m.id + ":1"}, Replace: replace}))
 	if err != nil {
 		return fmt.Errorf("join %s as %s: %w", m.keyspace, m.id, err)
 	}
@@ -978,7 +1025,7 @@ func (f *fleet) trySession(ctx context.Context, m *simMember, replace bool) erro
 	if m.ttl <= 0 {
 		return fmt.Errorf("join %s as %s: lease TTL %v", m.keyspace, m.id, m.ttl)
 	}
-	if _, err := f.e.member.KeepAlive(ctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session})); err != nil {
+	if _, err := m.api.KeepAlive(ctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session})); err != nil {
 		return fmt.Errorf("first keep-alive of %s/%s: %w", m.keyspace, m.id, err)
 	}
 	f.keepAlivesOK.Add(1)
@@ -1023,7 +1070,7 @@ func (f *fleet) keep(ctx context.Context, m *simMember, lost context.CancelFunc)
 		case <-t.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, m.ttl/3)
-		_, err := f.e.member.KeepAlive(cctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session}))
+		_, err := m.api.KeepAlive(cctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session}))
 		cancel()
 		switch {
 		case err == nil:
@@ -1043,7 +1090,7 @@ func (f *fleet) follow(ctx context.Context, m *simMember, lost context.CancelFun
 	released := map[[2]uint64]bool{} // (bucket, token) released successfully
 	var minRev uint64
 	for ctx.Err() == nil {
-		st, err := f.e.member.WatchGrants(ctx, connect.NewRequest(&keyshardv1.WatchGrantsRequest{Session: m.session, MinRevision: minRev}))
+		st, err := m.api.WatchGrants(ctx, connect.NewRequest(&keyshardv1.WatchGrantsRequest{Session: m.session, MinRevision: minRev}))
 		if err != nil {
 			f.streamErrs.Add(1)
 			pause(ctx, 100*time.Millisecond)
@@ -1068,7 +1115,7 @@ func (f *fleet) follow(ctx context.Context, m *simMember, lost context.CancelFun
 			if len(rel) == 0 {
 				continue
 			}
-			resp, err := f.e.member.Release(ctx, connect.NewRequest(&keyshardv1.ReleaseRequest{Session: m.session, Buckets: rel}))
+			resp, err := m.api.Release(ctx, connect.NewRequest(&keyshardv1.ReleaseRequest{Session: m.session, Buckets: rel}))
 			if err != nil {
 				if ctx.Err() == nil {
 					f.releaseErrs.Add(1)
@@ -1164,8 +1211,8 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e}
-	defer func() { stopMembers(); f.wg.Wait() }()
+	f := &fleet{e: e, perConn: o.MembersPerConn}
+	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 
 	before, err := e.sample(ctx)
 	if err != nil {
@@ -1228,8 +1275,8 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		}
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e}
-	defer func() { stopMembers(); f.wg.Wait() }()
+	f := &fleet{e: e, perConn: o.MembersPerConn}
+	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	base, err := e.sample(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sample before the joins: %w", err)
@@ -1305,8 +1352,8 @@ func (e *scaleEnv) routers(ctx context.Context, o ScaleOptions, logf logFunc) (*
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e}
-	defer func() { stopMembers(); f.wg.Wait() }()
+	f := &fleet{e: e, perConn: o.MembersPerConn}
+	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	if _, err := f.join(mctx, ks, "r-first"); err != nil {
 		return nil, err
 	}
@@ -1496,8 +1543,8 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e}
-	defer func() { stopMembers(); f.wg.Wait() }()
+	f := &fleet{e: e, perConn: o.MembersPerConn}
+	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	logf("crash: %d members join %s (%d buckets, lease TTL %v)", o.Members, ks, o.Buckets, o.LeaseTTL)
 	kss := make([]string, o.Members)
 	ids := make([]string, o.Members)

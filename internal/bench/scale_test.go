@@ -37,6 +37,9 @@ func TestScaleQuick(t *testing.T) {
 		// busy machine must not fail the test (the members re-join, as
 		// the SDK does, and the report counts it).
 		LeaseTTL: 3 * time.Second, Budget: 60 * time.Second,
+		// Members in groups of 7 per connection: the members' calls go
+		// over transports of the fleet's own, not the harness's.
+		MembersPerConn: 7,
 	}
 	var progress bytes.Buffer
 	rep, err := Scale(t.Context(), opts, &progress)
@@ -47,8 +50,8 @@ func TestScaleQuick(t *testing.T) {
 	if _, err := json.Marshal(rep); err != nil {
 		t.Errorf("the report does not encode as JSON: %v", err)
 	}
-	if rep.Etcd != EtcdEmbedded || rep.EtcdMembers != 1 || !rep.Quick {
-		t.Errorf("etcd %q with %d members, quick %v; want embedded, 1, true", rep.Etcd, rep.EtcdMembers, rep.Quick)
+	if rep.Etcd != EtcdEmbedded || rep.EtcdMembers != 1 || !rep.Quick || rep.MembersPerConn != 7 {
+		t.Errorf("etcd %q with %d members, quick %v, %d members per connection; want embedded, 1, true, 7", rep.Etcd, rep.EtcdMembers, rep.Quick, rep.MembersPerConn)
 	}
 	checkWhere := func(name string, w TimeSplit) {
 		t.Helper()
