@@ -26,8 +26,8 @@ const (
 // found. Its zero value is reachable. Safe for concurrent use.
 type reachability struct {
 	mu          sync.Mutex
-	lastOK      time.Time     // the last successful probe, or when probing started
-	unreachable bool          // no successful probe for unreachableAfter
+	lastOK      time.Time // the last successful probe, or when probing started
+	unreachable bool      // no successful probe for unreachableAfter
 	// lost is cancelled when the replica becomes unreachable, then
 	// replaced. A context rather than a channel: a stream registers a
 	// callback on it (context.AfterFunc) instead of parking a goroutine
