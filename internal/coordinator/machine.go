@@ -482,14 +482,7 @@ func (m *Machine) plan(name string, k *keyspace, now time.Time) []Action {
 		k.balanced = k.hasMap && len(p.Moves) == 0
 	}
 	if k.hasMap && len(p.Moves) > 0 && m.epochGap > 0 && k.onlyRebalances(p.Moves) {
-		due := k.lastMapAt.Add(m.epochGap)
-		if k.moving > 0 {
-			// The last map's handoffs are still going: a new map now would
-			// move some of their buckets again. Hold it until they are
-			// done, or holdFactor gaps have passed.
-			due = k.lastMapAt.Add(holdFactor * m.epochGap)
-		}
-		if now.Before(due) {
+		if due := k.heldUntil(m.epochGap); now.Before(due) {
 			k.deferred = due
 			p.Moves = nil // the current map stays until due
 		}
@@ -560,22 +553,37 @@ func (k *keyspace) holdWithoutBalance(gap time.Duration, now time.Time) (time.Ti
 	if !k.grew || gap <= 0 || !k.hasMap || k.hasRes || k.mapUnassigned != 0 || k.m.Assignment.Buckets() != k.cfg.Buckets {
 		return time.Time{}, false
 	}
-	due := k.lastMapAt.Add(gap)
-	if k.moving > 0 {
-		due = k.lastMapAt.Add(holdFactor * gap)
-	}
+	due := k.heldUntil(gap)
 	if !now.Before(due) {
 		return time.Time{}, false
 	}
 	for _, id := range k.m.Assignment.Members {
-		if _, joined := k.members[id]; !joined {
-			return time.Time{}, false
-		}
-		if _, draining := k.drainOf(id); draining {
+		if !k.stays(id) {
 			return time.Time{}, false
 		}
 	}
 	return due, true
+}
+
+// heldUntil is when a map that only rebalances may be written: gap after
+// the last map, or, while the last map's handoffs are still going (a new
+// map now would move some of their buckets again), once they are done or
+// holdFactor gaps have passed.
+func (k *keyspace) heldUntil(gap time.Duration) time.Time {
+	if k.moving > 0 {
+		return k.lastMapAt.Add(holdFactor * gap)
+	}
+	return k.lastMapAt.Add(gap)
+}
+
+// stays reports whether member id is joined and not draining: a move off
+// it only rebalances.
+func (k *keyspace) stays(id string) bool {
+	if _, joined := k.members[id]; !joined {
+		return false
+	}
+	_, draining := k.drainOf(id)
+	return !draining
 }
 
 // onlyRebalances reports whether every move takes a bucket from a member
@@ -586,10 +594,7 @@ func (k *keyspace) onlyRebalances(moves []placement.Move) bool {
 		if i > 0 && mv.From == moves[i-1].From { // moves come in runs from one member
 			continue
 		}
-		if _, joined := k.members[mv.From]; !joined {
-			return false
-		}
-		if _, draining := k.drainOf(mv.From); draining {
+		if !k.stays(mv.From) {
 			return false
 		}
 	}
