@@ -165,9 +165,10 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	pending := plan(snapshotEvents(snap))
 	updates, stopWatch := watchStore(ctx, st, snap.Rev+1)
 	defer stopWatch() // the term ends only once the watch goroutine has exited
+	defer s.metrics.leaderWatchBehind.Set(0)
 	tick := s.clock.NewTicker(time.Second)
 	defer tick.Stop()
-	own := ownWrites{}
+	own := newOwnWrites()
 	// seen is the revision the watch has delivered up to. checked holds,
 	// per session whose drain timeout the machine reported, the store's
 	// revision when it first did: the revocation waits until the watch
@@ -203,6 +204,13 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	}()
 	// waiting adds to evs the events of the updates the watch has ready
 	// (up to 256), without blocking; false: the watch has ended.
+	// saw notes that the watch delivered u: how far it has come, and how
+	// long the echoes of the leader's writes took (the watch's lag).
+	saw := func(u store.Update) {
+		seen = max(seen, u.Rev)
+		own.echoed(seen, func(at time.Time) { s.metrics.leaderWatchLag.Observe(time.Since(at).Seconds()) })
+		s.metrics.leaderWatchBehind.Set(float64(own.behind(seen)))
+	}
 	waiting := func(evs []coordinator.Event) ([]coordinator.Event, bool) {
 		for range 256 {
 			select {
@@ -210,7 +218,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 				if !ok {
 					return evs, false
 				}
-				seen = max(seen, u.Rev)
+				saw(u)
 				evs = own.events(evs, u)
 			default:
 				return evs, true
@@ -266,7 +274,8 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 				// Tell the machine what it just wrote, at the revision it was
 				// written, so it can plan the next round now instead of when
 				// the watch echoes the write (the echo is then dropped).
-				committed = append(committed, own.committed(a, rev)...)
+				committed = append(committed, own.committed(a, rev, time.Now())...)
+				s.metrics.leaderWatchBehind.Set(float64(own.behind(seen)))
 			case errors.Is(err, store.ErrFenced):
 				return errNotLeader
 			case ctx.Err() != nil:
@@ -316,7 +325,7 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			}
 			// Take every update already waiting too, and plan once: a burst
 			// of releases becomes one grant round, not one round each.
-			seen = max(seen, u.Rev)
+			saw(u)
 			evs, open := waiting(own.events(nil, u))
 			if !open {
 				return errNotLeader
@@ -518,30 +527,81 @@ func (s *Server) write(ctx context.Context, st leaderStore, fence store.Fence, a
 // machine back to an older value and revision of the key: it would plan
 // on a stale view, and its next write, expecting the old revision, would
 // conflict.
-type ownWrites map[string]ownWrite
+//
+// The keys are also queued in the order they were committed (so by
+// revision): forgetting the keys an update passed costs only those keys,
+// not a look at every key the leader wrote and the watch has not echoed
+// yet (ten thousand grants records, when the watch runs behind a fleet's
+// joins, looked at for each of its updates).
+type ownWrites struct {
+	keys  map[string]ownWrite
+	order []ownKey // keys[order[i].key] is forgotten once the watch passes order[i].rev
+	// commits are the revisions committed that the watch has not
+	// delivered yet, with when: the echo's delay is the watch's lag.
+	commits []ownCommit
+}
 
 type ownWrite struct {
 	rev int64
 	ev  coordinator.Event
 }
 
+type ownKey struct {
+	key string
+	rev int64
+}
+
+type ownCommit struct {
+	rev int64
+	at  time.Time
+}
+
+func newOwnWrites() *ownWrites { return &ownWrites{keys: map[string]ownWrite{}} }
+
+// put records key's commit at rev.
+func (o *ownWrites) put(key string, rev int64, ev coordinator.Event) {
+	o.keys[key] = ownWrite{rev, ev}
+	o.order = append(o.order, ownKey{key, rev})
+}
+
+// echoed drops the commits the watch has delivered (up to rev), calling
+// f with when each was made.
+func (o *ownWrites) echoed(rev int64, f func(at time.Time)) {
+	n := 0
+	for n < len(o.commits) && o.commits[n].rev <= rev {
+		f(o.commits[n].at)
+		n++
+	}
+	o.commits = o.commits[n:]
+}
+
+// behind is how many revisions the watch, having delivered up to seen,
+// is behind the latest commit (0: none).
+func (o *ownWrites) behind(seen int64) int64 {
+	if len(o.commits) == 0 {
+		return 0
+	}
+	return max(o.commits[len(o.commits)-1].rev-seen, 0)
+}
+
 // committed records that action a was committed at rev and returns the
 // changes it made, as the watch will deliver them.
-func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Event {
+func (o *ownWrites) committed(a coordinator.Action, rev int64, at time.Time) []coordinator.Event {
 	var evs []coordinator.Event
+	o.commits = append(o.commits, ownCommit{rev, at})
 	switch a := a.(type) {
 	case coordinator.WriteMap:
 		ev := coordinator.MapPut{Keyspace: a.Keyspace, Map: a.Map, Rev: rev}
-		o[store.MapKey(a.Keyspace)] = ownWrite{rev, ev}
+		o.put(store.MapKey(a.Keyspace), rev, ev)
 		evs = append(evs, ev)
 	case coordinator.WriteGrants:
 		for id, g := range a.Grants {
 			ev := coordinator.GrantsPut{Keyspace: a.Keyspace, ID: id, Grants: g, Rev: rev}
-			o[store.GrantsKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			o.put(store.GrantsKey(a.Keyspace, id), rev, ev)
 			evs = append(evs, ev)
 		}
 		ev := coordinator.TokensPut{Keyspace: a.Keyspace, Token: a.Token, Rev: rev}
-		o[store.TokensKey(a.Keyspace)] = ownWrite{rev, ev}
+		o.put(store.TokensKey(a.Keyspace), rev, ev)
 		evs = append(evs, ev)
 		was, now := store.SplitPositions(a.WasPositions), store.SplitPositions(a.Positions)
 		for c := range now {
@@ -552,22 +612,22 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 			if len(now[c].Runs) == 0 {
 				ev = coordinator.BucketPosDeleted{Keyspace: a.Keyspace, Chunk: c}
 			}
-			o[store.BucketPosKey(a.Keyspace, c)] = ownWrite{rev, ev}
+			o.put(store.BucketPosKey(a.Keyspace, c), rev, ev)
 			evs = append(evs, ev)
 		}
 		for _, id := range a.Folded {
 			ev := coordinator.CommitDeleted{Keyspace: a.Keyspace, ID: id}
-			o[store.PositionsKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			o.put(store.PositionsKey(a.Keyspace, id), rev, ev)
 			evs = append(evs, ev)
 		}
 		for _, id := range slices.Sorted(maps.Keys(a.Held)) {
 			ev := coordinator.HeldPut{Keyspace: a.Keyspace, ID: id, Held: a.Held[id], Rev: rev}
-			o[store.HeldKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			o.put(store.HeldKey(a.Keyspace, id), rev, ev)
 			evs = append(evs, ev)
 		}
 		for _, id := range a.Unheld {
 			ev := coordinator.HeldDeleted{Keyspace: a.Keyspace, ID: id}
-			o[store.HeldKey(a.Keyspace, id)] = ownWrite{rev, ev}
+			o.put(store.HeldKey(a.Keyspace, id), rev, ev)
 			evs = append(evs, ev)
 		}
 	case coordinator.WriteReservation:
@@ -575,7 +635,7 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 		if len(a.Reservation.Members) == 0 {
 			ev = coordinator.ReservationDeleted{Keyspace: a.Keyspace}
 		}
-		o[store.ReservedKey(a.Keyspace)] = ownWrite{rev, ev}
+		o.put(store.ReservedKey(a.Keyspace), rev, ev)
 		evs = append(evs, ev)
 	}
 	return evs
@@ -586,33 +646,37 @@ func (o ownWrites) committed(a coordinator.Action, rev int64) []coordinator.Even
 // committed it at: the machine has that value, or a newer one, already. A
 // resync to a snapshot older than some of its commits is followed by
 // those commits again. Keys the watch has passed are forgotten.
-func (o ownWrites) events(evs []coordinator.Event, u store.Update) []coordinator.Event {
+func (o *ownWrites) events(evs []coordinator.Event, u store.Update) []coordinator.Event {
 	if u.Resync != nil {
 		evs = append(evs, snapshotEvents(u.Resync.Snapshot)...)
-		keys := make([]string, 0, len(o))
-		for key, w := range o {
+		keys := make([]string, 0, len(o.keys))
+		for key, w := range o.keys {
 			if w.rev > u.Resync.Rev {
 				keys = append(keys, key)
 			}
 		}
 		sort.Strings(keys)
 		for _, key := range keys {
-			evs = append(evs, o[key].ev)
+			evs = append(evs, o.keys[key].ev)
 		}
 	}
 	for _, c := range u.Changes {
-		if w, ok := o[c.Key]; ok && c.ModRevision <= w.rev {
+		if w, ok := o.keys[c.Key]; ok && c.ModRevision <= w.rev {
 			continue
 		}
 		if ev := changeEvent(c); ev != nil {
 			evs = append(evs, ev)
 		}
 	}
-	for key, w := range o {
-		if w.rev <= u.Rev {
-			delete(o, key)
+	n := 0
+	for n < len(o.order) && o.order[n].rev <= u.Rev {
+		// A key committed again later stays for its later commit.
+		if k := o.order[n]; o.keys[k.key].rev == k.rev {
+			delete(o.keys, k.key)
 		}
+		n++
 	}
+	o.order = o.order[n:]
 	return evs
 }
 

@@ -59,11 +59,11 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	tokens := func(rev int64, token uint64) store.Change {
 		return store.Change{Kind: store.KindTokens, Keyspace: "rooms", Key: store.TokensKey("rooms"), Value: token, ModRevision: rev}
 	}
-	own := ownWrites{}
+	own := newOwnWrites()
 	round := coordinator.WriteGrants{Keyspace: "rooms", Token: 7, Grants: map[string]shard.Grants{
 		"a": {Session: testLease, Buckets: []shard.BucketToken{{Bucket: 0, Token: 7}}},
 	}}
-	committed := own.committed(round, 40)
+	committed := own.committed(round, 40, time.Time{})
 	wantCommitted := []coordinator.Event{
 		coordinator.GrantsPut{Keyspace: "rooms", ID: "a", Grants: round.Grants["a"], Rev: 40},
 		coordinator.TokensPut{Keyspace: "rooms", Token: 7, Rev: 40},
@@ -91,8 +91,8 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 	if got := own.events(nil, store.Update{Changes: []store.Change{grants(40, 0), tokens(40, 7)}, Rev: 40}); len(got) != 0 {
 		t.Fatalf("the commit's echo reached the machine: %v", got)
 	}
-	if len(own) != 0 {
-		t.Fatalf("keys the watch has passed are still remembered: %v", own)
+	if len(own.keys) != 0 || len(own.order) != 0 {
+		t.Fatalf("keys the watch has passed are still remembered: %v, %v", own.keys, own.order)
 	}
 	gone := store.Change{Kind: store.KindGrants, Keyspace: "rooms", ID: "a", Key: store.GrantsKey("rooms", "a"), Deleted: true, ModRevision: 41}
 	got = own.events(nil, store.Update{Changes: []store.Change{gone}, Rev: 41})
@@ -100,10 +100,33 @@ func TestOwnWritesDropOlderEchoes(t *testing.T) {
 		t.Fatalf("a later change (-want +got):\n%s", diff)
 	}
 	// A resync past a commit needs nothing more.
-	own.committed(round, 50)
+	own.committed(round, 50, time.Time{})
 	got = own.events(nil, store.Update{Resync: &store.Resync{Snapshot: store.NewSnapshot(52), Rev: 52}, Rev: 52})
 	if diff := cmp.Diff([]coordinator.Event{coordinator.Reset{}}, got); diff != "" {
 		t.Fatalf("resync past the commit (-want +got):\n%s", diff)
+	}
+
+	// A key committed twice is remembered until the watch passes the
+	// later commit: the echo of the first does not forget it.
+	own.committed(round, 60, time.Time{})
+	own.committed(round, 62, time.Time{})
+	if got := own.events(nil, store.Update{Changes: []store.Change{grants(60, 0), tokens(60, 7)}, Rev: 60}); len(got) != 0 {
+		t.Fatalf("the first commit's echo reached the machine: %v", got)
+	}
+	if got := own.events(nil, store.Update{Changes: []store.Change{grants(61, 0, 1)}, Rev: 61}); len(got) != 0 {
+		t.Fatalf("a change older than the second commit reached the machine: %v", got)
+	}
+	if _, ok := own.keys[store.GrantsKey("rooms", "a")]; !ok {
+		t.Fatal("the key was forgotten before the watch passed its second commit")
+	}
+	var lags []time.Time
+	own.echoed(61, func(at time.Time) { lags = append(lags, at) })
+	if len(lags) != 3 || own.behind(61) != 1 {
+		t.Fatalf("echoed up to 61: %d commits, %d behind; want the 3 commits up to 60 (at 40, 50, 60), and 1 revision behind", len(lags), own.behind(61))
+	}
+	own.events(nil, store.Update{Rev: 62})
+	if len(own.keys) != 0 || len(own.order) != 0 {
+		t.Fatalf("after the second commit's echo: %v, %v; want nothing remembered", own.keys, own.order)
 	}
 }
 

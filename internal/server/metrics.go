@@ -13,7 +13,11 @@ type metrics struct {
 	reports        *prometheus.CounterVec
 	writeFailures  *prometheus.CounterVec
 	leaderPlan     prometheus.Histogram // the coordinator's planning of each batch of events
-	leaderWrite    prometheus.Histogram // each leader write: one fenced transaction
+	// The leader's watch: how long the echo of each of its writes took,
+	// and how many revisions it is behind the latest one.
+	leaderWatchLag    prometheus.Histogram
+	leaderWatchBehind prometheus.Gauge
+	leaderWrite       prometheus.Histogram // each leader write: one fenced transaction
 
 	// Hot keys.
 	hotReports       *prometheus.CounterVec // reports received by this replica, per pool
@@ -65,6 +69,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leaderPlan: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keyshard_leader_plan_seconds", Help: "Time the leader spent planning each batch of store events and ticks (the coordinator's step), on the wall clock.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
+		}),
+		leaderWatchLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keyshard_leader_watch_lag_seconds", Help: "Time from each leader write's commit until the leader's etcd watch delivered it (the watch's lag behind etcd: the leader sees members' joins and releases this late), on the wall clock.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}),
+		leaderWatchBehind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keyshard_leader_watch_behind_revisions", Help: "Revisions the leader's etcd watch has yet to deliver up to the leader's latest write; 0 when caught up or not leading.",
 		}),
 		leaderWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keyshard_leader_write_seconds", Help: "Duration of each leader write (one fenced etcd transaction: a map, a grant round, a revocation), failed ones included.",
@@ -136,7 +147,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			m.writeFailures.WithLabelValues(action, cause)
 		}
 	}
-	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWrite,
+	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWatchLag, m.leaderWatchBehind, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
 		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused)

@@ -66,14 +66,22 @@ type Update struct {
 //
 // Watch starts one goroutine, which owns the returned channel: it sends
 // until ctx is done or the Store is closed, then closes the channel and
-// exits. Sends block until the reader receives or ctx is done, so the
+// exits. It decodes up to watchBuffer updates ahead of the reader; sends
+// beyond that block until the reader receives or ctx is done, so the
 // reader need not drain the channel after cancelling ctx. Read and resync
 // failures are retried with backoff (and logged to Config.Logger).
 func (s *Store) Watch(ctx context.Context, fromRev int64) <-chan Update {
-	out := make(chan Update)
+	out := make(chan Update, watchBuffer)
 	go s.watch(ctx, fromRev, out) // exits when ctx is done or the Store is closed
 	return out
 }
+
+// watchBuffer is how many updates Watch decodes ahead of its reader. A
+// reader that takes what is ready and acts on it as one batch (the
+// leader's step) finds it decoded and waiting; through an unbuffered
+// channel it found one or two updates at each step, the next still being
+// decoded, and fell behind etcd by tens of seconds under a fleet's joins.
+const watchBuffer = 256
 
 func (s *Store) watch(ctx context.Context, next int64, out chan<- Update) {
 	defer close(out)
