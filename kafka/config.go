@@ -39,7 +39,7 @@ var (
 	// such error is a *ConfigError, which names the argument or field: from
 	// NewRouter, Router.Start (a topic missing or not describable, metrics
 	// refused), NewBarrier, Router.SetRules and PartitionReader.Read (its
-	// topic or partition missing).
+	// topic or partition missing, or not readable by the client).
 	ErrBadConfig = errors.New("kafka: bad config")
 	// ErrBadHeader is wrapped by Barrier.Wait for a barrier header that is
 	// not "<partition>:<offset>".

@@ -142,6 +142,11 @@
 //   - ErrOffsetOutOfRange: a PartitionReader was asked for an offset the
 //     partition no longer (or not yet) has; an operator decides where to
 //     resume (keyshard positions reset).
+//   - stream.ErrTransient (the SDK's): PartitionReader.Read failed in a
+//     way reading again may fix, such as a leader election or a broker
+//     restart; a stream.Consumer or stream.Worker waits and reads again
+//     instead of stopping (see "Reading a partition through a broker
+//     fault").
 //
 // Anything else comes from the Kafka client or a broker (kerr's errors,
 // with kerr.IsRetriable), or is ctx's: Start retries what may pass by
@@ -151,6 +156,45 @@
 // move a position backwards come back from stream.Worker.Commit (and
 // WorkerOptions.OnCommit) as the client package's ErrSessionLost,
 // ErrNotHeld and ErrBackwards, whatever its Reader.
+//
+// # Reading a partition through a broker fault
+//
+// A PartitionReader marks the errors that reading again may fix with
+// stream.ErrTransient, the one rule of every stream.Reader, and a
+// stream.Consumer (so a stream.Worker) rides them out: it keeps its
+// buckets, waits with capped exponential backoff on its clock
+// (stream.Retry: up to 100ms after a first failure, doubling to 10s by
+// default), and reads again at the same position, for as long as the
+// fault lasts, so nothing is skipped or handled twice. Transient are: no
+// leader (LEADER_NOT_AVAILABLE, an election), a leader that moved
+// (NOT_LEADER_FOR_PARTITION, FENCED_LEADER_EPOCH, UNKNOWN_TOPIC_ID: the
+// next Read looks it up again, and a topic or partition found gone then
+// is a *ConfigError), every other error kerr calls retriable
+// (REQUEST_TIMED_OUT, ...), at the top level of a Fetch or for the
+// partition, and a request that got no answer because the broker is
+// down, restarting or unreachable (a connection refused, reset or closed,
+// a timeout). A connection closed as soon as the request was sent
+// (kgo.ErrFirstReadEOF) is transient only once Kafka has answered the
+// reader: before, it more likely means the SASL or TLS configuration is
+// wrong. What stops Run at once, with the error it had before, is what
+// reading again cannot fix: a *ConfigError for a topic or partition that
+// does not exist (kerr.UnknownTopicOrPartition, Field "topic" or
+// "partition") or that the client may not read
+// (kerr.TopicAuthorizationFailed, Field "topic"), ErrOffsetOutOfRange, a
+// closed kgo client, records that cannot be decoded, and ctx's error.
+//
+// Every retry is counted (stream.ConsumerStats.ReadRetries, through
+// Consumer.Stats or Worker.Stats) and logged at warn level with the lane,
+// the position, the failures in a row so far, how long the streak has
+// lasted and the error; a streak that ends is logged once at info level.
+// Stats also has the current streak (Streak, FailingSince) and the last
+// error, for an alert on a partition that cannot be read for long. To
+// export the count to Prometheus:
+//
+//	prometheus.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+//		Name: "keyshard_stream_read_retries_total",
+//		Help: "Reads of the stream that failed with a transient error and were tried again.",
+//	}, func() float64 { return float64(w.Stats().ReadRetries) }))
 //
 // # Lifecycle and threading
 //

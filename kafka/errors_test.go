@@ -120,7 +120,7 @@ func TestPartitionReaderMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := stream.NewConsumer(flow, r, func(context.Context, stream.Record) error { return nil })
+	c, err := stream.NewConsumer(flow, r, func(context.Context, stream.Record) error { return nil }, stream.ConsumerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

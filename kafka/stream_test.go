@@ -145,7 +145,7 @@ func TestPartitionReaderUnderConsumer(t *testing.T) {
 			cancel()
 		}
 		return nil
-	})
+	}, stream.ConsumerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,14 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/clock"
 )
 
 // Reader reads the shared stream; the package never knows what it is (a
@@ -17,7 +21,24 @@ type Reader interface {
 	// returned. At the head of the stream it may wait for new records,
 	// but should then return (no records, next == from) after a short
 	// while, so that a bucket gained meanwhile starts catching up.
+	//
+	// An error that reading again may fix (a broker or database that is
+	// failing over, a broken connection, a timeout) should wrap
+	// ErrTransient (see Transient): the Consumer then backs off and reads
+	// again. Any other error stops the Consumer.
 	Read(ctx context.Context, from uint64) (recs []Record, next uint64, err error)
+}
+
+// ConsumerOptions configure a Consumer. The zero value is usable.
+type ConsumerOptions struct {
+	// Retry paces the Reads after a transient Read error.
+	Retry Retry
+	// Clock times the waits between those Reads; nil means the real
+	// clock.
+	Clock clock.Clock
+	// Logger receives a warning for every transient Read error, and a
+	// message when Reads succeed again; nil discards them.
+	Logger *slog.Logger
 }
 
 // Consumer runs a Flow with a Reader: it reads the lane the Flow needs
@@ -32,9 +53,22 @@ type Reader interface {
 // record of the lost buckets is being handled or will be, and Progress
 // never counts a record whose handle has not returned. handle must not
 // call them.
+//
+// A Read error wrapping ErrTransient does not stop Run: the Consumer
+// waits (ConsumerOptions.Retry, on ConsumerOptions.Clock) and reads again
+// at the position it needs then, for as long as the errors last, counting
+// them (Stats) and logging each at warn level with the streak so far and
+// the error. Nothing is skipped or repeated: a failed Read delivered
+// nothing.
 type Consumer struct {
 	r      Reader
 	handle func(context.Context, Record) error
+	retry  Retry
+	clk    clock.Clock
+	log    *slog.Logger
+
+	statsMu sync.Mutex
+	stats   ConsumerStats
 
 	mu   sync.Mutex // guards flow, and is held while a batch is handled
 	flow *Flow
@@ -43,17 +77,35 @@ type Consumer struct {
 
 // NewConsumer returns a Consumer of flow, which it then owns: call its
 // methods only through the Consumer. It does no IO and starts no
-// goroutine; nil arguments are a *client.ArgError.
-func NewConsumer(flow *Flow, r Reader, handle func(context.Context, Record) error) (*Consumer, error) {
+// goroutine; nil arguments and a bad ConsumerOptions.Retry are a
+// *client.ArgError naming the argument or field.
+func NewConsumer(flow *Flow, r Reader, handle func(context.Context, Record) error, opts ConsumerOptions) (*Consumer, error) {
+	bad := func(arg, reason string) error { return &client.ArgError{Func: "NewConsumer", Arg: arg, Reason: reason} }
 	for _, a := range []struct {
 		name string
 		nil  bool
 	}{{"flow", flow == nil}, {"r", r == nil}, {"handle", handle == nil}} {
 		if a.nil {
-			return nil, &client.ArgError{Func: "NewConsumer", Arg: a.name, Reason: "is nil"}
+			return nil, bad(a.name, "is nil")
 		}
 	}
-	return &Consumer{r: r, handle: handle, flow: flow}, nil
+	retry, err := opts.Retry.withDefaults(bad, "ConsumerOptions.Retry.")
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{r: r, handle: handle, flow: flow, retry: retry, clk: clock.Or(opts.Clock), log: log}, nil
+}
+
+// Stats returns the counters of transient Read errors. It does not wait
+// for a batch being handled.
+func (c *Consumer) Stats() ConsumerStats {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	return c.stats
 }
 
 // Gain is Flow.Gain.
@@ -95,8 +147,10 @@ func (c *Consumer) Progress() (def uint64, except []BucketPosition) {
 
 // Run reads and handles records until ctx ends (returning ctx.Err()),
 // Close (client.ErrClosed), or Read or handle fails (returning its
-// error; Progress is then before the record that failed). Run may be
-// called once.
+// error; Progress is then before the record that failed). A Read error
+// wrapping ErrTransient is not a failure: Run backs off and reads again
+// (see Consumer), until ctx ends or Close, which end a wait at once. Run
+// may be called once.
 func (c *Consumer) Run(ctx context.Context) error {
 	return c.run(ctx, "Consumer", c.loop)
 }
@@ -115,8 +169,15 @@ func (c *Consumer) loop(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("stream: read from %d: %w", from, err)
+			if !errors.Is(err, ErrTransient) {
+				return fmt.Errorf("stream: read from %d: %w", from, err)
+			}
+			if !sleep(ctx, c.clk, c.failed(from, catching, err)) {
+				return ctx.Err()
+			}
+			continue
 		}
+		c.succeeded()
 		c.mu.Lock()
 		if catching {
 			_, err = c.flow.Catchup(from, recs, next, deliver)
@@ -131,6 +192,45 @@ func (c *Consumer) loop(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// failed counts a transient Read error, logs it and returns how long to
+// wait before reading again.
+func (c *Consumer) failed(from uint64, catching bool, err error) time.Duration {
+	now := c.clk.Now()
+	c.statsMu.Lock()
+	c.stats.ReadRetries++
+	c.stats.Streak++
+	if c.stats.Streak == 1 {
+		c.stats.FailingSince = now
+	}
+	c.stats.LastError = err
+	s := c.stats
+	c.statsMu.Unlock()
+	wait := c.retry.wait(s.Streak)
+	c.log.Warn("keyshard: stream read failed with a transient error; reading again after a pause",
+		"lane", laneName(catching), "from", from, "failures_in_a_row", s.Streak,
+		"failing_for", now.Sub(s.FailingSince), "retry_in", wait, "err", err)
+	return wait
+}
+
+// succeeded ends a streak of transient Read errors, if there is one.
+func (c *Consumer) succeeded() {
+	c.statsMu.Lock()
+	s := c.stats
+	c.stats.Streak, c.stats.FailingSince = 0, time.Time{}
+	c.statsMu.Unlock()
+	if s.Streak > 0 {
+		c.log.Info("keyshard: stream read again after transient errors",
+			"failures_in_a_row", s.Streak, "failing_for", c.clk.Since(s.FailingSince), "last_err", s.LastError)
+	}
+}
+
+func laneName(catching bool) string {
+	if catching {
+		return "catch-up"
+	}
+	return "main"
 }
 
 // Close stops Run and waits until it has returned; Run then returns

@@ -56,7 +56,7 @@ func TestConsumer(t *testing.T) {
 		b := h.Bucket(rec.Key)
 		got[b] = append(got[b], rec.Position)
 		return nil
-	})
+	}, ConsumerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestConsumer(t *testing.T) {
 func TestNewConsumerArgs(t *testing.T) {
 	f, _ := NewFlow(mustHasher(t, 4), 0)
 	var ae *client.ArgError
-	if _, err := NewConsumer(f, nil, func(context.Context, Record) error { return nil }); !errors.As(err, &ae) || ae.Arg != "r" {
+	if _, err := NewConsumer(f, nil, func(context.Context, Record) error { return nil }, ConsumerOptions{}); !errors.As(err, &ae) || ae.Arg != "r" {
 		t.Errorf("NewConsumer(nil reader) = %v, want an *ArgError naming r", err)
 	}
 }

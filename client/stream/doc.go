@@ -52,6 +52,32 @@
 // was not handled: a granted bucket not gained yet, one catching up or
 // one just lost is listed with its own position (see Worker).
 //
+// # Transient read errors
+//
+// A Reader says that an error of Read may pass by reading again (a
+// broker in a leader election, a connection that broke, a request that
+// timed out, a database failing over) by wrapping ErrTransient, with
+// Transient or fmt.Errorf's %w; it is the one rule for every Reader, and
+// kafka.PartitionReader follows it. A Consumer, and so a Worker, then
+// keeps its buckets, waits with capped exponential backoff on its clock
+// (Retry: by default up to 100ms after a first failure, doubling to 10s)
+// and reads again at the position it needs then, for as long as the
+// errors last: nothing is skipped or handled twice, and a stream down for
+// minutes does not stop the worker. Each retry is counted
+// (ConsumerStats.ReadRetries, Consumer.Stats, Worker.Stats) and logged at
+// warn level with the failures in a row so far, how long they have
+// lasted, and the error; the current streak and the last error are in
+// the stats too. Any other Read error stops Run, as does any error of
+// the handle function, whatever it wraps:
+//
+//	func (e *events) Read(ctx context.Context, from uint64) ([]stream.Record, uint64, error) {
+//		rows, err := e.db.QueryContext(ctx, query, from)
+//		if isConnectionError(err) {
+//			return nil, from, stream.Transient(err) // the Consumer waits and reads again
+//		}
+//		...
+//	}
+//
 // # Waking pending work
 //
 // After gaining buckets a sender must wake the work that was pending for
@@ -63,11 +89,12 @@
 //
 // # Lifecycle
 //
-// Constructors (NewFlow, NewConsumer, NewWaker, NewWorker) check their arguments,
-// do no IO and start no goroutine; a bad one is a *client.ArgError, which
-// wraps client.ErrInvalid. Run does the work on the caller's goroutine
-// and returns when done, when ctx ends (ctx.Err()) or on Close
-// (client.ErrClosed). Close stops Run, waits until it has returned, and
-// is idempotent. Worker follows client.Worker instead: its Close(ctx)
-// drains gracefully and Run then returns nil.
+// Constructors (NewFlow, NewConsumer, NewWaker, NewWorker) check their
+// arguments, do no IO and start no goroutine; a bad one is a
+// *client.ArgError, which wraps client.ErrInvalid. Run does the work on
+// the caller's goroutine and returns when done, when ctx ends
+// (ctx.Err()) or on Close (client.ErrClosed), which also end a wait
+// between two Reads at once. Close stops Run, waits until it has
+// returned, and is idempotent. Worker follows client.Worker instead: its
+// Close(ctx) drains gracefully and Run then returns nil.
 package stream

@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyshard/keyshard/client"
@@ -49,7 +50,13 @@ type WorkerOptions struct {
 	// Worker holds the options of the client.Worker the stream worker
 	// runs (client.Replace, client.FenceMargin, client.OnEvent, ...).
 	Worker []client.WorkerOption
-	// Clock paces the commits and the wakes; nil means the Client's.
+	// ReadRetry paces the Reads after a transient Read error (one
+	// wrapping ErrTransient), which the worker rides out instead of
+	// stopping: see Consumer. Each is logged at warn level on the
+	// Client's logger and counted in Stats.
+	ReadRetry Retry
+	// Clock paces the commits, the wakes and the Reads after a transient
+	// error; nil means the Client's.
 	Clock clock.Clock
 }
 
@@ -82,11 +89,13 @@ type WakeOptions struct {
 //
 // handle is called from one goroutine, in stream order for each key,
 // with Run's context. A record is counted as processed once handle
-// returned nil for it; an error stops the worker (see Run). The worker
-// may lose a bucket between two records, never during one: each record
-// carries its Bucket and the Token the worker holds it at, to pass to
-// storage with the record's writes so that a write made after the bucket
-// moved on is refused.
+// returned nil for it; an error stops the worker (see Run), and so does
+// an error of the Reader, unless it wraps ErrTransient: the worker then
+// keeps its buckets, waits and reads again (WorkerOptions.ReadRetry),
+// counting the retries in Stats. The worker may lose a bucket between
+// two records, never during one: each record carries its Bucket and the
+// Token the worker holds it at, to pass to storage with the record's
+// writes so that a write made after the bucket moved on is refused.
 //
 // # Commits
 //
@@ -117,6 +126,7 @@ type Worker struct {
 	r        Reader
 	handle   func(context.Context, Record) error
 	opts     WorkerOptions
+	retry    Retry
 	clk      clock.Clock
 	log      *slog.Logger
 	interval time.Duration
@@ -126,8 +136,9 @@ type Worker struct {
 
 	commitMu sync.Mutex // one commit at a time, from computing it to its answer
 
-	mu     sync.Mutex // guards what follows; held while a bucket is gained or lost and while a commit is computed
-	cons   *Consumer  // nil until the first Acquire
+	mu     sync.Mutex               // guards what follows; held while a bucket is gained or lost and while a commit is computed
+	cons   *Consumer                // nil until the first Acquire
+	consAt atomic.Pointer[Consumer] // cons, for Stats, which must not wait for mu
 	hasher placement.Hasher
 	ready  chan struct{}  // closed once cons is set
 	gained map[int]uint64 // bucket → token it was gained at
@@ -158,8 +169,8 @@ type lastCommit struct {
 // keyspace) as member m, read the stream with r and call handle for each
 // record of its buckets. It does no IO and starts nothing: call Run. It
 // returns a *client.ArgError for a nil Client, Reader or handle, a
-// negative CommitInterval, bad WakeOptions, or whatever client.NewWorker
-// refuses (a bad keyspace name, member, or option).
+// negative CommitInterval, a bad ReadRetry, bad WakeOptions, or whatever
+// client.NewWorker refuses (a bad keyspace name, member, or option).
 func NewWorker(c *client.Client, keyspace string, m client.Member, r Reader, handle func(context.Context, Record) error, opts WorkerOptions) (*Worker, error) {
 	const fn = "stream.NewWorker"
 	bad := func(arg, reason string) error { return &client.ArgError{Func: fn, Arg: arg, Reason: reason} }
@@ -175,6 +186,10 @@ func NewWorker(c *client.Client, keyspace string, m client.Member, r Reader, han
 	case opts.StartPosition != nil && *opts.StartPosition == none:
 		return nil, bad("WorkerOptions.StartPosition", "is math.MaxUint64, which is no position")
 	}
+	retry, err := opts.ReadRetry.withDefaults(bad, "WorkerOptions.ReadRetry.")
+	if err != nil {
+		return nil, err
+	}
 	if o := opts.Wake; o != nil {
 		_, err := NewWaker(WakeConfig{Next: o.Next, Keep: func([]byte) bool { return false }, Wake: o.Wake, Rate: o.Rate, Page: o.Page})
 		var ae *client.ArgError
@@ -183,7 +198,7 @@ func NewWorker(c *client.Client, keyspace string, m client.Member, r Reader, han
 		}
 	}
 	sw := &Worker{
-		r: r, handle: handle, opts: opts,
+		r: r, handle: handle, opts: opts, retry: retry,
 		clk:      clock.Or(opts.Clock),
 		log:      c.Logger().With("keyspace", keyspace, "member", m.ID),
 		interval: opts.CommitInterval,
@@ -208,6 +223,24 @@ func NewWorker(c *client.Client, keyspace string, m client.Member, r Reader, han
 	return sw, nil
 }
 
+// WorkerStats are a stream Worker's counters.
+type WorkerStats struct {
+	// ConsumerStats are those of the Consumer the worker runs: the
+	// transient Read errors it rode out (zero before the worker acquired
+	// its first bucket).
+	ConsumerStats
+}
+
+// Stats returns the worker's counters. It does not wait for a record
+// being handled.
+func (sw *Worker) Stats() WorkerStats {
+	cons := sw.consAt.Load()
+	if cons == nil {
+		return WorkerStats{}
+	}
+	return WorkerStats{ConsumerStats: cons.Stats()}
+}
+
 // ClientWorker returns the client.Worker the stream worker runs: for
 // Owns, WaitGrant, Held and Granted. Run and Close it only through the
 // stream worker.
@@ -220,8 +253,9 @@ func (sw *Worker) ClientWorker() *client.Worker { return sw.w }
 // that does not exist), or the error of the Reader or of handle that
 // stopped the Consumer: the worker then commits, hands every bucket over
 // at the position after the last record it handled (a graceful leave),
-// and returns that error. Run may be called once; after Close it returns
-// client.ErrClosed.
+// and returns that error. A Reader error wrapping ErrTransient stops
+// nothing: the worker waits and reads again (WorkerOptions.ReadRetry).
+// Run may be called once; after Close it returns client.ErrClosed.
 func (sw *Worker) Run(ctx context.Context) error {
 	sw.lifeMu.Lock()
 	if sw.started {
@@ -477,11 +511,12 @@ func (sw *Worker) startLocked(g client.Grant) error {
 		rec.Token = sw.tokens[rec.Bucket]
 		sw.tokMu.Unlock()
 		return sw.handle(ctx, rec)
-	})
+	}, ConsumerOptions{Retry: sw.retry, Clock: sw.clk, Logger: sw.log})
 	if err != nil {
 		return err
 	}
 	sw.cons, sw.hasher = cons, hasher
+	sw.consAt.Store(cons)
 	close(sw.ready)
 	return nil
 }
