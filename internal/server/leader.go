@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -16,7 +17,6 @@ import (
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
-	"github.com/keyshard/keyshard/placement"
 )
 
 // errNotLeader ends a term: the session ended or a write was fenced.
@@ -183,6 +183,9 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 	// deferredRevoke: the last action was a drain-timeout revocation put
 	// off until the watch catches up.
 	deferredRevoke := false
+	// alone: how many of the next actions are written each in its own
+	// transaction, after a transaction of several failed.
+	alone := 0
 	// failed are the writes that failed since the last retry; the machine
 	// still counts them in flight, so it plans nothing in their place until
 	// the retry timer replans them. failures counts the consecutive failed
@@ -266,6 +269,40 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 					deferredRevoke = true
 					continue
 				}
+			}
+			// Writes of other keyspaces planned right after this one
+			// go in its transaction: a fleet over a hundred keyspaces
+			// made a hundred transactions a step, one after the other,
+			// and the leader fell behind its watch.
+			if alone == 0 {
+				if n, writes, expects := s.gather(a, pending, batchBudget(st)); n > 0 {
+					batch := append([]coordinator.Action{a}, pending[:n]...)
+					rev, err := s.writeTogether(ctx, st, fence, batch, writes, expects, writeDeadline(m.MinLeaseTTL()))
+					switch {
+					case err == nil:
+						pending = pending[n:]
+						now := time.Now()
+						for _, b := range batch {
+							delete(failures, actionKeyspace(b))
+							committed = append(committed, own.committed(b, rev, now)...)
+						}
+						s.metrics.leaderWatchBehind.Set(float64(own.behind(seen)))
+						continue
+					case errors.Is(err, store.ErrFenced):
+						return errNotLeader
+					case ctx.Err() != nil:
+						return ctx.Err()
+					}
+					// One of them failed the transaction (a conflict, a
+					// lease that expired) or etcd did: write them one by
+					// one, so that only the failing ones are replanned.
+					s.log.Debug("leader transaction of several keyspaces failed; writing them one by one", "keyspaces", len(batch), "err", err)
+					s.metrics.writeFailures.WithLabelValues("batch", writeFailureCause(err)).Inc()
+					alone = n + 1
+				}
+			}
+			if alone > 0 {
+				alone--
 			}
 			rev, err := s.write(ctx, st, fence, a, writeDeadline(m.MinLeaseTTL()))
 			switch {
@@ -684,20 +721,41 @@ func (o *ownWrites) events(evs []coordinator.Event, u store.Update) []coordinato
 // it was committed at (0 for actions that are not one transaction).
 func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action) (int64, error) {
 	switch a := a.(type) {
-	case coordinator.WriteMap:
-		// The map and its entry in the map history, in one transaction.
-		writes := append([]store.Write{store.PutMap(a.Keyspace, a.Map)}, store.PutHistory(a.Keyspace, historyEntry(a, s.clock.Now()))...)
-		rev, err := st.Commit(ctx, fence, writes, []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+	case coordinator.WriteMap, coordinator.WriteGrants:
+		writes, expects := s.txnOf(a)
+		rev, err := st.Commit(ctx, fence, writes, expects)
 		if err != nil {
 			return 0, err
 		}
-		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
-		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
-		s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "reason", a.Reason, "why", a.Detail, "members", len(a.Map.Assignment.Counts()), "buckets_per_member", countsSummary(a.Map.Assignment))
+		s.applied(a)
 		return rev, nil
+	case coordinator.WriteReservation:
+		rev, err := st.Commit(ctx, fence, []store.Write{store.PutReservation(a.Keyspace, a.Reservation)}, []store.Expect{{Key: store.ReservedKey(a.Keyspace), ModRevision: a.Expect.Rev}})
+		if err != nil {
+			return 0, err
+		}
+		if len(a.Joined) > 0 {
+			s.log.Info("imported instances joined", "keyspace", a.Keyspace, "joined", a.Joined, "still_awaited", a.Reservation.Members)
+		}
+		return rev, nil
+	case coordinator.RevokeSession:
+		return 0, s.revoke(ctx, st, fence, a)
+	case coordinator.Report:
+		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
+		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
+	}
+	return 0, nil
+}
+
+// txnOf returns the writes and expectations of the transaction that
+// applies a, a WriteMap or WriteGrants (nothing for other actions).
+func (s *Server) txnOf(a coordinator.Action) (writes []store.Write, expects []store.Expect) {
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		// The map and its entry in the map history, in one transaction.
+		writes = append([]store.Write{store.PutMap(a.Keyspace, a.Map)}, store.PutHistory(a.Keyspace, historyEntry(a, s.clock.Now()))...)
+		expects = []store.Expect{{Key: store.MapKey(a.Keyspace), ModRevision: a.Expect.Rev}}
 	case coordinator.WriteGrants:
-		var writes []store.Write
-		var expects []store.Expect
 		for id, g := range a.Grants {
 			writes = append(writes, store.PutGrants(a.Keyspace, id, g))
 		}
@@ -730,28 +788,110 @@ func (s *Server) do(ctx context.Context, st leaderStore, fence store.Fence, a co
 		for _, id := range a.Unheld {
 			writes = append(writes, store.Delete(store.HeldKey(a.Keyspace, id)))
 		}
-		rev, err := st.Commit(ctx, fence, writes, expects)
-		if err != nil {
-			return 0, err
-		}
-		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
-		return rev, nil
-	case coordinator.WriteReservation:
-		rev, err := st.Commit(ctx, fence, []store.Write{store.PutReservation(a.Keyspace, a.Reservation)}, []store.Expect{{Key: store.ReservedKey(a.Keyspace), ModRevision: a.Expect.Rev}})
-		if err != nil {
-			return 0, err
-		}
-		if len(a.Joined) > 0 {
-			s.log.Info("imported instances joined", "keyspace", a.Keyspace, "joined", a.Joined, "still_awaited", a.Reservation.Members)
-		}
-		return rev, nil
-	case coordinator.RevokeSession:
-		return 0, s.revoke(ctx, st, fence, a)
-	case coordinator.Report:
-		s.metrics.reports.WithLabelValues(a.Keyspace, string(a.Kind)).Inc()
-		s.log.Warn(a.Message, "keyspace", a.Keyspace, "kind", a.Kind)
 	}
-	return 0, nil
+	return writes, expects
+}
+
+// applied counts and logs a WriteMap or WriteGrants once committed.
+func (s *Server) applied(a coordinator.Action) {
+	switch a := a.(type) {
+	case coordinator.WriteMap:
+		s.metrics.epochs.WithLabelValues(a.Keyspace).Inc()
+		s.metrics.moves.WithLabelValues(a.Keyspace).Add(float64(a.Moves))
+		if s.log.Enabled(context.Background(), slog.LevelInfo) {
+			counts := a.Map.Assignment.Counts()
+			s.log.Info("new map", "keyspace", a.Keyspace, "epoch", a.Map.Epoch, "moves", a.Moves, "reason", a.Reason, "why", a.Detail, "members", len(counts), "buckets_per_member", countsSummary(counts))
+		}
+	case coordinator.WriteGrants:
+		s.metrics.granted.WithLabelValues(a.Keyspace).Add(float64(a.Granted))
+	}
+}
+
+// txnBudget bounds one leader transaction: its writes and expectations
+// (each at most etcd's --max-txn-ops less the fence) and the bytes of its
+// keys and values (below etcd's default request limit of 1.5 MiB).
+type txnBudget struct{ ops, bytes int }
+
+// batchBudget is the budget of a transaction of several keyspaces' writes
+// on st.
+func batchBudget(st leaderStore) txnBudget {
+	ops := store.DefaultMaxTxnOps - 1
+	if m, ok := st.(interface{ MaxTxnWrites() int }); ok {
+		ops = m.MaxTxnWrites()
+	}
+	return txnBudget{ops: ops, bytes: store.DefaultTenantTxnBytes}
+}
+
+// maxBatch bounds the actions in one leader transaction, so that one that
+// fails costs at most that many writes made again one by one.
+const maxBatch = 64
+
+// gather returns how many of the actions that follow a (rest) go into
+// a's transaction, and its writes and expectations: the maps and grant
+// rounds right after it, each of a keyspace of its own, within budget b.
+// n == 0: a is written alone (and nothing is returned).
+func (s *Server) gather(a coordinator.Action, rest []coordinator.Action, b txnBudget) (n int, writes []store.Write, expects []store.Expect) {
+	if !batchable(a) || len(rest) == 0 || !batchable(rest[0]) || actionKeyspace(rest[0]) == actionKeyspace(a) {
+		return 0, nil, nil
+	}
+	seen := map[string]bool{actionKeyspace(a): true}
+	writes, expects = s.txnOf(a)
+	bytes := writesSize(writes)
+	for _, next := range rest {
+		if n+1 >= maxBatch || !batchable(next) || seen[actionKeyspace(next)] {
+			break
+		}
+		w, e := s.txnOf(next)
+		if len(writes)+len(w) > b.ops || len(expects)+len(e) > b.ops || bytes+writesSize(w) > b.bytes {
+			break
+		}
+		writes, expects, bytes = append(writes, w...), append(expects, e...), bytes+writesSize(w)
+		seen[actionKeyspace(next)] = true
+		n++
+	}
+	if n == 0 {
+		return 0, nil, nil
+	}
+	return n, writes, expects
+}
+
+func batchable(a coordinator.Action) bool {
+	switch a.(type) {
+	case coordinator.WriteMap, coordinator.WriteGrants:
+		return true
+	}
+	return false
+}
+
+func writesSize(ws []store.Write) int {
+	n := 0
+	for _, w := range ws {
+		n += w.Size()
+	}
+	return n
+}
+
+// writeTogether commits writes and expects, the transaction of the
+// actions of batch (maps and grant rounds of distinct keyspaces), bounded
+// by deadline d as write is, and counts and logs each once committed.
+func (s *Server) writeTogether(ctx context.Context, st leaderStore, fence store.Fence, batch []coordinator.Action, writes []store.Write, expects []store.Expect, d time.Duration) (int64, error) {
+	var rev int64
+	start := time.Now()
+	defer func() { s.metrics.leaderWrite.Observe(time.Since(start).Seconds()) }()
+	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
+		rev, err = st.Commit(wctx, fence, writes, expects)
+		return err
+	})
+	if timedOut {
+		return 0, fmt.Errorf("%w (%v): %w", errWriteDeadline, d, err)
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, a := range batch {
+		s.applied(a)
+	}
+	return rev, nil
 }
 
 // historyEntry is the map history's entry for map write a, at now.
@@ -764,8 +904,7 @@ func historyEntry(a coordinator.WriteMap, now time.Time) store.EpochChange {
 }
 
 // countsSummary is "a:12 b:11 ..." for up to 16 members, for logs.
-func countsSummary(a placement.Assignment) string {
-	counts := a.Counts()
+func countsSummary(counts map[string]int) string {
 	ids := make([]string, 0, len(counts))
 	for id := range counts {
 		ids = append(ids, id)

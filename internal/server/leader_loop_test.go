@@ -291,6 +291,81 @@ func TestLeadReplansFailedWrite(t *testing.T) {
 	})
 }
 
+// TestLeadBatchesKeyspaces: the maps and grant rounds of several
+// keyspaces planned in one step go in one transaction; when it fails,
+// they are written one by one, and only the one that fails is replanned.
+func TestLeadBatchesKeyspaces(t *testing.T) {
+	three := func() *memStore {
+		st := newMemStore()
+		for _, ks := range []string{"chats", "games", "rooms"} {
+			k := loopKeyspace
+			k.Name = ks
+			st.put(store.KindKeyspace, ks, "", k, 0)
+			st.join(ks, "a", loopTTL)
+		}
+		return st
+	}
+	t.Run("together", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := three()
+			l := startLoop(t, st)
+			defer l.stop()
+			l.settle()
+			want := []string{
+				"[map map map]",
+				"[grants/a grants/a grants/a tokens tokens tokens]",
+			}
+			if diff := cmp.Diff(want, written(st.calls(), 0)); diff != "" {
+				t.Errorf("writes (-want +got):\n%s", diff)
+			}
+			for _, ks := range []string{"chats", "games", "rooms"} {
+				if diff := cmp.Diff(allAtA, holdings(st.snapshot(), ks)); diff != "" {
+					t.Errorf("holdings of %s (-want +got):\n%s", ks, diff)
+				}
+			}
+			if n := writeFailures(t, l.s); n != 0 {
+				t.Errorf("%v failed writes, want none", n)
+			}
+		})
+	})
+	t.Run("one fails", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := three()
+			// games' round fails twice: in the transaction of the three,
+			// then alone.
+			st.failCommit(store.TokensKey("games"), errInjected, false)
+			st.failCommit(store.TokensKey("games"), errInjected, false)
+			l := startLoop(t, st)
+			defer l.stop()
+			l.settle()
+			want := []string{
+				"[map map map]",
+				"error: " + errInjected.Error(), // the three rounds together
+				"[grants/a tokens]",             // chats
+				"error: " + errInjected.Error(), // games
+				"[grants/a tokens]",             // rooms
+			}
+			if diff := cmp.Diff(want, written(st.calls(), 0)); diff != "" {
+				t.Fatalf("writes (-want +got):\n%s", diff)
+			}
+			if by := writeFailuresBy(t, l.s); len(by) != 2 || by["batch/unavailable"] != 1 || by["grants/unavailable"] != 1 {
+				t.Fatalf("failed writes by action/cause %v, want batch/unavailable: 1, grants/unavailable: 1", by)
+			}
+			l.clk.Advance(writeBackoff(1))
+			synctest.Wait()
+			l.settle()
+			if diff := cmp.Diff([]string{"[grants/a tokens]"}, written(st.calls(), len(want))); diff != "" {
+				t.Errorf("writes after the backoff: only games' round again (-want +got):\n%s", diff)
+			}
+			for _, ks := range []string{"chats", "games", "rooms"} {
+				if diff := cmp.Diff(allAtA, holdings(st.snapshot(), ks)); diff != "" {
+					t.Errorf("holdings of %s (-want +got):\n%s", ks, diff)
+				}
+			}
+		})
+	})
+}
+
 // startFailingRound starts the loop on storeWithA, whose first grant round
 // fails with errInjected, after applying if applied.
 func startFailingRound(t *testing.T, applied bool) (*memStore, *loop) {

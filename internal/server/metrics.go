@@ -82,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 		writeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed, by action (map, grants, revoke, reservation) and cause (conflict, deadline, unavailable, too_large, other); each is replanned.",
+			Name: "keyshard_leader_write_failures_total", Help: "Leader writes that failed, by action (map, grants, revoke, reservation; batch: a transaction of several keyspaces' maps and grant rounds, then written one by one) and cause (conflict, deadline, unavailable, too_large, other); each is replanned.",
 		}, []string{"action", "cause"}),
 		hotReports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_hotkey_reports_total", Help: "Hot-key reports (ReportHotKeys) stored through this replica.",
@@ -142,7 +142,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	// Every action and cause is exposed from the start, at 0, so that a
 	// rate over the series sees the first failure.
-	for _, action := range []string{"map", "grants", "revoke", "reservation"} {
+	for _, action := range []string{"map", "grants", "revoke", "reservation", "batch"} {
 		for _, cause := range []string{"conflict", "deadline", "unavailable", "too_large", "other"} {
 			m.writeFailures.WithLabelValues(action, cause)
 		}

@@ -32,6 +32,10 @@ type Write struct {
 // Key returns the key written.
 func (w Write) Key() string { return w.key }
 
+// Size is the bytes of w's key and value, which count against etcd's
+// request size limit.
+func (w Write) Size() int { return len(w.key) + len(w.end) + len(w.val) }
+
 // Change returns the change w makes once a Commit applies it at revision
 // rev, decoded as Watch delivers it, or the error wrapping ErrInvalid that
 // Commit refuses w with. A store that stands in for this one (in the
