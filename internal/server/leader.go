@@ -543,11 +543,17 @@ func writeFailureCause(err error) string {
 }
 
 func (s *Server) write(ctx context.Context, st leaderStore, fence store.Fence, a coordinator.Action, d time.Duration) (int64, error) {
+	return s.timed(ctx, d, func(wctx context.Context) (int64, error) { return s.do(wctx, st, fence, a) })
+}
+
+// timed runs the leader write w bounded by deadline d, timed for
+// keyshard_leader_write_seconds (see write).
+func (s *Server) timed(ctx context.Context, d time.Duration, w func(context.Context) (int64, error)) (int64, error) {
 	var rev int64
 	start := time.Now()
 	defer func() { s.metrics.leaderWrite.Observe(time.Since(start).Seconds()) }()
 	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
-		rev, err = s.do(wctx, st, fence, a)
+		rev, err = w(wctx)
 		return err
 	})
 	if timedOut {
@@ -875,16 +881,7 @@ func writesSize(ws []store.Write) int {
 // actions of batch (maps and grant rounds of distinct keyspaces), bounded
 // by deadline d as write is, and counts and logs each once committed.
 func (s *Server) writeTogether(ctx context.Context, st leaderStore, fence store.Fence, batch []coordinator.Action, writes []store.Write, expects []store.Expect, d time.Duration) (int64, error) {
-	var rev int64
-	start := time.Now()
-	defer func() { s.metrics.leaderWrite.Observe(time.Since(start).Seconds()) }()
-	timedOut, err := s.within(ctx, d, errWriteDeadline, func(wctx context.Context) (err error) {
-		rev, err = st.Commit(wctx, fence, writes, expects)
-		return err
-	})
-	if timedOut {
-		return 0, fmt.Errorf("%w (%v): %w", errWriteDeadline, d, err)
-	}
+	rev, err := s.timed(ctx, d, func(wctx context.Context) (int64, error) { return st.Commit(wctx, fence, writes, expects) })
 	if err != nil {
 		return 0, err
 	}
