@@ -214,6 +214,12 @@ type TimeSplit struct {
 	LeaderWriteS        float64 `json:"leader_write_s"`
 	LeaderWrites        int64   `json:"leader_writes"`
 	LeaderWriteFailures int64   `json:"leader_write_failures"`
+	// LeaderWatchLagMeanS is the mean time from a leader write's commit
+	// until the leader's own watch delivered it
+	// (keyshard_leader_watch_lag_seconds), over LeaderWatchEchoes
+	// echoes: how late the leader saw the store. 0 with no echo.
+	LeaderWatchLagMeanS float64 `json:"leader_watch_lag_mean_s"`
+	LeaderWatchEchoes   int64   `json:"leader_watch_echoes"`
 	// MapEpochs, Grants and Moves are the leader's counters
 	// (keyshard_map_epochs_total, keyshard_grants_total,
 	// keyshard_bucket_moves_total) summed over keyspaces.
@@ -797,11 +803,21 @@ func split(a, b sample) TimeSplit {
 		LeaderWriteS:        d("keyshard_leader_write_seconds_sum"),
 		LeaderWrites:        int64(d("keyshard_leader_write_seconds_count")),
 		LeaderWriteFailures: int64(d("keyshard_leader_write_failures_total")),
+		LeaderWatchLagMeanS: mean(d("keyshard_leader_watch_lag_seconds_sum"), d("keyshard_leader_watch_lag_seconds_count")),
+		LeaderWatchEchoes:   int64(d("keyshard_leader_watch_lag_seconds_count")),
 		MapEpochs:           int64(d("keyshard_map_epochs_total")),
 		Grants:              int64(d("keyshard_grants_total")),
 		Moves:               int64(d("keyshard_bucket_moves_total")),
 		NotSplit:            notSplit,
 	}
+}
+
+// mean is sum / n, or 0 when n is 0.
+func mean(sum, n float64) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return sum / n
 }
 
 // grantState is a keyspace's grants as Status shows them.

@@ -124,3 +124,17 @@ func TestScaleQuick(t *testing.T) {
 		checkWhere("crash", r.Where)
 	}
 }
+
+// TestSplitWatchLag: the split between two samples of serve's metrics
+// reports the leader watch's mean lag over the span, and 0 for a span
+// with no echo.
+func TestSplitWatchLag(t *testing.T) {
+	a := sample{metrics: map[string]float64{"keyshard_leader_watch_lag_seconds_sum": 2, "keyshard_leader_watch_lag_seconds_count": 10}}
+	b := sample{metrics: map[string]float64{"keyshard_leader_watch_lag_seconds_sum": 3.5, "keyshard_leader_watch_lag_seconds_count": 40}}
+	if got := split(a, b); got.LeaderWatchEchoes != 30 || got.LeaderWatchLagMeanS != 0.05 {
+		t.Errorf("split: %d echoes, mean lag %v s; want 30 echoes, 0.05 s", got.LeaderWatchEchoes, got.LeaderWatchLagMeanS)
+	}
+	if got := split(b, b); got.LeaderWatchEchoes != 0 || got.LeaderWatchLagMeanS != 0 {
+		t.Errorf("split of a span with no echo: %d echoes, mean lag %v s; want 0, 0", got.LeaderWatchEchoes, got.LeaderWatchLagMeanS)
+	}
+}
