@@ -926,9 +926,12 @@ type fleet struct {
 	api     []keyshardv1connect.MemberServiceClient
 
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
-	releaseCalls, releasedBuckets             atomic.Int64
-	releaseErrs, streamErrs                   atomic.Int64
-	rejoins, rejoinErrs, joinRetries          atomic.Int64
+	// keepAliveCodes counts the failed keep-alives by code (under mu),
+	// with the first error of each.
+	keepAliveCodes                   map[string]*codeCount
+	releaseCalls, releasedBuckets    atomic.Int64
+	releaseErrs, streamErrs          atomic.Int64
+	rejoins, rejoinErrs, joinRetries atomic.Int64
 }
 
 // MemberHealth is what went wrong with the simulated members' sessions.
@@ -938,9 +941,13 @@ type MemberHealth struct {
 	// (NOT_FOUND: its lease expired or it was revoked), Rejoins the new
 	// sessions members took after, RejoinErrors failed attempts.
 	KeepAliveErrors int64 `json:"keepalive_errors"`
-	SessionsLost    int64 `json:"sessions_lost"`
-	Rejoins         int64 `json:"rejoins"`
-	RejoinErrors    int64 `json:"rejoin_errors"`
+	// KeepAliveErrorCodes splits KeepAliveErrors by the error's code
+	// (deadline_exceeded for one unanswered within TTL/3), each with the
+	// first error seen: what a failed keep-alive ran into.
+	KeepAliveErrorCodes map[string]*codeCount `json:"keepalive_error_codes,omitempty"`
+	SessionsLost        int64                 `json:"sessions_lost"`
+	Rejoins             int64                 `json:"rejoins"`
+	RejoinErrors        int64                 `json:"rejoin_errors"`
 	// JoinRetries counts Joins (and first KeepAlives) retried because
 	// the server could not serve them (UNAVAILABLE, a deadline).
 	JoinRetries int64 `json:"join_retries"`
@@ -950,9 +957,39 @@ type MemberHealth struct {
 	StreamErrors  int64 `json:"stream_errors"`
 }
 
+// codeCount is how many calls failed with one code, and the first
+// error's text.
+type codeCount struct {
+	N     int64  `json:"n"`
+	First string `json:"first"`
+}
+
+// keepAliveFailed counts a keep-alive that failed with err.
+func (f *fleet) keepAliveFailed(err error) {
+	f.keepAliveErrs.Add(1)
+	code := connect.CodeOf(err).String()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keepAliveCodes == nil {
+		f.keepAliveCodes = map[string]*codeCount{}
+	}
+	c := f.keepAliveCodes[code]
+	if c == nil {
+		c = &codeCount{First: err.Error()}
+		f.keepAliveCodes[code] = c
+	}
+	c.N++
+}
+
 func (f *fleet) health() MemberHealth {
+	f.mu.Lock()
+	codes := make(map[string]*codeCount, len(f.keepAliveCodes))
+	for code, c := range f.keepAliveCodes {
+		codes[code] = &codeCount{N: c.N, First: c.First}
+	}
+	f.mu.Unlock()
 	return MemberHealth{
-		KeepAliveErrors: f.keepAliveErrs.Load(), SessionsLost: f.sessionsLost.Load(),
+		KeepAliveErrors: f.keepAliveErrs.Load(), KeepAliveErrorCodes: codes, SessionsLost: f.sessionsLost.Load(),
 		Rejoins: f.rejoins.Load(), RejoinErrors: f.rejoinErrs.Load(), JoinRetries: f.joinRetries.Load(),
 		ReleaseErrors: f.releaseErrs.Load(), StreamErrors: f.streamErrs.Load(),
 	}
@@ -1097,7 +1134,7 @@ func (f *fleet) keep(ctx context.Context, m *simMember, lost context.CancelFunc)
 			lost()
 			return
 		default:
-			f.keepAliveErrs.Add(1)
+			f.keepAliveFailed(err)
 		}
 	}
 }

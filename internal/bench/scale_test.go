@@ -3,9 +3,13 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
+	"reflect"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/keyshard/keyshard/internal/chaos"
 )
@@ -136,5 +140,22 @@ func TestSplitWatchLag(t *testing.T) {
 	}
 	if got := split(b, b); got.LeaderWatchEchoes != 0 || got.LeaderWatchLagMeanS != 0 {
 		t.Errorf("split of a span with no echo: %d echoes, mean lag %v s; want 0, 0", got.LeaderWatchEchoes, got.LeaderWatchLagMeanS)
+	}
+}
+
+// TestKeepAliveErrorCodes: the fleet's failed keep-alives are reported by
+// code, each with the first error.
+func TestKeepAliveErrorCodes(t *testing.T) {
+	f := &fleet{}
+	f.keepAliveFailed(connect.NewError(connect.CodeDeadlineExceeded, errors.New("first")))
+	f.keepAliveFailed(connect.NewError(connect.CodeDeadlineExceeded, errors.New("second")))
+	f.keepAliveFailed(connect.NewError(connect.CodeUnavailable, errors.New("etcd")))
+	h := f.health()
+	want := map[string]*codeCount{
+		"deadline_exceeded": {N: 2, First: "deadline_exceeded: first"},
+		"unavailable":       {N: 1, First: "unavailable: etcd"},
+	}
+	if h.KeepAliveErrors != 3 || !reflect.DeepEqual(h.KeepAliveErrorCodes, want) {
+		t.Errorf("health: %d errors, by code %+v; want 3, %+v", h.KeepAliveErrors, h.KeepAliveErrorCodes, want)
 	}
 }
