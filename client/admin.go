@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/clock"
 )
 
 // Admin is the admin API of a Client: keyspaces, members, drains,
@@ -170,7 +171,7 @@ func (a *Admin) WaitDrained(ctx context.Context, keyspace, member string, progre
 		}
 		if elapsed := a.c.opts.clock.Since(start); !resp.GetChanged() && elapsed < drainPoll/2 {
 			// The server answered at once without a new map: pace the reads.
-			if !sleep(ctx, a.c.opts.clock, drainPoll-elapsed) {
+			if !clock.Sleep(ctx, a.c.opts.clock, drainPoll-elapsed) {
 				return ctx.Err()
 			}
 		}

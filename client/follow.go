@@ -56,18 +56,6 @@ func (b *backoff) next() time.Duration {
 
 func (b *backoff) reset() { b.n = 0 }
 
-// sleep waits d on clk and reports whether it did (false: ctx ended).
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // follower keeps apply fed with the newest state of something the server
 // both streams (watch) and serves as a long poll (poll): it reconnects the
 // stream with backoff, and falls back to long polls when the stream fails
@@ -116,7 +104,7 @@ func (f *follower[T]) run(ctx context.Context) error {
 			if err != nil {
 				f.log.Warn("keyshard: watch failed; reconnecting", "watch", f.what, "err", err, "failures", failures)
 			}
-			if !sleep(ctx, f.clock, b.next()) {
+			if !clock.Sleep(ctx, f.clock, b.next()) {
 				return nil
 			}
 			continue
@@ -133,7 +121,7 @@ func (f *follower[T]) run(ctx context.Context) error {
 					return err
 				}
 				f.log.Warn("keyshard: long poll failed", "watch", f.what, "err", err)
-				if !sleep(ctx, f.clock, b.next()) {
+				if !clock.Sleep(ctx, f.clock, b.next()) {
 					return nil
 				}
 				continue
@@ -142,7 +130,7 @@ func (f *follower[T]) run(ctx context.Context) error {
 			b.reset()
 			f.apply(m)
 			if elapsed := f.clock.Since(start); !changed && elapsed < pollFloor {
-				if !sleep(ctx, f.clock, pollFloor-elapsed) {
+				if !clock.Sleep(ctx, f.clock, pollFloor-elapsed) {
 					return nil
 				}
 			}

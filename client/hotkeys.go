@@ -254,7 +254,7 @@ func (h *HotKeys) reportLoop(ctx context.Context) {
 		if h.cfg.OnReport != nil {
 			h.cfg.OnReport(err)
 		}
-		if d := wait - h.clock.Since(start); d > 0 && !sleep(ctx, h.clock, d) {
+		if d := wait - h.clock.Since(start); d > 0 && !clock.Sleep(ctx, h.clock, d) {
 			return
 		}
 	}

@@ -244,7 +244,7 @@ func (r *LoadReporter) Flush(ctx context.Context) error {
 			// the report stays pending, as at an interval.
 			return fmt.Errorf("load reporter %q of tenant pool %q: flush: %w", r.id, r.pool, err)
 		}
-		if !sleep(ctx, r.clock, b.next()) {
+		if !clock.Sleep(ctx, r.clock, b.next()) {
 			if r.closed.Load() || r.c.closed() {
 				return ErrClosed
 			}
@@ -274,7 +274,7 @@ func (r *LoadReporter) dropAll(cause error) error {
 
 func (r *LoadReporter) loop(ctx context.Context) {
 	for {
-		if !sleep(ctx, r.clock, r.interval) {
+		if !clock.Sleep(ctx, r.clock, r.interval) {
 			return
 		}
 		_ = r.flush(ctx, nil)

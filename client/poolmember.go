@@ -124,7 +124,7 @@ func (p *PoolMember) join(ctx context.Context, replace, first bool) error {
 		// An answer lost on the way may have started a session: replace it.
 		replace = true
 		p.log.Warn("keyshard: cannot join the tenant pool; retrying", "err", err)
-		if !sleep(ctx, p.clock, b.next()) {
+		if !clock.Sleep(ctx, p.clock, b.next()) {
 			return ctx.Err()
 		}
 	}
@@ -137,7 +137,7 @@ func (p *PoolMember) keepAlive(ctx context.Context) {
 	var b backoff
 	wait := time.Duration(0)
 	for {
-		if wait > 0 && !sleep(ctx, p.clock, wait) {
+		if wait > 0 && !clock.Sleep(ctx, p.clock, wait) {
 			return
 		}
 		if ctx.Err() != nil {
@@ -296,7 +296,7 @@ func (p *PoolMember) Leave(ctx context.Context) error {
 			return p.end(ctx, err, -1)
 		default:
 			p.log.Warn("keyshard: cannot start draining; retrying", "err", err)
-			if !sleep(ctx, p.clock, b.next()) {
+			if !clock.Sleep(ctx, p.clock, b.next()) {
 				return p.end(ctx, ctx.Err(), -1)
 			}
 			continue

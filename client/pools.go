@@ -315,7 +315,7 @@ func (f *PoolFollower) load(ctx context.Context) error {
 			return fmt.Errorf("tenant pool %q: get snapshot: %w", f.pool, err)
 		}
 		f.failed(err)
-		if !sleep(ctx, f.clock, b.next()) {
+		if !clock.Sleep(ctx, f.clock, b.next()) {
 			return nil
 		}
 	}

@@ -198,7 +198,7 @@ func (r *Router) load(ctx context.Context) error {
 		r.lastErr = err
 		r.mu.Unlock()
 		r.log.Warn("keyshard: cannot read the map; retrying", "err", err)
-		if !sleep(ctx, r.clock, b.next()) {
+		if !clock.Sleep(ctx, r.clock, b.next()) {
 			return nil
 		}
 	}

@@ -1279,7 +1279,7 @@ func (w *Worker) sendReleaseWith(ctx context.Context, s *session, batch []Grant,
 			return true
 		}
 		w.log.Warn("keyshard: release failed; retrying", "session", s.id, "buckets", len(batch), "err", err)
-		if !sleep(ctx, w.clock, b.next()) {
+		if !clock.Sleep(ctx, w.clock, b.next()) {
 			return false
 		}
 	}
@@ -1302,7 +1302,7 @@ func (w *Worker) leave(ctx context.Context, s *session) error {
 			return nil
 		}
 		w.log.Warn("keyshard: leave failed; retrying", "err", err)
-		if !sleep(ctx, w.clock, b.next()) {
+		if !clock.Sleep(ctx, w.clock, b.next()) {
 			return nil
 		}
 	}

@@ -9,7 +9,10 @@
 //	select { case <-t.C(): ...; case <-ctx.Done(): ... }
 package clock
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Clock tells the time and makes timers. Implementations are safe for
 // concurrent use.
@@ -39,6 +42,19 @@ type Ticker interface {
 // Real is the system clock. Its times carry Go's monotonic reading, so
 // durations between them are immune to wall-clock steps.
 type Real struct{}
+
+// Sleep waits d on c and reports whether it did: false when ctx ended
+// first.
+func Sleep(ctx context.Context, c Clock, d time.Duration) bool {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
 
 // Or returns c, or Real{} if c is nil: the default for an optional Clock.
 func Or(c Clock) Clock {

@@ -172,7 +172,7 @@ func (c *Consumer) loop(ctx context.Context) error {
 			if !errors.Is(err, ErrTransient) {
 				return fmt.Errorf("stream: read from %d: %w", from, err)
 			}
-			if !sleep(ctx, c.clk, c.failed(from, catching, err)) {
+			if !clock.Sleep(ctx, c.clk, c.failed(from, catching, err)) {
 				return ctx.Err()
 			}
 			continue

@@ -1,13 +1,10 @@
 package stream
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
-
-	"github.com/keyshard/keyshard/clock"
 )
 
 // ErrTransient marks an error of Reader.Read that reading again may fix:
@@ -95,18 +92,6 @@ func (r Retry) wait(n int) time.Duration {
 		return d
 	}
 	return d/2 + rand.N(d/2)
-}
-
-// sleep waits d on clk and reports whether it did (false: ctx ended).
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // ConsumerStats are a Consumer's counters of transient Read errors.
