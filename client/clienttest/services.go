@@ -584,3 +584,9 @@ func follow[T any](ctx context.Context, s *Server, service string, st *connect.S
 		}
 	}
 }
+
+// Session answers UNIMPLEMENTED: the SDK then follows grants with
+// WatchGrants and keeps sessions alive with KeepAlive.
+func (m memberService) Session(context.Context, *connect.BidiStream[keyshardv1.SessionRequest, keyshardv1.SessionResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("clienttest does not serve Session streams"))
+}

@@ -144,11 +144,22 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 	if err != nil {
 		return nil, err
 	}
+	ttl, err := m.keepAlive(ctx, sess)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+}
+
+// keepAlive renews session sess, as KeepAlive and a Session stream's
+// keep-alives do, and returns the TTL etcd renewed. Errors are connect
+// errors: NOT_FOUND once the session has ended or was replaced.
+func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Duration, error) {
 	// A session this replica knows was replaced is not renewed: the
 	// leader may have put its quarantine on its lease (see revoke).
 	replaced, active := m.s.sessionState(sess)
 	if replaced {
-		return nil, sessionReplaced(sess)
+		return 0, sessionReplaced(sess)
 	}
 	// Renew, then check that the member record is still on this session,
 	// and activate it on its first keep-alive. A session that was replaced
@@ -163,7 +174,7 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 		ttl time.Duration
 		rev int64
 	)
-	err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
+	err := m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
 		if active {
 			ttl, err = m.s.store.RenewMember(ctx, sess.keyspace, sess.member, sess.lease)
 			return err
@@ -175,20 +186,20 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 		return err
 	})
 	if errors.Is(err, store.ErrLeaseNotFound) {
-		return nil, sessionEnded(sess)
+		return 0, sessionEnded(sess)
 	}
 	switch {
 	case errors.Is(err, store.ErrFenced):
-		return nil, sessionReplaced(sess)
+		return 0, sessionReplaced(sess)
 	case errors.Is(err, store.ErrNotFound):
-		return nil, sessionEnded(sess)
+		return 0, sessionEnded(sess)
 	case err != nil:
-		return nil, apiError(err)
+		return 0, apiError(err)
 	case rev != 0:
 		m.s.log.Info("member session active", "keyspace", sess.keyspace, "member", sess.member, "session", sess.lease)
 		m.s.view.waitRev(ctx, rev)
 	}
-	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+	return ttl, nil
 }
 
 // replaced reports whether this replica's view has session sess replaced
@@ -433,27 +444,18 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
 		return err
 	}
-	var sent uint64
-	first := true
+	var news grantsNews
 	for {
 		changed := m.s.view.keyspaceChanged(sess.keyspace)
-		if !first && m.s.grantsUnchanged(sess, sent) {
-			select {
-			case <-changed:
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		resp, err := m.s.liveGrants(ctx, sess)
+		resp, err := news.next(ctx, m.s, sess)
 		if err != nil {
 			return err
 		}
-		if first || resp.Revision != sent {
+		if resp != nil {
 			if err := stream.Send(resp); err != nil {
 				return err
 			}
-			sent, first = resp.Revision, false
+			news.sent(resp)
 		}
 		select {
 		case <-changed:
@@ -462,6 +464,32 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 		}
 	}
 }
+
+// grantsNews is what a stream of a session's grants (WatchGrants, Session)
+// has sent: the first message always carries the grants, later ones only
+// when they changed.
+type grantsNews struct {
+	rev     uint64 // the revision of the last grants sent
+	started bool   // whether any were sent
+}
+
+// next returns the session's grants if the stream has yet to send them,
+// or nil. A stream woken by a change to its keyspace that is not its own
+// learns that from the revision alone (grantsUnchanged), without building
+// the state (a join storm wakes 1,000 streams per change).
+func (g *grantsNews) next(ctx context.Context, s *Server, sess session) (*v1.GetGrantsResponse, error) {
+	if g.started && s.grantsUnchanged(sess, g.rev) {
+		return nil, nil
+	}
+	resp, err := s.liveGrants(ctx, sess)
+	if err != nil || g.started && resp.Revision == g.rev {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// sent records that resp went out.
+func (g *grantsNews) sent(resp *v1.GetGrantsResponse) { g.rev, g.started = resp.Revision, true }
 
 // Release records that the member has handed buckets back, each at the
 // token it holds it by. The whole call is refused with INVALID_ARGUMENT,

@@ -3304,6 +3304,220 @@ func (x *WatchGrantsRequest) GetMinRevision() uint64 {
 	return 0
 }
 
+// SessionRequest is one message a member sends on its Session stream:
+// WatchGrants and KeepAlive on one HTTP/2 stream, so that a keep-alive
+// is a message on a stream the member already holds rather than a request
+// of its own. The first message opens the stream: session (required) and
+// min_revision, as in WatchGrantsRequest. Every message with keep_alive
+// set renews the session exactly as KeepAlive does (the first one also
+// activates it), and is answered in the order received.
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session from Join. Later messages may leave it empty; naming
+	// another session is INVALID_ARGUMENT and ends the stream.
+	Session string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// As WatchGrantsRequest.min_revision; read from the first message only.
+	MinRevision uint64 `protobuf:"varint,2,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
+	// A keep-alive, numbered by the member (1, 2, 3, ...): its answer
+	// carries the number back. 0 on the first message: no keep-alive yet;
+	// 0 on a later message is INVALID_ARGUMENT.
+	KeepAlive     uint64 `protobuf:"varint,3,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_keyshard_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *SessionRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *SessionRequest) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
+}
+
+func (x *SessionRequest) GetKeepAlive() uint64 {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return 0
+}
+
+// SessionResponse is one message of a Session stream: the member's
+// grants (always in the first message, then whenever they change, as
+// WatchGrants sends them), or the answer to a keep-alive, or both.
+//
+// The stream ends with NOT_FOUND once the session has ended or was
+// replaced (as KeepAlive answers then), and with UNAVAILABLE when the
+// replica stops serving (shutdown, etcd unreachable): reconnect, to this
+// replica or another. A member that half-closes its side ends the stream
+// once the keep-alives it sent are answered.
+//
+// HTTP/2 only (gRPC, or Connect over HTTP/2): over HTTP/1.1 the call
+// fails with UNIMPLEMENTED, and a member uses WatchGrants (or GetGrants)
+// and KeepAlive instead, as the Python and Node.js clients do.
+type SessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grants        *GetGrantsResponse     `protobuf:"bytes,1,opt,name=grants,proto3" json:"grants,omitempty"`
+	KeepAlive     *KeepAliveAnswer       `protobuf:"bytes,2,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_keyshard_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SessionResponse) GetGrants() *GetGrantsResponse {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetKeepAlive() *KeepAliveAnswer {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return nil
+}
+
+// KeepAliveAnswer answers one keep-alive of a Session stream.
+type KeepAliveAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SessionRequest.keep_alive of the message answered.
+	KeepAlive uint64 `protobuf:"varint,1,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	// As KeepAliveResponse.ttl, when the session was renewed.
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Set when this keep-alive failed while the session may still live (etcd
+	// unreachable, a deadline): the Connect error code's name, such as
+	// "unavailable", and what went wrong. The session was not renewed by it;
+	// send another keep-alive (on this stream or by KeepAlive) with a short
+	// backoff. A session that has ended ends the stream instead.
+	ErrorCode     string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveAnswer) Reset() {
+	*x = KeepAliveAnswer{}
+	mi := &file_keyshard_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveAnswer) ProtoMessage() {}
+
+func (x *KeepAliveAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveAnswer.ProtoReflect.Descriptor instead.
+func (*KeepAliveAnswer) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *KeepAliveAnswer) GetKeepAlive() uint64 {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return 0
+}
+
+func (x *KeepAliveAnswer) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *KeepAliveAnswer) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *KeepAliveAnswer) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 // ReleaseRequest hands buckets back, each at the token it was granted
 // with. Every bucket must be held by the session at that token and listed
 // once, and lie in the keyspace's range (INVALID_ARGUMENT naming the entry
@@ -3330,7 +3544,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3342,7 +3556,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[48]
+	mi := &file_keyshard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3355,7 +3569,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{48}
+	return file_keyshard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReleaseRequest) GetSession() string {
@@ -3390,7 +3604,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3402,7 +3616,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[49]
+	mi := &file_keyshard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3415,7 +3629,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{49}
+	return file_keyshard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReleaseResponse) GetRevision() uint64 {
@@ -3436,7 +3650,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3448,7 +3662,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[50]
+	mi := &file_keyshard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3461,7 +3675,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{50}
+	return file_keyshard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LeaveRequest) GetSession() string {
@@ -3479,7 +3693,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3705,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3718,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{51}
+	return file_keyshard_proto_rawDescGZIP(), []int{54}
 }
 
 // CommitRequest records the session's stream positions, the whole of them
@@ -3536,7 +3750,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3548,7 +3762,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3561,7 +3775,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{52}
+	return file_keyshard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CommitRequest) GetSession() string {
@@ -3602,7 +3816,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3828,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3841,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{53}
+	return file_keyshard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CommitResponse) GetRevision() uint64 {
@@ -3653,7 +3867,7 @@ type Map struct {
 
 func (x *Map) Reset() {
 	*x = Map{}
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +3879,7 @@ func (x *Map) String() string {
 func (*Map) ProtoMessage() {}
 
 func (x *Map) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +3892,7 @@ func (x *Map) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Map.ProtoReflect.Descriptor instead.
 func (*Map) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{54}
+	return file_keyshard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Map) GetKeyspace() string {
@@ -3736,7 +3950,7 @@ type GetMapRequest struct {
 
 func (x *GetMapRequest) Reset() {
 	*x = GetMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3748,7 +3962,7 @@ func (x *GetMapRequest) String() string {
 func (*GetMapRequest) ProtoMessage() {}
 
 func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3761,7 +3975,7 @@ func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapRequest.ProtoReflect.Descriptor instead.
 func (*GetMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{55}
+	return file_keyshard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetMapRequest) GetKeyspace() string {
@@ -3796,7 +4010,7 @@ type GetMapResponse struct {
 
 func (x *GetMapResponse) Reset() {
 	*x = GetMapResponse{}
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3808,7 +4022,7 @@ func (x *GetMapResponse) String() string {
 func (*GetMapResponse) ProtoMessage() {}
 
 func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3821,7 +4035,7 @@ func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapResponse.ProtoReflect.Descriptor instead.
 func (*GetMapResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{56}
+	return file_keyshard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetMapResponse) GetMap() *Map {
@@ -3848,7 +4062,7 @@ type WatchMapRequest struct {
 
 func (x *WatchMapRequest) Reset() {
 	*x = WatchMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +4074,7 @@ func (x *WatchMapRequest) String() string {
 func (*WatchMapRequest) ProtoMessage() {}
 
 func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +4087,7 @@ func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMapRequest.ProtoReflect.Descriptor instead.
 func (*WatchMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{57}
+	return file_keyshard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WatchMapRequest) GetKeyspace() string {
@@ -3900,7 +4114,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3912,7 +4126,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3925,7 +4139,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{58}
+	return file_keyshard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *LookupRequest) GetKeyspace() string {
@@ -3955,7 +4169,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3967,7 +4181,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3980,7 +4194,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{59}
+	return file_keyshard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Owner) GetKey() string {
@@ -4021,7 +4235,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4247,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4260,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{60}
+	return file_keyshard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LookupResponse) GetEpoch() uint64 {
@@ -4078,7 +4292,7 @@ type WrongOwner struct {
 
 func (x *WrongOwner) Reset() {
 	*x = WrongOwner{}
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4090,7 +4304,7 @@ func (x *WrongOwner) String() string {
 func (*WrongOwner) ProtoMessage() {}
 
 func (x *WrongOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4103,7 +4317,7 @@ func (x *WrongOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WrongOwner.ProtoReflect.Descriptor instead.
 func (*WrongOwner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{61}
+	return file_keyshard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WrongOwner) GetBucket() uint32 {
@@ -4168,7 +4382,7 @@ type HotKeyPool struct {
 
 func (x *HotKeyPool) Reset() {
 	*x = HotKeyPool{}
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4394,7 @@ func (x *HotKeyPool) String() string {
 func (*HotKeyPool) ProtoMessage() {}
 
 func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4407,7 @@ func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeyPool.ProtoReflect.Descriptor instead.
 func (*HotKeyPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{62}
+	return file_keyshard_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *HotKeyPool) GetName() string {
@@ -4254,7 +4468,7 @@ type PutHotKeyPoolRequest struct {
 
 func (x *PutHotKeyPoolRequest) Reset() {
 	*x = PutHotKeyPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4266,7 +4480,7 @@ func (x *PutHotKeyPoolRequest) String() string {
 func (*PutHotKeyPoolRequest) ProtoMessage() {}
 
 func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4279,7 +4493,7 @@ func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{63}
+	return file_keyshard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *PutHotKeyPoolRequest) GetPool() *HotKeyPool {
@@ -4299,7 +4513,7 @@ type PutHotKeyPoolResponse struct {
 
 func (x *PutHotKeyPoolResponse) Reset() {
 	*x = PutHotKeyPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4525,7 @@ func (x *PutHotKeyPoolResponse) String() string {
 func (*PutHotKeyPoolResponse) ProtoMessage() {}
 
 func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4538,7 @@ func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{64}
+	return file_keyshard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *PutHotKeyPoolResponse) GetPool() *HotKeyPool {
@@ -4342,7 +4556,7 @@ type ListHotKeyPoolsRequest struct {
 
 func (x *ListHotKeyPoolsRequest) Reset() {
 	*x = ListHotKeyPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4354,7 +4568,7 @@ func (x *ListHotKeyPoolsRequest) String() string {
 func (*ListHotKeyPoolsRequest) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4367,7 +4581,7 @@ func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{65}
+	return file_keyshard_proto_rawDescGZIP(), []int{68}
 }
 
 type ListHotKeyPoolsResponse struct {
@@ -4379,7 +4593,7 @@ type ListHotKeyPoolsResponse struct {
 
 func (x *ListHotKeyPoolsResponse) Reset() {
 	*x = ListHotKeyPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4391,7 +4605,7 @@ func (x *ListHotKeyPoolsResponse) String() string {
 func (*ListHotKeyPoolsResponse) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4404,7 +4618,7 @@ func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{66}
+	return file_keyshard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListHotKeyPoolsResponse) GetPools() []*HotKeyPool {
@@ -4427,7 +4641,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4653,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4666,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{67}
+	return file_keyshard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -4487,7 +4701,7 @@ type ReportHotKeysRequest struct {
 
 func (x *ReportHotKeysRequest) Reset() {
 	*x = ReportHotKeysRequest{}
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4499,7 +4713,7 @@ func (x *ReportHotKeysRequest) String() string {
 func (*ReportHotKeysRequest) ProtoMessage() {}
 
 func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4512,7 +4726,7 @@ func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{68}
+	return file_keyshard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReportHotKeysRequest) GetPool() string {
@@ -4548,7 +4762,7 @@ type ReportHotKeysResponse struct {
 
 func (x *ReportHotKeysResponse) Reset() {
 	*x = ReportHotKeysResponse{}
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4560,7 +4774,7 @@ func (x *ReportHotKeysResponse) String() string {
 func (*ReportHotKeysResponse) ProtoMessage() {}
 
 func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4573,7 +4787,7 @@ func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{69}
+	return file_keyshard_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReportHotKeysResponse) GetPool() *HotKeyPool {
@@ -4608,7 +4822,7 @@ type OverflowKey struct {
 
 func (x *OverflowKey) Reset() {
 	*x = OverflowKey{}
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +4834,7 @@ func (x *OverflowKey) String() string {
 func (*OverflowKey) ProtoMessage() {}
 
 func (x *OverflowKey) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +4847,7 @@ func (x *OverflowKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowKey.ProtoReflect.Descriptor instead.
 func (*OverflowKey) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{70}
+	return file_keyshard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *OverflowKey) GetKey() string {
@@ -4678,7 +4892,7 @@ type OverflowSet struct {
 
 func (x *OverflowSet) Reset() {
 	*x = OverflowSet{}
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4690,7 +4904,7 @@ func (x *OverflowSet) String() string {
 func (*OverflowSet) ProtoMessage() {}
 
 func (x *OverflowSet) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4703,7 +4917,7 @@ func (x *OverflowSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowSet.ProtoReflect.Descriptor instead.
 func (*OverflowSet) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{71}
+	return file_keyshard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *OverflowSet) GetPool() string {
@@ -4740,7 +4954,7 @@ type GetOverflowSetRequest struct {
 
 func (x *GetOverflowSetRequest) Reset() {
 	*x = GetOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4752,7 +4966,7 @@ func (x *GetOverflowSetRequest) String() string {
 func (*GetOverflowSetRequest) ProtoMessage() {}
 
 func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4765,7 +4979,7 @@ func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{72}
+	return file_keyshard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetOverflowSetRequest) GetPool() string {
@@ -4800,7 +5014,7 @@ type GetOverflowSetResponse struct {
 
 func (x *GetOverflowSetResponse) Reset() {
 	*x = GetOverflowSetResponse{}
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4812,7 +5026,7 @@ func (x *GetOverflowSetResponse) String() string {
 func (*GetOverflowSetResponse) ProtoMessage() {}
 
 func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4825,7 +5039,7 @@ func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetResponse.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{73}
+	return file_keyshard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetOverflowSetResponse) GetSet() *OverflowSet {
@@ -4852,7 +5066,7 @@ type WatchOverflowSetRequest struct {
 
 func (x *WatchOverflowSetRequest) Reset() {
 	*x = WatchOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4864,7 +5078,7 @@ func (x *WatchOverflowSetRequest) String() string {
 func (*WatchOverflowSetRequest) ProtoMessage() {}
 
 func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4877,7 +5091,7 @@ func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*WatchOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{74}
+	return file_keyshard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *WatchOverflowSetRequest) GetPool() string {
@@ -4909,7 +5123,7 @@ type TenantOverride struct {
 
 func (x *TenantOverride) Reset() {
 	*x = TenantOverride{}
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4921,7 +5135,7 @@ func (x *TenantOverride) String() string {
 func (*TenantOverride) ProtoMessage() {}
 
 func (x *TenantOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4934,7 +5148,7 @@ func (x *TenantOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantOverride.ProtoReflect.Descriptor instead.
 func (*TenantOverride) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{75}
+	return file_keyshard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *TenantOverride) GetSize() uint32 {
@@ -5008,7 +5222,7 @@ type TenantPoolPolicy struct {
 
 func (x *TenantPoolPolicy) Reset() {
 	*x = TenantPoolPolicy{}
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +5234,7 @@ func (x *TenantPoolPolicy) String() string {
 func (*TenantPoolPolicy) ProtoMessage() {}
 
 func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +5247,7 @@ func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolPolicy.ProtoReflect.Descriptor instead.
 func (*TenantPoolPolicy) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{76}
+	return file_keyshard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *TenantPoolPolicy) GetCapacityPerMember() float64 {
@@ -5149,7 +5363,7 @@ type TenantPool struct {
 
 func (x *TenantPool) Reset() {
 	*x = TenantPool{}
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5161,7 +5375,7 @@ func (x *TenantPool) String() string {
 func (*TenantPool) ProtoMessage() {}
 
 func (x *TenantPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5174,7 +5388,7 @@ func (x *TenantPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPool.ProtoReflect.Descriptor instead.
 func (*TenantPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{77}
+	return file_keyshard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *TenantPool) GetName() string {
@@ -5211,7 +5425,7 @@ type PutTenantPoolRequest struct {
 
 func (x *PutTenantPoolRequest) Reset() {
 	*x = PutTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5223,7 +5437,7 @@ func (x *PutTenantPoolRequest) String() string {
 func (*PutTenantPoolRequest) ProtoMessage() {}
 
 func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5236,7 +5450,7 @@ func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{78}
+	return file_keyshard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *PutTenantPoolRequest) GetPool() *TenantPool {
@@ -5256,7 +5470,7 @@ type PutTenantPoolResponse struct {
 
 func (x *PutTenantPoolResponse) Reset() {
 	*x = PutTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5268,7 +5482,7 @@ func (x *PutTenantPoolResponse) String() string {
 func (*PutTenantPoolResponse) ProtoMessage() {}
 
 func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5281,7 +5495,7 @@ func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{79}
+	return file_keyshard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *PutTenantPoolResponse) GetPool() *TenantPool {
@@ -5300,7 +5514,7 @@ type DeleteTenantPoolRequest struct {
 
 func (x *DeleteTenantPoolRequest) Reset() {
 	*x = DeleteTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5312,7 +5526,7 @@ func (x *DeleteTenantPoolRequest) String() string {
 func (*DeleteTenantPoolRequest) ProtoMessage() {}
 
 func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5325,7 +5539,7 @@ func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{80}
+	return file_keyshard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DeleteTenantPoolRequest) GetName() string {
@@ -5343,7 +5557,7 @@ type DeleteTenantPoolResponse struct {
 
 func (x *DeleteTenantPoolResponse) Reset() {
 	*x = DeleteTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5355,7 +5569,7 @@ func (x *DeleteTenantPoolResponse) String() string {
 func (*DeleteTenantPoolResponse) ProtoMessage() {}
 
 func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5368,7 +5582,7 @@ func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{81}
+	return file_keyshard_proto_rawDescGZIP(), []int{84}
 }
 
 type ListTenantPoolsRequest struct {
@@ -5379,7 +5593,7 @@ type ListTenantPoolsRequest struct {
 
 func (x *ListTenantPoolsRequest) Reset() {
 	*x = ListTenantPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5391,7 +5605,7 @@ func (x *ListTenantPoolsRequest) String() string {
 func (*ListTenantPoolsRequest) ProtoMessage() {}
 
 func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5404,7 +5618,7 @@ func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{82}
+	return file_keyshard_proto_rawDescGZIP(), []int{85}
 }
 
 type ListTenantPoolsResponse struct {
@@ -5416,7 +5630,7 @@ type ListTenantPoolsResponse struct {
 
 func (x *ListTenantPoolsResponse) Reset() {
 	*x = ListTenantPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5428,7 +5642,7 @@ func (x *ListTenantPoolsResponse) String() string {
 func (*ListTenantPoolsResponse) ProtoMessage() {}
 
 func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5441,7 +5655,7 @@ func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{83}
+	return file_keyshard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListTenantPoolsResponse) GetPools() []*TenantPoolStatus {
@@ -5467,7 +5681,7 @@ type TenantPoolStatus struct {
 
 func (x *TenantPoolStatus) Reset() {
 	*x = TenantPoolStatus{}
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5479,7 +5693,7 @@ func (x *TenantPoolStatus) String() string {
 func (*TenantPoolStatus) ProtoMessage() {}
 
 func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5492,7 +5706,7 @@ func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolStatus.ProtoReflect.Descriptor instead.
 func (*TenantPoolStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{84}
+	return file_keyshard_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *TenantPoolStatus) GetPool() *TenantPool {
@@ -5547,7 +5761,7 @@ type JoinPoolRequest struct {
 
 func (x *JoinPoolRequest) Reset() {
 	*x = JoinPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5559,7 +5773,7 @@ func (x *JoinPoolRequest) String() string {
 func (*JoinPoolRequest) ProtoMessage() {}
 
 func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5572,7 +5786,7 @@ func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolRequest.ProtoReflect.Descriptor instead.
 func (*JoinPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{85}
+	return file_keyshard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *JoinPoolRequest) GetPool() string {
@@ -5607,7 +5821,7 @@ type JoinPoolResponse struct {
 
 func (x *JoinPoolResponse) Reset() {
 	*x = JoinPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5619,7 +5833,7 @@ func (x *JoinPoolResponse) String() string {
 func (*JoinPoolResponse) ProtoMessage() {}
 
 func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5632,7 +5846,7 @@ func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolResponse.ProtoReflect.Descriptor instead.
 func (*JoinPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{86}
+	return file_keyshard_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *JoinPoolResponse) GetSession() string {
@@ -5665,7 +5879,7 @@ type PoolKeepAliveRequest struct {
 
 func (x *PoolKeepAliveRequest) Reset() {
 	*x = PoolKeepAliveRequest{}
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5677,7 +5891,7 @@ func (x *PoolKeepAliveRequest) String() string {
 func (*PoolKeepAliveRequest) ProtoMessage() {}
 
 func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5690,7 +5904,7 @@ func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{87}
+	return file_keyshard_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *PoolKeepAliveRequest) GetSession() string {
@@ -5710,7 +5924,7 @@ type PoolKeepAliveResponse struct {
 
 func (x *PoolKeepAliveResponse) Reset() {
 	*x = PoolKeepAliveResponse{}
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5722,7 +5936,7 @@ func (x *PoolKeepAliveResponse) String() string {
 func (*PoolKeepAliveResponse) ProtoMessage() {}
 
 func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5735,7 +5949,7 @@ func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{88}
+	return file_keyshard_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *PoolKeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -5779,7 +5993,7 @@ type LeavePoolRequest struct {
 
 func (x *LeavePoolRequest) Reset() {
 	*x = LeavePoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5791,7 +6005,7 @@ func (x *LeavePoolRequest) String() string {
 func (*LeavePoolRequest) ProtoMessage() {}
 
 func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5804,7 +6018,7 @@ func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolRequest.ProtoReflect.Descriptor instead.
 func (*LeavePoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{89}
+	return file_keyshard_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *LeavePoolRequest) GetSession() string {
@@ -5848,7 +6062,7 @@ type LeavePoolResponse struct {
 
 func (x *LeavePoolResponse) Reset() {
 	*x = LeavePoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5860,7 +6074,7 @@ func (x *LeavePoolResponse) String() string {
 func (*LeavePoolResponse) ProtoMessage() {}
 
 func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5873,7 +6087,7 @@ func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolResponse.ProtoReflect.Descriptor instead.
 func (*LeavePoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{90}
+	return file_keyshard_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *LeavePoolResponse) GetDone() bool {
@@ -5919,7 +6133,7 @@ type MarkReadyRequest struct {
 
 func (x *MarkReadyRequest) Reset() {
 	*x = MarkReadyRequest{}
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5931,7 +6145,7 @@ func (x *MarkReadyRequest) String() string {
 func (*MarkReadyRequest) ProtoMessage() {}
 
 func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5944,7 +6158,7 @@ func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyRequest.ProtoReflect.Descriptor instead.
 func (*MarkReadyRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{91}
+	return file_keyshard_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *MarkReadyRequest) GetSession() string {
@@ -5971,7 +6185,7 @@ type MarkReadyResponse struct {
 
 func (x *MarkReadyResponse) Reset() {
 	*x = MarkReadyResponse{}
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5983,7 +6197,7 @@ func (x *MarkReadyResponse) String() string {
 func (*MarkReadyResponse) ProtoMessage() {}
 
 func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5996,7 +6210,7 @@ func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyResponse.ProtoReflect.Descriptor instead.
 func (*MarkReadyResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{92}
+	return file_keyshard_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *MarkReadyResponse) GetMarked() uint32 {
@@ -6027,7 +6241,7 @@ type TenantCount struct {
 
 func (x *TenantCount) Reset() {
 	*x = TenantCount{}
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6039,7 +6253,7 @@ func (x *TenantCount) String() string {
 func (*TenantCount) ProtoMessage() {}
 
 func (x *TenantCount) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6052,7 +6266,7 @@ func (x *TenantCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantCount.ProtoReflect.Descriptor instead.
 func (*TenantCount) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{93}
+	return file_keyshard_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *TenantCount) GetTenant() string {
@@ -6104,7 +6318,7 @@ type ReportLoadRequest struct {
 
 func (x *ReportLoadRequest) Reset() {
 	*x = ReportLoadRequest{}
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6116,7 +6330,7 @@ func (x *ReportLoadRequest) String() string {
 func (*ReportLoadRequest) ProtoMessage() {}
 
 func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6129,7 +6343,7 @@ func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadRequest.ProtoReflect.Descriptor instead.
 func (*ReportLoadRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{94}
+	return file_keyshard_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ReportLoadRequest) GetPool() string {
@@ -6185,7 +6399,7 @@ type ReportLoadResponse struct {
 
 func (x *ReportLoadResponse) Reset() {
 	*x = ReportLoadResponse{}
-	mi := &file_keyshard_proto_msgTypes[95]
+	mi := &file_keyshard_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6197,7 +6411,7 @@ func (x *ReportLoadResponse) String() string {
 func (*ReportLoadResponse) ProtoMessage() {}
 
 func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[95]
+	mi := &file_keyshard_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6210,7 +6424,7 @@ func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadResponse.ProtoReflect.Descriptor instead.
 func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{95}
+	return file_keyshard_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ReportLoadResponse) GetOutcome() ReportOutcome {
@@ -6241,7 +6455,7 @@ type TargetSpan struct {
 
 func (x *TargetSpan) Reset() {
 	*x = TargetSpan{}
-	mi := &file_keyshard_proto_msgTypes[96]
+	mi := &file_keyshard_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6253,7 +6467,7 @@ func (x *TargetSpan) String() string {
 func (*TargetSpan) ProtoMessage() {}
 
 func (x *TargetSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[96]
+	mi := &file_keyshard_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6266,7 +6480,7 @@ func (x *TargetSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetSpan.ProtoReflect.Descriptor instead.
 func (*TargetSpan) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{96}
+	return file_keyshard_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *TargetSpan) GetFrom() *timestamppb.Timestamp {
@@ -6298,7 +6512,7 @@ type TenantPlacement struct {
 
 func (x *TenantPlacement) Reset() {
 	*x = TenantPlacement{}
-	mi := &file_keyshard_proto_msgTypes[97]
+	mi := &file_keyshard_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6310,7 +6524,7 @@ func (x *TenantPlacement) String() string {
 func (*TenantPlacement) ProtoMessage() {}
 
 func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[97]
+	mi := &file_keyshard_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6323,7 +6537,7 @@ func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPlacement.ProtoReflect.Descriptor instead.
 func (*TenantPlacement) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{97}
+	return file_keyshard_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *TenantPlacement) GetMember() string {
@@ -6357,7 +6571,7 @@ type TenantRemoval struct {
 
 func (x *TenantRemoval) Reset() {
 	*x = TenantRemoval{}
-	mi := &file_keyshard_proto_msgTypes[98]
+	mi := &file_keyshard_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6369,7 +6583,7 @@ func (x *TenantRemoval) String() string {
 func (*TenantRemoval) ProtoMessage() {}
 
 func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[98]
+	mi := &file_keyshard_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6382,7 +6596,7 @@ func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRemoval.ProtoReflect.Descriptor instead.
 func (*TenantRemoval) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{98}
+	return file_keyshard_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *TenantRemoval) GetMember() string {
@@ -6421,7 +6635,7 @@ type TenantAssignment struct {
 
 func (x *TenantAssignment) Reset() {
 	*x = TenantAssignment{}
-	mi := &file_keyshard_proto_msgTypes[99]
+	mi := &file_keyshard_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6433,7 +6647,7 @@ func (x *TenantAssignment) String() string {
 func (*TenantAssignment) ProtoMessage() {}
 
 func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[99]
+	mi := &file_keyshard_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6446,7 +6660,7 @@ func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantAssignment.ProtoReflect.Descriptor instead.
 func (*TenantAssignment) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{99}
+	return file_keyshard_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *TenantAssignment) GetTenant() string {
@@ -6521,7 +6735,7 @@ type PoolSnapshot struct {
 
 func (x *PoolSnapshot) Reset() {
 	*x = PoolSnapshot{}
-	mi := &file_keyshard_proto_msgTypes[100]
+	mi := &file_keyshard_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6533,7 +6747,7 @@ func (x *PoolSnapshot) String() string {
 func (*PoolSnapshot) ProtoMessage() {}
 
 func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[100]
+	mi := &file_keyshard_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6546,7 +6760,7 @@ func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSnapshot.ProtoReflect.Descriptor instead.
 func (*PoolSnapshot) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{100}
+	return file_keyshard_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *PoolSnapshot) GetPool() string {
@@ -6612,7 +6826,7 @@ type GetPoolSnapshotRequest struct {
 
 func (x *GetPoolSnapshotRequest) Reset() {
 	*x = GetPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[101]
+	mi := &file_keyshard_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6624,7 +6838,7 @@ func (x *GetPoolSnapshotRequest) String() string {
 func (*GetPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[101]
+	mi := &file_keyshard_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6637,7 +6851,7 @@ func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{101}
+	return file_keyshard_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *GetPoolSnapshotRequest) GetPool() string {
@@ -6673,7 +6887,7 @@ type GetPoolSnapshotResponse struct {
 
 func (x *GetPoolSnapshotResponse) Reset() {
 	*x = GetPoolSnapshotResponse{}
-	mi := &file_keyshard_proto_msgTypes[102]
+	mi := &file_keyshard_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6685,7 +6899,7 @@ func (x *GetPoolSnapshotResponse) String() string {
 func (*GetPoolSnapshotResponse) ProtoMessage() {}
 
 func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[102]
+	mi := &file_keyshard_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6698,7 +6912,7 @@ func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{102}
+	return file_keyshard_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *GetPoolSnapshotResponse) GetSnapshot() *PoolSnapshot {
@@ -6728,7 +6942,7 @@ type WatchPoolSnapshotRequest struct {
 
 func (x *WatchPoolSnapshotRequest) Reset() {
 	*x = WatchPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[103]
+	mi := &file_keyshard_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6740,7 +6954,7 @@ func (x *WatchPoolSnapshotRequest) String() string {
 func (*WatchPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[103]
+	mi := &file_keyshard_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6753,7 +6967,7 @@ func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*WatchPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{103}
+	return file_keyshard_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *WatchPoolSnapshotRequest) GetPool() string {
@@ -6786,7 +7000,7 @@ type TenantStatus struct {
 
 func (x *TenantStatus) Reset() {
 	*x = TenantStatus{}
-	mi := &file_keyshard_proto_msgTypes[104]
+	mi := &file_keyshard_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6798,7 +7012,7 @@ func (x *TenantStatus) String() string {
 func (*TenantStatus) ProtoMessage() {}
 
 func (x *TenantStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[104]
+	mi := &file_keyshard_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6811,7 +7025,7 @@ func (x *TenantStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStatus.ProtoReflect.Descriptor instead.
 func (*TenantStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{104}
+	return file_keyshard_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *TenantStatus) GetAssignment() *TenantAssignment {
@@ -6856,7 +7070,7 @@ type GetTenantsRequest struct {
 
 func (x *GetTenantsRequest) Reset() {
 	*x = GetTenantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[105]
+	mi := &file_keyshard_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6868,7 +7082,7 @@ func (x *GetTenantsRequest) String() string {
 func (*GetTenantsRequest) ProtoMessage() {}
 
 func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[105]
+	mi := &file_keyshard_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6881,7 +7095,7 @@ func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{105}
+	return file_keyshard_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *GetTenantsRequest) GetPool() string {
@@ -6917,7 +7131,7 @@ type GetTenantsResponse struct {
 
 func (x *GetTenantsResponse) Reset() {
 	*x = GetTenantsResponse{}
-	mi := &file_keyshard_proto_msgTypes[106]
+	mi := &file_keyshard_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6929,7 +7143,7 @@ func (x *GetTenantsResponse) String() string {
 func (*GetTenantsResponse) ProtoMessage() {}
 
 func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[106]
+	mi := &file_keyshard_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6942,7 +7156,7 @@ func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{106}
+	return file_keyshard_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *GetTenantsResponse) GetVersion() uint64 {
@@ -7162,7 +7376,23 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"Q\n" +
 	"\x12WatchGrantsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12!\n" +
-	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\"\x99\x01\n" +
+	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\"l\n" +
+	"\x0eSessionRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12!\n" +
+	"\fmin_revision\x18\x02 \x01(\x04R\vminRevision\x12\x1d\n" +
+	"\n" +
+	"keep_alive\x18\x03 \x01(\x04R\tkeepAlive\"\x86\x01\n" +
+	"\x0fSessionResponse\x126\n" +
+	"\x06grants\x18\x01 \x01(\v2\x1e.keyshard.v1.GetGrantsResponseR\x06grants\x12;\n" +
+	"\n" +
+	"keep_alive\x18\x02 \x01(\v2\x1c.keyshard.v1.KeepAliveAnswerR\tkeepAlive\"\xa1\x01\n" +
+	"\x0fKeepAliveAnswer\x12\x1d\n" +
+	"\n" +
+	"keep_alive\x18\x01 \x01(\x04R\tkeepAlive\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x99\x01\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x122\n" +
 	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\x129\n" +
@@ -7444,12 +7674,13 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x12GetKeyspaceHistory\x12&.keyshard.v1.GetKeyspaceHistoryRequest\x1a'.keyshard.v1.GetKeyspaceHistoryResponse\"\x03\x90\x02\x01\x12R\n" +
 	"\n" +
 	"GetBuckets\x12\x1e.keyshard.v1.GetBucketsRequest\x1a\x1f.keyshard.v1.GetBucketsResponse\"\x03\x90\x02\x01\x12d\n" +
-	"\x10GetHotKeyReports\x12$.keyshard.v1.GetHotKeyReportsRequest\x1a%.keyshard.v1.GetHotKeyReportsResponse\"\x03\x90\x02\x012\xff\x03\n" +
+	"\x10GetHotKeyReports\x12$.keyshard.v1.GetHotKeyReportsRequest\x1a%.keyshard.v1.GetHotKeyReportsResponse\"\x03\x90\x02\x012\xc9\x04\n" +
 	"\rMemberService\x12;\n" +
 	"\x04Join\x12\x18.keyshard.v1.JoinRequest\x1a\x19.keyshard.v1.JoinResponse\x12J\n" +
 	"\tKeepAlive\x12\x1d.keyshard.v1.KeepAliveRequest\x1a\x1e.keyshard.v1.KeepAliveResponse\x12J\n" +
 	"\tGetGrants\x12\x1d.keyshard.v1.GetGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse\x12P\n" +
-	"\vWatchGrants\x12\x1f.keyshard.v1.WatchGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse0\x01\x12D\n" +
+	"\vWatchGrants\x12\x1f.keyshard.v1.WatchGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse0\x01\x12H\n" +
+	"\aSession\x12\x1b.keyshard.v1.SessionRequest\x1a\x1c.keyshard.v1.SessionResponse(\x010\x01\x12D\n" +
 	"\aRelease\x12\x1b.keyshard.v1.ReleaseRequest\x1a\x1c.keyshard.v1.ReleaseResponse\x12>\n" +
 	"\x05Leave\x12\x19.keyshard.v1.LeaveRequest\x1a\x1a.keyshard.v1.LeaveResponse\x12A\n" +
 	"\x06Commit\x12\x1a.keyshard.v1.CommitRequest\x1a\x1b.keyshard.v1.CommitResponse2\xd5\x01\n" +
@@ -7490,7 +7721,7 @@ func file_keyshard_proto_rawDescGZIP() []byte {
 }
 
 var file_keyshard_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
 var file_keyshard_proto_goTypes = []any{
 	(KeyspaceMode)(0),                  // 0: keyshard.v1.KeyspaceMode
 	(MoveReason)(0),                    // 1: keyshard.v1.MoveReason
@@ -7544,249 +7775,257 @@ var file_keyshard_proto_goTypes = []any{
 	(*GetGrantsRequest)(nil),           // 49: keyshard.v1.GetGrantsRequest
 	(*GetGrantsResponse)(nil),          // 50: keyshard.v1.GetGrantsResponse
 	(*WatchGrantsRequest)(nil),         // 51: keyshard.v1.WatchGrantsRequest
-	(*ReleaseRequest)(nil),             // 52: keyshard.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 53: keyshard.v1.ReleaseResponse
-	(*LeaveRequest)(nil),               // 54: keyshard.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 55: keyshard.v1.LeaveResponse
-	(*CommitRequest)(nil),              // 56: keyshard.v1.CommitRequest
-	(*CommitResponse)(nil),             // 57: keyshard.v1.CommitResponse
-	(*Map)(nil),                        // 58: keyshard.v1.Map
-	(*GetMapRequest)(nil),              // 59: keyshard.v1.GetMapRequest
-	(*GetMapResponse)(nil),             // 60: keyshard.v1.GetMapResponse
-	(*WatchMapRequest)(nil),            // 61: keyshard.v1.WatchMapRequest
-	(*LookupRequest)(nil),              // 62: keyshard.v1.LookupRequest
-	(*Owner)(nil),                      // 63: keyshard.v1.Owner
-	(*LookupResponse)(nil),             // 64: keyshard.v1.LookupResponse
-	(*WrongOwner)(nil),                 // 65: keyshard.v1.WrongOwner
-	(*HotKeyPool)(nil),                 // 66: keyshard.v1.HotKeyPool
-	(*PutHotKeyPoolRequest)(nil),       // 67: keyshard.v1.PutHotKeyPoolRequest
-	(*PutHotKeyPoolResponse)(nil),      // 68: keyshard.v1.PutHotKeyPoolResponse
-	(*ListHotKeyPoolsRequest)(nil),     // 69: keyshard.v1.ListHotKeyPoolsRequest
-	(*ListHotKeyPoolsResponse)(nil),    // 70: keyshard.v1.ListHotKeyPoolsResponse
-	(*KeyRate)(nil),                    // 71: keyshard.v1.KeyRate
-	(*ReportHotKeysRequest)(nil),       // 72: keyshard.v1.ReportHotKeysRequest
-	(*ReportHotKeysResponse)(nil),      // 73: keyshard.v1.ReportHotKeysResponse
-	(*OverflowKey)(nil),                // 74: keyshard.v1.OverflowKey
-	(*OverflowSet)(nil),                // 75: keyshard.v1.OverflowSet
-	(*GetOverflowSetRequest)(nil),      // 76: keyshard.v1.GetOverflowSetRequest
-	(*GetOverflowSetResponse)(nil),     // 77: keyshard.v1.GetOverflowSetResponse
-	(*WatchOverflowSetRequest)(nil),    // 78: keyshard.v1.WatchOverflowSetRequest
-	(*TenantOverride)(nil),             // 79: keyshard.v1.TenantOverride
-	(*TenantPoolPolicy)(nil),           // 80: keyshard.v1.TenantPoolPolicy
-	(*TenantPool)(nil),                 // 81: keyshard.v1.TenantPool
-	(*PutTenantPoolRequest)(nil),       // 82: keyshard.v1.PutTenantPoolRequest
-	(*PutTenantPoolResponse)(nil),      // 83: keyshard.v1.PutTenantPoolResponse
-	(*DeleteTenantPoolRequest)(nil),    // 84: keyshard.v1.DeleteTenantPoolRequest
-	(*DeleteTenantPoolResponse)(nil),   // 85: keyshard.v1.DeleteTenantPoolResponse
-	(*ListTenantPoolsRequest)(nil),     // 86: keyshard.v1.ListTenantPoolsRequest
-	(*ListTenantPoolsResponse)(nil),    // 87: keyshard.v1.ListTenantPoolsResponse
-	(*TenantPoolStatus)(nil),           // 88: keyshard.v1.TenantPoolStatus
-	(*JoinPoolRequest)(nil),            // 89: keyshard.v1.JoinPoolRequest
-	(*JoinPoolResponse)(nil),           // 90: keyshard.v1.JoinPoolResponse
-	(*PoolKeepAliveRequest)(nil),       // 91: keyshard.v1.PoolKeepAliveRequest
-	(*PoolKeepAliveResponse)(nil),      // 92: keyshard.v1.PoolKeepAliveResponse
-	(*LeavePoolRequest)(nil),           // 93: keyshard.v1.LeavePoolRequest
-	(*LeavePoolResponse)(nil),          // 94: keyshard.v1.LeavePoolResponse
-	(*MarkReadyRequest)(nil),           // 95: keyshard.v1.MarkReadyRequest
-	(*MarkReadyResponse)(nil),          // 96: keyshard.v1.MarkReadyResponse
-	(*TenantCount)(nil),                // 97: keyshard.v1.TenantCount
-	(*ReportLoadRequest)(nil),          // 98: keyshard.v1.ReportLoadRequest
-	(*ReportLoadResponse)(nil),         // 99: keyshard.v1.ReportLoadResponse
-	(*TargetSpan)(nil),                 // 100: keyshard.v1.TargetSpan
-	(*TenantPlacement)(nil),            // 101: keyshard.v1.TenantPlacement
-	(*TenantRemoval)(nil),              // 102: keyshard.v1.TenantRemoval
-	(*TenantAssignment)(nil),           // 103: keyshard.v1.TenantAssignment
-	(*PoolSnapshot)(nil),               // 104: keyshard.v1.PoolSnapshot
-	(*GetPoolSnapshotRequest)(nil),     // 105: keyshard.v1.GetPoolSnapshotRequest
-	(*GetPoolSnapshotResponse)(nil),    // 106: keyshard.v1.GetPoolSnapshotResponse
-	(*WatchPoolSnapshotRequest)(nil),   // 107: keyshard.v1.WatchPoolSnapshotRequest
-	(*TenantStatus)(nil),               // 108: keyshard.v1.TenantStatus
-	(*GetTenantsRequest)(nil),          // 109: keyshard.v1.GetTenantsRequest
-	(*GetTenantsResponse)(nil),         // 110: keyshard.v1.GetTenantsResponse
-	nil,                                // 111: keyshard.v1.Member.MetadataEntry
-	nil,                                // 112: keyshard.v1.TenantPoolPolicy.OverridesEntry
-	(*durationpb.Duration)(nil),        // 113: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 114: google.protobuf.Timestamp
+	(*SessionRequest)(nil),             // 52: keyshard.v1.SessionRequest
+	(*SessionResponse)(nil),            // 53: keyshard.v1.SessionResponse
+	(*KeepAliveAnswer)(nil),            // 54: keyshard.v1.KeepAliveAnswer
+	(*ReleaseRequest)(nil),             // 55: keyshard.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 56: keyshard.v1.ReleaseResponse
+	(*LeaveRequest)(nil),               // 57: keyshard.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 58: keyshard.v1.LeaveResponse
+	(*CommitRequest)(nil),              // 59: keyshard.v1.CommitRequest
+	(*CommitResponse)(nil),             // 60: keyshard.v1.CommitResponse
+	(*Map)(nil),                        // 61: keyshard.v1.Map
+	(*GetMapRequest)(nil),              // 62: keyshard.v1.GetMapRequest
+	(*GetMapResponse)(nil),             // 63: keyshard.v1.GetMapResponse
+	(*WatchMapRequest)(nil),            // 64: keyshard.v1.WatchMapRequest
+	(*LookupRequest)(nil),              // 65: keyshard.v1.LookupRequest
+	(*Owner)(nil),                      // 66: keyshard.v1.Owner
+	(*LookupResponse)(nil),             // 67: keyshard.v1.LookupResponse
+	(*WrongOwner)(nil),                 // 68: keyshard.v1.WrongOwner
+	(*HotKeyPool)(nil),                 // 69: keyshard.v1.HotKeyPool
+	(*PutHotKeyPoolRequest)(nil),       // 70: keyshard.v1.PutHotKeyPoolRequest
+	(*PutHotKeyPoolResponse)(nil),      // 71: keyshard.v1.PutHotKeyPoolResponse
+	(*ListHotKeyPoolsRequest)(nil),     // 72: keyshard.v1.ListHotKeyPoolsRequest
+	(*ListHotKeyPoolsResponse)(nil),    // 73: keyshard.v1.ListHotKeyPoolsResponse
+	(*KeyRate)(nil),                    // 74: keyshard.v1.KeyRate
+	(*ReportHotKeysRequest)(nil),       // 75: keyshard.v1.ReportHotKeysRequest
+	(*ReportHotKeysResponse)(nil),      // 76: keyshard.v1.ReportHotKeysResponse
+	(*OverflowKey)(nil),                // 77: keyshard.v1.OverflowKey
+	(*OverflowSet)(nil),                // 78: keyshard.v1.OverflowSet
+	(*GetOverflowSetRequest)(nil),      // 79: keyshard.v1.GetOverflowSetRequest
+	(*GetOverflowSetResponse)(nil),     // 80: keyshard.v1.GetOverflowSetResponse
+	(*WatchOverflowSetRequest)(nil),    // 81: keyshard.v1.WatchOverflowSetRequest
+	(*TenantOverride)(nil),             // 82: keyshard.v1.TenantOverride
+	(*TenantPoolPolicy)(nil),           // 83: keyshard.v1.TenantPoolPolicy
+	(*TenantPool)(nil),                 // 84: keyshard.v1.TenantPool
+	(*PutTenantPoolRequest)(nil),       // 85: keyshard.v1.PutTenantPoolRequest
+	(*PutTenantPoolResponse)(nil),      // 86: keyshard.v1.PutTenantPoolResponse
+	(*DeleteTenantPoolRequest)(nil),    // 87: keyshard.v1.DeleteTenantPoolRequest
+	(*DeleteTenantPoolResponse)(nil),   // 88: keyshard.v1.DeleteTenantPoolResponse
+	(*ListTenantPoolsRequest)(nil),     // 89: keyshard.v1.ListTenantPoolsRequest
+	(*ListTenantPoolsResponse)(nil),    // 90: keyshard.v1.ListTenantPoolsResponse
+	(*TenantPoolStatus)(nil),           // 91: keyshard.v1.TenantPoolStatus
+	(*JoinPoolRequest)(nil),            // 92: keyshard.v1.JoinPoolRequest
+	(*JoinPoolResponse)(nil),           // 93: keyshard.v1.JoinPoolResponse
+	(*PoolKeepAliveRequest)(nil),       // 94: keyshard.v1.PoolKeepAliveRequest
+	(*PoolKeepAliveResponse)(nil),      // 95: keyshard.v1.PoolKeepAliveResponse
+	(*LeavePoolRequest)(nil),           // 96: keyshard.v1.LeavePoolRequest
+	(*LeavePoolResponse)(nil),          // 97: keyshard.v1.LeavePoolResponse
+	(*MarkReadyRequest)(nil),           // 98: keyshard.v1.MarkReadyRequest
+	(*MarkReadyResponse)(nil),          // 99: keyshard.v1.MarkReadyResponse
+	(*TenantCount)(nil),                // 100: keyshard.v1.TenantCount
+	(*ReportLoadRequest)(nil),          // 101: keyshard.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil),         // 102: keyshard.v1.ReportLoadResponse
+	(*TargetSpan)(nil),                 // 103: keyshard.v1.TargetSpan
+	(*TenantPlacement)(nil),            // 104: keyshard.v1.TenantPlacement
+	(*TenantRemoval)(nil),              // 105: keyshard.v1.TenantRemoval
+	(*TenantAssignment)(nil),           // 106: keyshard.v1.TenantAssignment
+	(*PoolSnapshot)(nil),               // 107: keyshard.v1.PoolSnapshot
+	(*GetPoolSnapshotRequest)(nil),     // 108: keyshard.v1.GetPoolSnapshotRequest
+	(*GetPoolSnapshotResponse)(nil),    // 109: keyshard.v1.GetPoolSnapshotResponse
+	(*WatchPoolSnapshotRequest)(nil),   // 110: keyshard.v1.WatchPoolSnapshotRequest
+	(*TenantStatus)(nil),               // 111: keyshard.v1.TenantStatus
+	(*GetTenantsRequest)(nil),          // 112: keyshard.v1.GetTenantsRequest
+	(*GetTenantsResponse)(nil),         // 113: keyshard.v1.GetTenantsResponse
+	nil,                                // 114: keyshard.v1.Member.MetadataEntry
+	nil,                                // 115: keyshard.v1.TenantPoolPolicy.OverridesEntry
+	(*durationpb.Duration)(nil),        // 116: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 117: google.protobuf.Timestamp
 }
 var file_keyshard_proto_depIdxs = []int32{
 	0,   // 0: keyshard.v1.Keyspace.mode:type_name -> keyshard.v1.KeyspaceMode
-	113, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
-	113, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
+	116, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
+	116, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
 	4,   // 3: keyshard.v1.CreateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 4: keyshard.v1.CreateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 5: keyshard.v1.GetKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 6: keyshard.v1.ListKeyspacesResponse.keyspaces:type_name -> keyshard.v1.Keyspace
 	4,   // 7: keyshard.v1.UpdateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 8: keyshard.v1.UpdateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	111, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
+	114, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
 	13,  // 10: keyshard.v1.MemberStatus.member:type_name -> keyshard.v1.Member
-	113, // 11: keyshard.v1.MemberStatus.lease_left:type_name -> google.protobuf.Duration
+	116, // 11: keyshard.v1.MemberStatus.lease_left:type_name -> google.protobuf.Duration
 	14,  // 12: keyshard.v1.ListMembersResponse.members:type_name -> keyshard.v1.MemberStatus
 	19,  // 13: keyshard.v1.GetPositionsResponse.runs:type_name -> keyshard.v1.PositionRun
 	20,  // 14: keyshard.v1.GetPositionsResponse.behind:type_name -> keyshard.v1.BucketBehind
 	4,   // 15: keyshard.v1.ImportKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	26,  // 16: keyshard.v1.ImportKeyspaceRequest.instances:type_name -> keyshard.v1.ImportInstance
-	113, // 17: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
+	116, // 17: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
 	4,   // 18: keyshard.v1.ImportKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	32,  // 19: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
 	30,  // 20: keyshard.v1.StatusResponse.replicas:type_name -> keyshard.v1.ReplicaInfo
 	31,  // 21: keyshard.v1.StatusResponse.store:type_name -> keyshard.v1.StoreHealth
-	113, // 22: keyshard.v1.StoreHealth.latency:type_name -> google.protobuf.Duration
+	116, // 22: keyshard.v1.StoreHealth.latency:type_name -> google.protobuf.Duration
 	4,   // 23: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
 	35,  // 24: keyshard.v1.GetKeyspaceHistoryResponse.changes:type_name -> keyshard.v1.EpochChange
-	114, // 25: keyshard.v1.EpochChange.time:type_name -> google.protobuf.Timestamp
+	117, // 25: keyshard.v1.EpochChange.time:type_name -> google.protobuf.Timestamp
 	1,   // 26: keyshard.v1.EpochChange.reason:type_name -> keyshard.v1.MoveReason
 	36,  // 27: keyshard.v1.EpochChange.moves:type_name -> keyshard.v1.Move
 	39,  // 28: keyshard.v1.GetBucketsResponse.runs:type_name -> keyshard.v1.BucketRun
 	2,   // 29: keyshard.v1.BucketRun.state:type_name -> keyshard.v1.BucketState
 	42,  // 30: keyshard.v1.GetHotKeyReportsResponse.reports:type_name -> keyshard.v1.HotKeyReportInfo
-	114, // 31: keyshard.v1.HotKeyReportInfo.time:type_name -> google.protobuf.Timestamp
-	71,  // 32: keyshard.v1.HotKeyReportInfo.keys:type_name -> keyshard.v1.KeyRate
+	117, // 31: keyshard.v1.HotKeyReportInfo.time:type_name -> google.protobuf.Timestamp
+	74,  // 32: keyshard.v1.HotKeyReportInfo.keys:type_name -> keyshard.v1.KeyRate
 	13,  // 33: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
-	113, // 34: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
+	116, // 34: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
 	4,   // 35: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	113, // 36: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	113, // 37: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
+	116, // 36: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	116, // 37: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
 	43,  // 38: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
-	43,  // 39: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
-	44,  // 40: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
-	44,  // 41: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
-	13,  // 42: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
-	113, // 43: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
-	58,  // 44: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
-	63,  // 45: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
-	113, // 46: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
-	113, // 47: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
-	66,  // 48: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
-	66,  // 49: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	66,  // 50: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
-	71,  // 51: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
-	66,  // 52: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	114, // 53: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
-	114, // 54: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
-	74,  // 55: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
-	113, // 56: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
-	75,  // 57: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
-	113, // 58: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
-	113, // 59: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
-	113, // 60: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
-	112, // 61: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
-	113, // 62: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
-	113, // 63: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
-	80,  // 64: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	113, // 65: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
-	81,  // 66: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
-	81,  // 67: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	88,  // 68: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
-	81,  // 69: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
-	114, // 70: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
-	13,  // 71: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
-	113, // 72: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
-	81,  // 73: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	113, // 74: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	114, // 75: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
-	114, // 76: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
-	97,  // 77: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
-	113, // 78: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
-	3,   // 79: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
-	114, // 80: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
-	114, // 81: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
-	114, // 82: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
-	101, // 83: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
-	102, // 84: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
-	100, // 85: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
-	114, // 86: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
-	80,  // 87: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	13,  // 88: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
-	103, // 89: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
-	113, // 90: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
-	104, // 91: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
-	103, // 92: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
-	108, // 93: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
-	79,  // 94: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
-	5,   // 95: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	7,   // 96: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	9,   // 97: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	11,  // 98: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	15,  // 99: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	17,  // 100: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	28,  // 101: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	67,  // 102: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	21,  // 103: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
-	23,  // 104: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
-	25,  // 105: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
-	69,  // 106: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	33,  // 107: keyshard.v1.AdminService.GetKeyspaceHistory:input_type -> keyshard.v1.GetKeyspaceHistoryRequest
-	37,  // 108: keyshard.v1.AdminService.GetBuckets:input_type -> keyshard.v1.GetBucketsRequest
-	40,  // 109: keyshard.v1.AdminService.GetHotKeyReports:input_type -> keyshard.v1.GetHotKeyReportsRequest
-	45,  // 110: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	47,  // 111: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	49,  // 112: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	51,  // 113: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	52,  // 114: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	54,  // 115: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	56,  // 116: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
-	59,  // 117: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	61,  // 118: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	62,  // 119: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	72,  // 120: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	76,  // 121: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	78,  // 122: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	82,  // 123: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
-	84,  // 124: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
-	86,  // 125: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
-	89,  // 126: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
-	91,  // 127: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
-	93,  // 128: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
-	95,  // 129: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
-	98,  // 130: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
-	105, // 131: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
-	107, // 132: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
-	109, // 133: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
-	6,   // 134: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	8,   // 135: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	10,  // 136: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	12,  // 137: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	16,  // 138: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	18,  // 139: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	29,  // 140: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	68,  // 141: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	22,  // 142: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
-	24,  // 143: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
-	27,  // 144: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
-	70,  // 145: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	34,  // 146: keyshard.v1.AdminService.GetKeyspaceHistory:output_type -> keyshard.v1.GetKeyspaceHistoryResponse
-	38,  // 147: keyshard.v1.AdminService.GetBuckets:output_type -> keyshard.v1.GetBucketsResponse
-	41,  // 148: keyshard.v1.AdminService.GetHotKeyReports:output_type -> keyshard.v1.GetHotKeyReportsResponse
-	46,  // 149: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	48,  // 150: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	50,  // 151: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	50,  // 152: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	53,  // 153: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	55,  // 154: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	57,  // 155: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
-	60,  // 156: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	58,  // 157: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	64,  // 158: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	73,  // 159: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	77,  // 160: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	75,  // 161: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	83,  // 162: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
-	85,  // 163: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
-	87,  // 164: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
-	90,  // 165: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
-	92,  // 166: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
-	94,  // 167: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
-	96,  // 168: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
-	99,  // 169: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
-	106, // 170: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
-	104, // 171: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
-	110, // 172: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
-	134, // [134:173] is the sub-list for method output_type
-	95,  // [95:134] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	50,  // 39: keyshard.v1.SessionResponse.grants:type_name -> keyshard.v1.GetGrantsResponse
+	54,  // 40: keyshard.v1.SessionResponse.keep_alive:type_name -> keyshard.v1.KeepAliveAnswer
+	116, // 41: keyshard.v1.KeepAliveAnswer.ttl:type_name -> google.protobuf.Duration
+	43,  // 42: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
+	44,  // 43: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
+	44,  // 44: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
+	13,  // 45: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
+	116, // 46: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
+	61,  // 47: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
+	66,  // 48: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
+	116, // 49: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
+	116, // 50: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
+	69,  // 51: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
+	69,  // 52: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	69,  // 53: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
+	74,  // 54: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
+	69,  // 55: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	117, // 56: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
+	117, // 57: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
+	77,  // 58: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
+	116, // 59: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
+	78,  // 60: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
+	116, // 61: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
+	116, // 62: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
+	116, // 63: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
+	115, // 64: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
+	116, // 65: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
+	116, // 66: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
+	83,  // 67: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	116, // 68: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
+	84,  // 69: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
+	84,  // 70: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	91,  // 71: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
+	84,  // 72: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
+	117, // 73: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
+	13,  // 74: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
+	116, // 75: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
+	84,  // 76: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	116, // 77: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	117, // 78: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
+	117, // 79: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
+	100, // 80: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
+	116, // 81: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
+	3,   // 82: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
+	117, // 83: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
+	117, // 84: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
+	117, // 85: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
+	104, // 86: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
+	105, // 87: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
+	103, // 88: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
+	117, // 89: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
+	83,  // 90: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	13,  // 91: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
+	106, // 92: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
+	116, // 93: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
+	107, // 94: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
+	106, // 95: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
+	111, // 96: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
+	82,  // 97: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
+	5,   // 98: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	7,   // 99: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	9,   // 100: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	11,  // 101: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	15,  // 102: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	17,  // 103: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	28,  // 104: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	70,  // 105: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	21,  // 106: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	23,  // 107: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	25,  // 108: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	72,  // 109: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	33,  // 110: keyshard.v1.AdminService.GetKeyspaceHistory:input_type -> keyshard.v1.GetKeyspaceHistoryRequest
+	37,  // 111: keyshard.v1.AdminService.GetBuckets:input_type -> keyshard.v1.GetBucketsRequest
+	40,  // 112: keyshard.v1.AdminService.GetHotKeyReports:input_type -> keyshard.v1.GetHotKeyReportsRequest
+	45,  // 113: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	47,  // 114: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	49,  // 115: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	51,  // 116: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	52,  // 117: keyshard.v1.MemberService.Session:input_type -> keyshard.v1.SessionRequest
+	55,  // 118: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	57,  // 119: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	59,  // 120: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	62,  // 121: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	64,  // 122: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	65,  // 123: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	75,  // 124: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	79,  // 125: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	81,  // 126: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	85,  // 127: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
+	87,  // 128: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
+	89,  // 129: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
+	92,  // 130: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
+	94,  // 131: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
+	96,  // 132: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
+	98,  // 133: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
+	101, // 134: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
+	108, // 135: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
+	110, // 136: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
+	112, // 137: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
+	6,   // 138: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	8,   // 139: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	10,  // 140: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	12,  // 141: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	16,  // 142: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	18,  // 143: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	29,  // 144: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	71,  // 145: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	22,  // 146: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	24,  // 147: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	27,  // 148: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	73,  // 149: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	34,  // 150: keyshard.v1.AdminService.GetKeyspaceHistory:output_type -> keyshard.v1.GetKeyspaceHistoryResponse
+	38,  // 151: keyshard.v1.AdminService.GetBuckets:output_type -> keyshard.v1.GetBucketsResponse
+	41,  // 152: keyshard.v1.AdminService.GetHotKeyReports:output_type -> keyshard.v1.GetHotKeyReportsResponse
+	46,  // 153: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	48,  // 154: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	50,  // 155: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	50,  // 156: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	53,  // 157: keyshard.v1.MemberService.Session:output_type -> keyshard.v1.SessionResponse
+	56,  // 158: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	58,  // 159: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	60,  // 160: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	63,  // 161: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	61,  // 162: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	67,  // 163: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	76,  // 164: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	80,  // 165: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	78,  // 166: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	86,  // 167: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
+	88,  // 168: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
+	90,  // 169: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
+	93,  // 170: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
+	95,  // 171: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
+	97,  // 172: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
+	99,  // 173: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
+	102, // 174: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
+	109, // 175: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
+	107, // 176: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
+	113, // 177: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
+	138, // [138:178] is the sub-list for method output_type
+	98,  // [98:138] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }
@@ -7800,7 +8039,7 @@ func file_keyshard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keyshard_proto_rawDesc), len(file_keyshard_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   109,
+			NumMessages:   112,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

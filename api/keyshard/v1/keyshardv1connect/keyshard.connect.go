@@ -116,6 +116,8 @@ const (
 	// MemberServiceWatchGrantsProcedure is the fully-qualified name of the MemberService's WatchGrants
 	// RPC.
 	MemberServiceWatchGrantsProcedure = "/keyshard.v1.MemberService/WatchGrants"
+	// MemberServiceSessionProcedure is the fully-qualified name of the MemberService's Session RPC.
+	MemberServiceSessionProcedure = "/keyshard.v1.MemberService/Session"
 	// MemberServiceReleaseProcedure is the fully-qualified name of the MemberService's Release RPC.
 	MemberServiceReleaseProcedure = "/keyshard.v1.MemberService/Release"
 	// MemberServiceLeaveProcedure is the fully-qualified name of the MemberService's Leave RPC.
@@ -648,6 +650,9 @@ type MemberServiceClient interface {
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	GetGrants(context.Context, *connect.Request[v1.GetGrantsRequest]) (*connect.Response[v1.GetGrantsResponse], error)
 	WatchGrants(context.Context, *connect.Request[v1.WatchGrantsRequest]) (*connect.ServerStreamForClient[v1.GetGrantsResponse], error)
+	// WatchGrants and KeepAlive on one stream (HTTP/2 only): see
+	// SessionRequest.
+	Session(context.Context) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse]
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
 	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
@@ -688,6 +693,12 @@ func NewMemberServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(memberServiceMethods.ByName("WatchGrants")),
 			connect.WithClientOptions(opts...),
 		),
+		session: connect.NewClient[v1.SessionRequest, v1.SessionResponse](
+			httpClient,
+			baseURL+MemberServiceSessionProcedure,
+			connect.WithSchema(memberServiceMethods.ByName("Session")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+MemberServiceReleaseProcedure,
@@ -715,6 +726,7 @@ type memberServiceClient struct {
 	keepAlive   *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
 	getGrants   *connect.Client[v1.GetGrantsRequest, v1.GetGrantsResponse]
 	watchGrants *connect.Client[v1.WatchGrantsRequest, v1.GetGrantsResponse]
+	session     *connect.Client[v1.SessionRequest, v1.SessionResponse]
 	release     *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	leave       *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
 	commit      *connect.Client[v1.CommitRequest, v1.CommitResponse]
@@ -740,6 +752,11 @@ func (c *memberServiceClient) WatchGrants(ctx context.Context, req *connect.Requ
 	return c.watchGrants.CallServerStream(ctx, req)
 }
 
+// Session calls keyshard.v1.MemberService.Session.
+func (c *memberServiceClient) Session(ctx context.Context) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse] {
+	return c.session.CallBidiStream(ctx)
+}
+
 // Release calls keyshard.v1.MemberService.Release.
 func (c *memberServiceClient) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return c.release.CallUnary(ctx, req)
@@ -761,6 +778,9 @@ type MemberServiceHandler interface {
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	GetGrants(context.Context, *connect.Request[v1.GetGrantsRequest]) (*connect.Response[v1.GetGrantsResponse], error)
 	WatchGrants(context.Context, *connect.Request[v1.WatchGrantsRequest], *connect.ServerStream[v1.GetGrantsResponse]) error
+	// WatchGrants and KeepAlive on one stream (HTTP/2 only): see
+	// SessionRequest.
+	Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
 	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
@@ -797,6 +817,12 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(memberServiceMethods.ByName("WatchGrants")),
 		connect.WithHandlerOptions(opts...),
 	)
+	memberServiceSessionHandler := connect.NewBidiStreamHandler(
+		MemberServiceSessionProcedure,
+		svc.Session,
+		connect.WithSchema(memberServiceMethods.ByName("Session")),
+		connect.WithHandlerOptions(opts...),
+	)
 	memberServiceReleaseHandler := connect.NewUnaryHandler(
 		MemberServiceReleaseProcedure,
 		svc.Release,
@@ -825,6 +851,8 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 			memberServiceGetGrantsHandler.ServeHTTP(w, r)
 		case MemberServiceWatchGrantsProcedure:
 			memberServiceWatchGrantsHandler.ServeHTTP(w, r)
+		case MemberServiceSessionProcedure:
+			memberServiceSessionHandler.ServeHTTP(w, r)
 		case MemberServiceReleaseProcedure:
 			memberServiceReleaseHandler.ServeHTTP(w, r)
 		case MemberServiceLeaveProcedure:
@@ -854,6 +882,10 @@ func (UnimplementedMemberServiceHandler) GetGrants(context.Context, *connect.Req
 
 func (UnimplementedMemberServiceHandler) WatchGrants(context.Context, *connect.Request[v1.WatchGrantsRequest], *connect.ServerStream[v1.GetGrantsResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.WatchGrants is not implemented"))
+}
+
+func (UnimplementedMemberServiceHandler) Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.Session is not implemented"))
 }
 
 func (UnimplementedMemberServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {

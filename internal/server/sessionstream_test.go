@@ -1,0 +1,165 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+)
+
+// sessionStream opens a Session stream over HTTP/2 to ts and sends first.
+func sessionStream(t *testing.T, ctx context.Context, ts *testServer, first *v1.SessionRequest) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse] {
+	t.Helper()
+	members := keyshardv1connect.NewMemberServiceClient(h2cClient(), ts.url, connect.WithInterceptors(bearerToken(memberToken)))
+	st := members.Session(ctx)
+	if err := st.Send(first); err != nil {
+		t.Fatalf("send the first message: %v", err)
+	}
+	t.Cleanup(func() { _ = st.CloseRequest(); _ = st.CloseResponse() })
+	return st
+}
+
+// receiveUntil receives from st until cond holds on a message, and returns
+// that message; any error fails the test.
+func receiveUntil(t *testing.T, st *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse], what string, cond func(*v1.SessionResponse) bool) *v1.SessionResponse {
+	t.Helper()
+	for {
+		msg, err := st.Receive()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if cond(msg) {
+			return msg
+		}
+	}
+}
+
+// TestSessionStream: a member's grants and keep-alives on one stream. The
+// first keep-alive activates a pending session, whose grants then come on
+// the same stream; every keep-alive is answered with its number and the
+// TTL; a member that half-closes gets its last answer, then the stream
+// ends cleanly.
+func TestSessionStream(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := ctxT(t)
+	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 8}})); err != nil {
+		t.Fatal(err)
+	}
+	sess := rawJoin(t, ctx, ts, "rooms", "a", false)
+	st := sessionStream(t, ctx, ts, &v1.SessionRequest{Session: sess, KeepAlive: 1})
+
+	first, err := st.Receive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := first.GetKeepAlive(); a.GetKeepAlive() != 1 || a.GetTtl().AsDuration() <= 0 || a.GetErrorCode() != "" {
+		t.Fatalf("first message %v; want the answer to keep-alive 1 with a TTL", first)
+	}
+	// Active now: the map gives a every bucket, and the grants come on
+	// the stream (no KeepAlive call was ever made).
+	receiveUntil(t, st, "8 grants", func(m *v1.SessionResponse) bool {
+		if m.GetKeepAlive() != nil {
+			t.Fatalf("an answer %v to no keep-alive", m.GetKeepAlive())
+		}
+		return len(m.GetGrants().GetGrants()) == 8
+	})
+	for n := uint64(2); n <= 3; n++ {
+		if err := st.Send(&v1.SessionRequest{KeepAlive: n}); err != nil {
+			t.Fatal(err)
+		}
+		a := receiveUntil(t, st, "a keep-alive's answer", func(m *v1.SessionResponse) bool { return m.GetKeepAlive() != nil }).GetKeepAlive()
+		if a.GetKeepAlive() != n || a.GetTtl().AsDuration() <= 0 || a.GetErrorCode() != "" {
+			t.Fatalf("answer %v; want keep-alive %d renewed", a, n)
+		}
+	}
+	// Half-closed after keep-alive 4: its answer comes, then the end.
+	if err := st.Send(&v1.SessionRequest{Session: sess, KeepAlive: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CloseRequest(); err != nil {
+		t.Fatal(err)
+	}
+	receiveUntil(t, st, "keep-alive 4's answer", func(m *v1.SessionResponse) bool { return m.GetKeepAlive().GetKeepAlive() == 4 })
+	if msg, err := st.Receive(); err == nil {
+		for err == nil {
+			if msg.GetKeepAlive() != nil {
+				t.Fatalf("answer %v after the last keep-alive", msg)
+			}
+			msg, err = st.Receive()
+		}
+		if connect.CodeOf(err) != connect.CodeUnknown || err.Error() != "EOF" {
+			t.Fatalf("stream ended with %v; want a clean end", err)
+		}
+	}
+}
+
+// TestSessionStreamEnds: a replaced session's stream ends NOT_FOUND at
+// its next keep-alive, as KeepAlive answers; bad messages end the stream
+// INVALID_ARGUMENT naming the field; over HTTP/1.1 the call is
+// UNIMPLEMENTED, so a member knows to use WatchGrants and KeepAlive.
+func TestSessionStreamEnds(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := ctxT(t)
+	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 8}})); err != nil {
+		t.Fatal(err)
+	}
+	old := rawJoin(t, ctx, ts, "rooms", "a", false)
+	st := sessionStream(t, ctx, ts, &v1.SessionRequest{Session: old, KeepAlive: 1})
+	receiveUntil(t, st, "keep-alive 1's answer", func(m *v1.SessionResponse) bool { return m.GetKeepAlive().GetKeepAlive() == 1 })
+	rawJoin(t, ctx, ts, "rooms", "a", true) // a restarted process takes the id over
+	if err := st.Send(&v1.SessionRequest{KeepAlive: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := st.Receive()
+		if err != nil {
+			if connect.CodeOf(err) != connect.CodeNotFound {
+				t.Fatalf("replaced session's stream ended with %v; want NOT_FOUND", err)
+			}
+			break
+		}
+		if a := msg.GetKeepAlive(); a != nil {
+			t.Fatalf("keep-alive of a replaced session answered %v; want the stream to end NOT_FOUND", a)
+		}
+	}
+
+	sess := rawJoin(t, ctx, ts, "rooms", "b", false)
+	for _, tc := range []struct {
+		name        string
+		first, next *v1.SessionRequest
+		want        string
+	}{
+		{"no session", &v1.SessionRequest{KeepAlive: 1}, nil, "session: missing"},
+		{"keep-alive 0 after the first", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{}, "keep_alive: 0"},
+		{"another session", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{Session: old, KeepAlive: 1}, "another session"},
+	} {
+		st := sessionStream(t, ctx, ts, tc.first)
+		if tc.next != nil {
+			if err := st.Send(tc.next); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		for err == nil {
+			_, err = st.Receive()
+		}
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: stream ended with %v; want INVALID_ARGUMENT naming %q", tc.name, err, tc.want)
+		}
+	}
+
+	http1 := keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: &http.Transport{}}, ts.url, connect.WithInterceptors(bearerToken(memberToken)))
+	st1 := http1.Session(ctx)
+	_ = st1.Send(&v1.SessionRequest{Session: sess, KeepAlive: 1})
+	_, err := st1.Receive()
+	if connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Fatalf("Session over HTTP/1.1: %v; want UNIMPLEMENTED", err)
+	}
+	_ = st1.CloseRequest()
+	_ = st1.CloseResponse()
+}
