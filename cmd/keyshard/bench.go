@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -386,9 +390,11 @@ func newBenchScale() *cobra.Command {
 		Short: "The control plane at fleet sizes: a join storm, 10,000 live members, 10,000 routers, a 10% crash",
 		Long: `Run etcd (` + "`keyshard bench etcd`" + `) and ` + "`keyshard serve`" + ` as child processes on
 loopback, fresh for each scenario, and drive them from this process with
-simulated members (Join, a KeepAlive every lease TTL / 3, WatchGrants,
-an immediate Release of every bucket asked for) and routers (client.Router
-on WatchMap streams, and raw GetMap long polls), all over shared HTTP/2
+simulated members (Join; a keep-alive every lease TTL / 3 and the grants
+on a Session stream, or KeepAlive calls and WatchGrants with
+--unary-keepalives; an immediate Release of every bucket asked for) and
+routers (client.Router on WatchMap streams, and raw GetMap long polls),
+all over shared HTTP/2
 connections. CPU (utime+stime) and resident memory of serve and of etcd
 are read from /proc apart.
 
@@ -400,7 +406,9 @@ window), routers (--routers follow one keyspace; a member joins: the new
 epoch's delay to each), crash (10% of --members stop without leaving:
 time until their buckets are granted again). Each prints where the time
 went from serve's /metrics. The binary run is this one, or $KEYSHARD_BIN.
-The full sizes take several minutes.`,
+The full sizes take several minutes. To profile a run, set
+KEYSHARD_DEBUG_LISTEN (serve's /debug/pprof) and
+KEYSHARD_BENCH_ETCD_DEBUG_LISTEN (etcd's) to two free addresses.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenarios != "" {
@@ -441,6 +449,7 @@ The full sizes take several minutes.`,
 	fl.DurationVar(&o.Window, "window", 0, "the live scenario's measured window (default 30s; 3s with --quick)")
 	fl.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "lease TTL of every keyspace (default 10s, the server's; 3s with --quick)")
 	fl.DurationVar(&o.Budget, "budget", 0, "the longest each wait may take before it is reported as timed out (default 3m; 60s with --quick)")
+	fl.BoolVar(&o.UnaryKeepAlives, "unary-keepalives", false, "simulated members keep alive with KeepAlive calls and follow grants with WatchGrants, as the Python and Node.js clients do (default: both on a Session stream, as the Go SDK does over HTTP/2)")
 	fl.IntVar(&o.MembersPerConn, "members-per-conn", 0, "simulated members per HTTP/2 connection to serve (default 0: all share one transport, about 250 streams per connection; 1: a connection per member, as a fleet of processes)")
 	return cmd
 }
@@ -496,6 +505,27 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 	return err
 }
 
+// benchEtcdDebugEnv names the address on which the etcd process of bench
+// scale serves Go's profiles (/debug/pprof), to see where etcd's CPU goes;
+// unset: none.
+const benchEtcdDebugEnv = "KEYSHARD_BENCH_ETCD_DEBUG_LISTEN"
+
+// serveProfiles serves net/http/pprof's handlers on addr until stop.
+func serveProfiles(addr string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }() // exits when stop closes the server
+	return func() { _ = srv.Close(); <-done }, nil
+}
+
 // newBenchEtcd is `keyshard bench etcd`, the etcd process of bench scale.
 func newBenchEtcd() *cobra.Command {
 	var (
@@ -510,6 +540,13 @@ func newBenchEtcd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
 				return fmt.Errorf("--dir is empty; name a data directory")
+			}
+			if addr := os.Getenv(benchEtcdDebugEnv); addr != "" {
+				stop, err := serveProfiles(addr)
+				if err != nil {
+					return fmt.Errorf("%s=%s: %w", benchEtcdDebugEnv, addr, err)
+				}
+				defer stop()
 			}
 			return bench.RunEtcd(cmd.Context(), dir, members, cmd.OutOrStdout())
 		},

@@ -89,6 +89,11 @@ type ScaleOptions struct {
 	// serve's limit of concurrent streams (250), as one process hosting
 	// many members does; 1 is a fleet of separate processes.
 	MembersPerConn int
+	// UnaryKeepAlives makes the simulated members keep their sessions
+	// alive with KeepAlive calls and follow their grants with
+	// WatchGrants, as the Python and Node.js clients do; by default they
+	// use a Session stream for both, as the Go SDK does over HTTP/2.
+	UnaryKeepAlives bool
 	// Budget bounds each wait (for every bucket to be granted, for every
 	// router to see an epoch); a wait that runs out is reported as timed
 	// out, not as an error. Default 3 minutes (Quick: 60 s).
@@ -186,6 +191,9 @@ type ScaleReport struct {
 	// MembersPerConn is how many simulated members share a connection
 	// (0: all share one transport; see ScaleOptions.MembersPerConn).
 	MembersPerConn int `json:"members_per_conn"`
+	// KeepAlives is how the simulated members keep their sessions alive:
+	// "stream" (on their Session streams) or "unary" (KeepAlive calls).
+	KeepAlives string `json:"keepalives"`
 
 	JoinStorm *JoinStormReport `json:"join_storm,omitempty"`
 	Live      *LiveReport      `json:"live,omitempty"`
@@ -289,8 +297,11 @@ type LiveReport struct {
 	Granted int `json:"granted"`
 	// KeepAlivesPerS were answered during the window; KeepAliveErrors
 	// failed over the whole scenario; SessionsLost ended (NOT_FOUND).
-	KeepAlivesPerS float64      `json:"keepalives_per_s"`
-	Health         MemberHealth `json:"members_health"`
+	KeepAlivesPerS float64 `json:"keepalives_per_s"`
+	// KeepAlivesOnStreamPct is the share of the window's keep-alives that
+	// serve renewed on Session streams (the rest: KeepAlive calls).
+	KeepAlivesOnStreamPct float64      `json:"keepalives_on_stream_pct"`
+	Health                MemberHealth `json:"members_health"`
 	// CPU during the window as % of one core: in total, and per 1,000
 	// members.
 	ServeCPUPct             float64 `json:"serve_cpu_pct"`
@@ -372,7 +383,10 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 		return ScaleReport{}, err
 	}
 	start := time.Now()
-	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn}
+	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn, KeepAlives: "stream"}
+	if opts.UnaryKeepAlives {
+		rep.KeepAlives = "unary"
+	}
 	if opts.Etcd == EtcdCluster3 {
 		rep.EtcdMembers = 3
 	}
@@ -749,7 +763,15 @@ func (e *scaleEnv) sample(ctx context.Context) (sample, error) {
 	return s, nil
 }
 
-// scrape reads serve's /metrics and sums each series over its labels.
+// keptSeries are series that scrape also keeps apart, by their labels.
+var keptSeries = map[string]bool{keepAlivesOnStream: true}
+
+// keepAlivesOnStream is serve's count of keep-alives renewed on Session
+// streams.
+const keepAlivesOnStream = `keyshard_member_keepalives_total{result="renewed",via="stream"}`
+
+// scrape reads serve's /metrics and sums each series over its labels
+// (keptSeries are also kept apart).
 func (e *scaleEnv) scrape(ctx context.Context) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/metrics", nil)
 	if err != nil {
@@ -775,7 +797,8 @@ func (e *scaleEnv) scrape(ctx context.Context) (map[string]float64, error) {
 		if sp < 0 {
 			continue
 		}
-		name := line[:sp]
+		series := line[:sp]
+		name := series
 		if i := strings.IndexByte(name, '{'); i >= 0 {
 			name = name[:i]
 		}
@@ -784,6 +807,9 @@ func (e *scaleEnv) scrape(ctx context.Context) (map[string]float64, error) {
 			continue
 		}
 		m[name] += v
+		if keptSeries[series] {
+			m[series] = v
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read serve's /metrics: %w", err)
@@ -920,10 +946,13 @@ type fleet struct {
 
 	// perConn members share each of conns (0: all use e.member).
 	perConn int
-	mu      sync.Mutex
-	joined  int
-	conns   []*http.Transport
-	api     []keyshardv1connect.MemberServiceClient
+	// unary: keep-alives are KeepAlive calls and grants come on
+	// WatchGrants, rather than both on a Session stream.
+	unary  bool
+	mu     sync.Mutex
+	joined int
+	conns  []*http.Transport
+	api    []keyshardv1connect.MemberServiceClient
 
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
 	// keepAliveCodes counts the failed keep-alives by code (under mu),
@@ -952,7 +981,7 @@ type MemberHealth struct {
 	// the server could not serve them (UNAVAILABLE, a deadline).
 	JoinRetries int64 `json:"join_retries"`
 	// ReleaseErrors and StreamErrors count failed Release calls and
-	// WatchGrants streams that broke.
+	// Session (or WatchGrants) streams that broke.
 	ReleaseErrors int64 `json:"release_errors"`
 	StreamErrors  int64 `json:"stream_errors"`
 }
@@ -996,15 +1025,89 @@ func (f *fleet) health() MemberHealth {
 }
 
 // simMember is one simulated member: a session kept alive at the SDK's
-// cadence (lease TTL / 3), its grants followed on a WatchGrants stream,
-// and every bucket it is asked to release released at once (a handler
-// that returns immediately). session and ttl belong to the member's run
-// goroutine once join returned.
+// cadence (lease TTL / 3), its grants followed, both on a Session stream
+// (or KeepAlive calls and a WatchGrants stream: fleet.unary), and every
+// bucket it is asked to release released at once (a handler that returns
+// immediately). session and ttl belong to the member's run goroutine
+// once join returned.
 type simMember struct {
 	keyspace, id, session string
 	ttl                   time.Duration
 	stop                  context.CancelFunc
 	api                   keyshardv1connect.MemberServiceClient
+
+	mu     sync.Mutex
+	stream *sessionConn // (mu) the open Session stream; nil: none
+}
+
+// sessionConn is a simulated member's open Session stream: its follow
+// goroutine receives, its keep goroutine sends keep-alives on it.
+type sessionConn struct {
+	st      *connect.BidiStreamForClient[keyshardv1.SessionRequest, keyshardv1.SessionResponse]
+	answers chan *keyshardv1.KeepAliveAnswer // cap 1: one keep-alive in flight
+	ended   chan struct{}                    // closed when the stream ends
+	n       uint64                           // the last keep-alive's number (keep's)
+
+	sendMu sync.Mutex // serializes Send and CloseRequest
+	closed bool       // (sendMu) CloseRequest was called
+}
+
+// close ends the sending side of c, once its follow goroutine is done.
+func (c *sessionConn) close() {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	c.closed = true
+	_ = c.st.CloseRequest()
+}
+
+func (c *sessionConn) send(msg *keyshardv1.SessionRequest) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.closed {
+		return connect.NewError(connect.CodeUnavailable, errors.New("session stream ended"))
+	}
+	return c.st.Send(msg)
+}
+
+// keepAlive sends a keep-alive on c and waits for its answer, the end of
+// the stream, or ctx.
+func (c *sessionConn) keepAlive(ctx context.Context) error {
+	c.n++
+	if err := c.send(&keyshardv1.SessionRequest{KeepAlive: c.n}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case a := <-c.answers:
+			if a.GetKeepAlive() != c.n {
+				continue // the answer to one that timed out
+			}
+			if a.GetErrorCode() != "" {
+				var code connect.Code
+				if err := code.UnmarshalText([]byte(a.GetErrorCode())); err != nil {
+					code = connect.CodeUnknown
+				}
+				return connect.NewError(code, errors.New(a.GetErrorMessage()))
+			}
+			return nil
+		case <-c.ended:
+			return connect.NewError(connect.CodeUnavailable, errors.New("session stream ended"))
+		case <-ctx.Done():
+			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
+	}
+}
+
+func (m *simMember) conn() *sessionConn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stream
+}
+
+func (m *simMember) setConn(c *sessionConn) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stream = c
 }
 
 // client returns the member API client of the next member to join: every
@@ -1123,7 +1226,12 @@ func (f *fleet) keep(ctx context.Context, m *simMember, lost context.CancelFunc)
 		case <-t.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, m.ttl/3)
-		_, err := m.api.KeepAlive(cctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session}))
+		var err error
+		if c := m.conn(); c != nil {
+			err = c.keepAlive(cctx)
+		} else {
+			_, err = m.api.KeepAlive(cctx, connect.NewRequest(&keyshardv1.KeepAliveRequest{Session: m.session}))
+		}
 		cancel()
 		switch {
 		case err == nil:
@@ -1140,57 +1248,113 @@ func (f *fleet) keep(ctx context.Context, m *simMember, lost context.CancelFunc)
 }
 
 func (f *fleet) follow(ctx context.Context, m *simMember, lost context.CancelFunc) {
-	released := map[[2]uint64]bool{} // (bucket, token) released successfully
-	var minRev uint64
+	g := grantsFollower{f: f, m: m, released: map[[2]uint64]bool{}}
 	for ctx.Err() == nil {
-		st, err := m.api.WatchGrants(ctx, connect.NewRequest(&keyshardv1.WatchGrantsRequest{Session: m.session, MinRevision: minRev}))
-		if err != nil {
-			f.streamErrs.Add(1)
-			pause(ctx, 100*time.Millisecond)
-			continue
+		var err error
+		if f.unary {
+			err = g.watch(ctx)
+		} else {
+			err = g.session(ctx)
 		}
-		for st.Receive() {
-			msg := st.Msg()
-			minRev = max(minRev, msg.GetRevision())
-			if len(msg.GetRelease()) == 0 {
-				continue
-			}
-			want := map[uint32]bool{}
-			for _, b := range msg.GetRelease() {
-				want[b] = true
-			}
-			var rel []*keyshardv1.BucketGrant
-			for _, g := range msg.GetGrants() {
-				if want[g.GetBucket()] && !released[[2]uint64{uint64(g.GetBucket()), g.GetToken()}] {
-					rel = append(rel, g)
-				}
-			}
-			if len(rel) == 0 {
-				continue
-			}
-			resp, err := m.api.Release(ctx, connect.NewRequest(&keyshardv1.ReleaseRequest{Session: m.session, Buckets: rel}))
-			if err != nil {
-				if ctx.Err() == nil {
-					f.releaseErrs.Add(1)
-				}
-				continue
-			}
-			minRev = max(minRev, resp.Msg.GetRevision())
-			f.releaseCalls.Add(1)
-			f.releasedBuckets.Add(int64(len(rel)))
-			for _, g := range rel {
-				released[[2]uint64{uint64(g.GetBucket()), g.GetToken()}] = true
-			}
-		}
-		st.Close()
 		if ctx.Err() == nil {
-			if connect.CodeOf(st.Err()) == connect.CodeNotFound {
+			if connect.CodeOf(err) == connect.CodeNotFound {
 				lost() // the session is gone
 				return
 			}
 			f.streamErrs.Add(1)
 			pause(ctx, 100*time.Millisecond)
 		}
+	}
+}
+
+// grantsFollower is a simulated member's follow goroutine: what it has
+// released and the newest revision it has seen, across its streams.
+type grantsFollower struct {
+	f        *fleet
+	m        *simMember
+	released map[[2]uint64]bool // (bucket, token) released successfully
+	minRev   uint64
+}
+
+// watch follows the grants on one WatchGrants stream, until it ends.
+func (g *grantsFollower) watch(ctx context.Context) error {
+	st, err := g.m.api.WatchGrants(ctx, connect.NewRequest(&keyshardv1.WatchGrantsRequest{Session: g.m.session, MinRevision: g.minRev}))
+	if err != nil {
+		return err
+	}
+	for st.Receive() {
+		g.apply(ctx, st.Msg())
+	}
+	st.Close()
+	return st.Err()
+}
+
+// session follows the grants on one Session stream, until it ends, and
+// answers the keep-alives the member's keep goroutine sends on it.
+func (g *grantsFollower) session(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := g.m.api.Session(sctx)
+	if err := st.Send(&keyshardv1.SessionRequest{Session: g.m.session, MinRevision: g.minRev}); err != nil {
+		_ = st.CloseResponse()
+		return err
+	}
+	c := &sessionConn{st: st, answers: make(chan *keyshardv1.KeepAliveAnswer, 1), ended: make(chan struct{})}
+	g.m.setConn(c)
+	defer func() {
+		g.m.setConn(nil)
+		close(c.ended)
+		c.close()
+		_ = st.CloseResponse()
+	}()
+	for {
+		msg, err := st.Receive()
+		if err != nil {
+			return err
+		}
+		if a := msg.GetKeepAlive(); a != nil {
+			select {
+			case c.answers <- a:
+			default: // an answer nobody waits for any more
+			}
+		}
+		if gr := msg.GetGrants(); gr != nil {
+			g.apply(ctx, gr)
+		}
+	}
+}
+
+// apply releases at once every bucket msg asks the member to release.
+func (g *grantsFollower) apply(ctx context.Context, msg *keyshardv1.GetGrantsResponse) {
+	g.minRev = max(g.minRev, msg.GetRevision())
+	if len(msg.GetRelease()) == 0 {
+		return
+	}
+	want := map[uint32]bool{}
+	for _, b := range msg.GetRelease() {
+		want[b] = true
+	}
+	var rel []*keyshardv1.BucketGrant
+	for _, gr := range msg.GetGrants() {
+		if want[gr.GetBucket()] && !g.released[[2]uint64{uint64(gr.GetBucket()), gr.GetToken()}] {
+			rel = append(rel, gr)
+		}
+	}
+	if len(rel) == 0 {
+		return
+	}
+	resp, err := g.m.api.Release(ctx, connect.NewRequest(&keyshardv1.ReleaseRequest{Session: g.m.session, Buckets: rel}))
+	if err != nil {
+		if ctx.Err() == nil {
+			g.f.releaseErrs.Add(1)
+		}
+		return
+	}
+	g.minRev = max(g.minRev, resp.Msg.GetRevision())
+	g.f.releaseCalls.Add(1)
+	g.f.releasedBuckets.Add(int64(len(rel)))
+	for _, gr := range rel {
+		g.released[[2]uint64{uint64(gr.GetBucket()), gr.GetToken()}] = true
 	}
 }
 
@@ -1264,7 +1428,7 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 
 	before, err := e.sample(ctx)
@@ -1328,7 +1492,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		}
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	base, err := e.sample(ctx)
 	if err != nil {
@@ -1378,8 +1542,10 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		LiveMembers: o.LiveMembers, Keyspaces: o.Keyspaces, Buckets: o.LiveBuckets,
 		LeaseTTLS: o.LeaseTTL.Seconds(), WindowS: w,
 		JoinedS: joined.Sub(start).Seconds(), SteadyS: steadyAt.Sub(joined).Seconds(), TimedOut: timedOut,
-		Granted:             granted,
-		KeepAlivesPerS:      float64(b.keepAlivesOK-a.keepAlivesOK) / w,
+		Granted:        granted,
+		KeepAlivesPerS: float64(b.keepAlivesOK-a.keepAlivesOK) / w,
+		KeepAlivesOnStreamPct: pct(b.metrics[keepAlivesOnStream]-a.metrics[keepAlivesOnStream],
+			b.metrics["keyshard_member_keepalives_total"]-a.metrics["keyshard_member_keepalives_total"]),
 		Health:              f.health(),
 		ServeCPUPct:         100 * (b.serve.cpuS - a.serve.cpuS) / w,
 		EtcdCPUPct:          100 * (b.etcd.cpuS - a.etcd.cpuS) / w,
@@ -1405,7 +1571,7 @@ func (e *scaleEnv) routers(ctx context.Context, o ScaleOptions, logf logFunc) (*
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	if _, err := f.join(mctx, ks, "r-first"); err != nil {
 		return nil, err
@@ -1596,7 +1762,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	logf("crash: %d members join %s (%d buckets, lease TTL %v)", o.Members, ks, o.Buckets, o.LeaseTTL)
 	kss := make([]string, o.Members)
@@ -1665,4 +1831,12 @@ func pctMs(ds []time.Duration, p float64) float64 {
 	i := int(math.Ceil(p/100*float64(len(ds)))) - 1
 	i = min(max(i, 0), len(ds)-1)
 	return float64(ds[i].Microseconds()) / 1e3
+}
+
+// pct is part as a percentage of whole (0 when whole is).
+func pct(part, whole float64) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return 100 * part / whole
 }

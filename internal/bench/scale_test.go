@@ -88,6 +88,11 @@ func TestScaleQuick(t *testing.T) {
 		if r.KeepAlivesPerS <= 0 {
 			t.Errorf("live: %.1f keep-alives/s; want some", r.KeepAlivesPerS)
 		}
+		// The first keep-alive of each session is a call; the rest ride
+		// its Session stream.
+		if r.KeepAlivesOnStreamPct <= 50 || rep.KeepAlives != "stream" {
+			t.Errorf("live: %.1f%% of keep-alives on Session streams (keep-alives: %q); want most", r.KeepAlivesOnStreamPct, rep.KeepAlives)
+		}
 		if r.Health.SessionsLost != r.Health.Rejoins {
 			t.Errorf("live: %d sessions lost, %d re-joined; want every lost session re-joined", r.Health.SessionsLost, r.Health.Rejoins)
 		}

@@ -166,7 +166,9 @@ func (s *Server) limitBodies(next http.Handler) http.Handler {
 				_ = errs.Write(w, r, connect.NewError(connect.CodeUnimplemented, errors.New("Session streams need HTTP/2 (gRPC, or Connect over HTTP/2); over HTTP/1.1 use WatchGrants or GetGrants, and KeepAlive")))
 				return
 			}
-			next.ServeHTTP(w, r)
+			// The handler cuts a wait for the member's next message short
+			// through the response's read deadline (see Session).
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), responseWriterKey{}, w)))
 			return
 		}
 		most, lim := s.cfg.Limits.readMax(r.URL.Path)

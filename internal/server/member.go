@@ -145,10 +145,23 @@ func (m *memberService) KeepAlive(ctx context.Context, req *connect.Request[v1.K
 		return nil, err
 	}
 	ttl, err := m.keepAlive(ctx, sess)
+	m.s.metrics.keepAlives.WithLabelValues("call", keepAliveResult(err)).Inc()
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&v1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+}
+
+// keepAliveResult is the result label of keyshard_member_keepalives_total
+// for a keep-alive that ended with err.
+func keepAliveResult(err error) string {
+	switch {
+	case err == nil:
+		return "renewed"
+	case connect.CodeOf(err) == connect.CodeNotFound:
+		return "ended"
+	}
+	return "failed"
 }
 
 // keepAlive renews session sess, as KeepAlive and a Session stream's

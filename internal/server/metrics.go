@@ -44,6 +44,9 @@ type metrics struct {
 	// API limits.
 	longPolls        prometheus.Gauge   // long polls and watch streams held now
 	longPollsRefused prometheus.Counter // refused over limits.max_long_polls
+	// keepAlives counts member keep-alives by how they came (call:
+	// KeepAlive; stream: a Session stream) and how they ended.
+	keepAlives *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -139,6 +142,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		longPollsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyshard_api_long_polls_refused_total", Help: "Long polls and watch streams refused because this replica held limits.max_long_polls already.",
 		}),
+		keepAlives: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_member_keepalives_total", Help: "Member keep-alives this replica answered, by how they came (via: call for KeepAlive, stream for a Session stream) and result (renewed; ended: the session had ended or was replaced; failed: anything else, retried by the member).",
+		}, []string{"via", "result"}),
+	}
+	for _, via := range []string{"call", "stream"} {
+		for _, result := range []string{"renewed", "ended", "failed"} {
+			m.keepAlives.WithLabelValues(via, result)
+		}
 	}
 	// Every action and cause is exposed from the start, at 0, so that a
 	// rate over the series sees the first failure.
@@ -150,6 +161,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWatchLag, m.leaderWatchBehind, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
-		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused)
+		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused, m.keepAlives)
 	return m
 }

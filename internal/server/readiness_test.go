@@ -29,6 +29,18 @@ func readyz(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
+// failingProbe makes s's etcd probe fail while the flag it returns is set.
+func failingProbe(s *Server) *atomic.Bool {
+	var failing atomic.Bool
+	s.seams.probe = func(context.Context) error {
+		if failing.Load() {
+			return errors.New("injected: etcd unreachable")
+		}
+		return nil
+	}
+	return &failing
+}
+
 // TestUnreachableStore: once the etcd probe has failed for 3 s of the
 // replica's clock, /readyz answers 503, keyshard_store_reachable is 0,
 // member, map and hot-key calls answer UNAVAILABLE at once and open
@@ -37,13 +49,7 @@ func readyz(t *testing.T, url string) (int, string) {
 func TestUnreachableStore(t *testing.T) {
 	ctx, s, clk := fakeReplica(t)
 	withStore(t, s)
-	var failing atomic.Bool
-	s.seams.probe = func(context.Context) error {
-		if failing.Load() {
-			return errors.New("injected: etcd unreachable")
-		}
-		return nil
-	}
+	failing := failingProbe(s)
 	s.view.apply(store.Update{Resync: &store.Resync{Snapshot: store.NewSnapshot(0)}})
 	apply(s, 5, roomsChanges()...)
 	hs, err := s.httpServer()

@@ -39,12 +39,14 @@ type Server struct {
 	metrics *metrics
 	auth    *authenticator
 	polls   *longPolls
-	view    *view
-	onTerm  func()          // Options.OnHotKeyTerm; never nil
-	onRound func(time.Time) // Options.OnHotKeyRound; never nil
-	seams   seams           // nil fields: the store's
-	reach   reachability    // whether etcd answers this replica's probe
-	commits commits         // Commit calls queued behind their session's write
+	// sessionHub wakes Session streams when their keyspace changes.
+	sessionHub sessionHub
+	view       *view
+	onTerm     func()          // Options.OnHotKeyTerm; never nil
+	onRound    func(time.Time) // Options.OnHotKeyRound; never nil
+	seams      seams           // nil fields: the store's
+	reach      reachability    // whether etcd answers this replica's probe
+	commits    commits         // Commit calls queued behind their session's write
 
 	// Tenant pools.
 	tpState
@@ -128,6 +130,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		onTerm:    opts.OnHotKeyTerm,
 		onRound:   opts.OnHotKeyRound,
 	}
+	s.sessionHub.s = s
 	if cfg.AuthOpen() {
 		log.Warn("the API accepts requests without a token; set auth.admin_tokens and auth.member_tokens before exposing it", "listen", cfg.Listen)
 	}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -18,11 +22,14 @@ import (
 // its own (headers, a new stream, a goroutine, connect's handler chain):
 // at 10,000 members, 3,000 of them a second.
 //
-// Two goroutines serve a stream. The handler's sends (the grants when
-// they change, each keep-alive's answer), renews, and ends the stream; a
-// reader receives the member's messages and hands each keep-alive to it.
-// The reader exits when the stream's body ends: the member half-closed
-// it, or the handler returned and net/http reset it.
+// A stream costs one goroutine, as a WatchGrants stream does: the
+// handler's, which receives the member's messages and answers each
+// keep-alive. The grants are sent by a short-lived goroutine when they
+// change, started by the keyspace's watcher in sessionHub, which wakes
+// for every change of the keyspace and checks each of its streams. A
+// stream that must end while its handler waits for the member's next
+// message (the session ended, shutdown, etcd unreachable) ends that wait
+// through the response's read deadline.
 func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
@@ -48,64 +55,27 @@ func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[
 		return err
 	}
 
-	keepAlives := make(chan uint64) // unbuffered: the reader takes no message ahead of the handler
-	read := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() { read <- readSession(stream, token, keepAlives, done) }() // exits when the body ends or the handler returns
-
-	pending := first.GetKeepAlive()
-	var news grantsNews
-	for {
-		changed := m.s.view.keyspaceChanged(sess.keyspace)
-		if pending != 0 {
-			// Answered before the grants: the first keep-alive activates
-			// the session, and the grants sent next then show it.
-			answer, err := m.keepAliveAnswer(ctx, sess, pending)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil // as below: the replica stops serving the stream
-				}
-				return err
-			}
-			if err := stream.Send(&v1.SessionResponse{KeepAlive: answer}); err != nil {
-				return err
-			}
-			pending = 0
-			continue
-		}
-		resp, err := news.next(ctx, m.s, sess)
-		if err != nil {
-			return err
-		}
-		if resp != nil {
-			if err := stream.Send(&v1.SessionResponse{Grants: resp}); err != nil {
-				return err
-			}
-			news.sent(resp)
-		}
-		select {
-		case <-changed:
-		case pending = <-keepAlives:
-		case err := <-read:
-			if errors.Is(err, io.EOF) {
-				return nil // the member half-closed; every keep-alive it sent is answered
-			}
-			return err
-		case <-ctx.Done():
-			return nil
+	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream}
+	if w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter); ok {
+		st.rc = http.NewResponseController(w)
+	}
+	defer st.close() // first of the deferred: nothing sends on the stream after the handler
+	stop := context.AfterFunc(ctx, st.unblock)
+	defer stop()
+	// The first keep-alive is answered before the grants go: it activates
+	// the session, and the grants sent next then show it.
+	if n := first.GetKeepAlive(); n != 0 {
+		if err := st.answer(n); err != nil {
+			return st.end(err)
 		}
 	}
-}
-
-// readSession receives a Session stream's messages after the first, and
-// hands each keep-alive's number to the handler, until the body ends (an
-// error; io.EOF when the member half-closed) or done closes.
-func readSession(stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse], token string, keepAlives chan<- uint64, done <-chan struct{}) error {
+	m.s.sessionHub.add(st)
+	defer m.s.sessionHub.remove(st)
+	st.poke(true)
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
-			return err
+			return st.end(err)
 		}
 		if s := msg.GetSession(); s != "" && s != token {
 			return invalid("session: a message names another session than the stream's first; open a stream per session")
@@ -114,20 +84,157 @@ func readSession(stream *connect.BidiStream[v1.SessionRequest, v1.SessionRespons
 		if n == 0 {
 			return invalid("keep_alive: 0 in a message after the first; number keep-alives from 1")
 		}
-		select {
-		case keepAlives <- n:
-		case <-done:
-			return nil
+		if err := st.answer(n); err != nil {
+			return st.end(err)
 		}
 	}
 }
 
+// responseWriterKey is the context key under which limitBodies passes a
+// Session stream's http.ResponseWriter to its handler, whose read deadline
+// ends a wait for the member's next message.
+type responseWriterKey struct{}
+
+// sessionStream is one Session stream: its handler receives and answers
+// keep-alives; a goroutine of its own, started by poke, sends the grants
+// when they change.
+type sessionStream struct {
+	m      *memberService
+	ctx    context.Context
+	sess   session
+	stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]
+	rc     *http.ResponseController // nil: the stream cannot be cut short
+
+	sendMu sync.Mutex // serializes Send; guards closed, err and news
+	closed bool       // the handler is returning: nothing may send
+	err    error      // why the stream must end, set by a sender
+	news   grantsNews
+
+	// sentRev and started mirror news, for poke's check without sendMu.
+	sentRev atomic.Uint64
+	started atomic.Bool
+	// sending: a goroutine sends the grants; dirty: the grants may have
+	// changed since it looked.
+	sending, dirty atomic.Bool
+
+	endMu sync.Mutex // guards ended and every use of rc
+	ended bool       // the handler has returned
+}
+
+// answer renews the session for keep-alive n and sends the answer.
+func (st *sessionStream) answer(n uint64) error {
+	a, err := st.m.keepAliveAnswer(st.ctx, st.sess, n)
+	if err != nil {
+		return err
+	}
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	if st.err != nil {
+		return st.err
+	}
+	if err := st.stream.Send(&v1.SessionResponse{KeepAlive: a}); err != nil {
+		st.err = err
+		return err
+	}
+	return nil
+}
+
+// poke makes the stream send its grants if they changed since it last
+// sent them (always, with force): in a goroutine of the stream's own, so
+// that the keyspace's watcher never waits on a member's stream. A stream
+// woken by a change to its keyspace that is not its own learns that from
+// the revision alone, without a goroutine (a join storm wakes 1,000
+// streams per change).
+func (st *sessionStream) poke(force bool) {
+	if !force && st.started.Load() && st.m.s.grantsUnchanged(st.sess, st.sentRev.Load()) {
+		return
+	}
+	st.dirty.Store(true)
+	if st.sending.CompareAndSwap(false, true) {
+		go st.flush() // exits once the grants are sent and no change came meanwhile
+	}
+}
+
+// flush sends the grants until no change came while it did.
+func (st *sessionStream) flush() {
+	for {
+		st.dirty.Store(false)
+		ok := st.sendGrants()
+		st.sending.Store(false)
+		if !ok || !st.dirty.Load() || !st.sending.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// sendGrants sends the session's grants if the stream has yet to; false
+// once the stream is closing or must end.
+func (st *sessionStream) sendGrants() bool {
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	if st.closed || st.err != nil {
+		return false
+	}
+	resp, err := st.news.next(st.ctx, st.m.s, st.sess)
+	if err == nil && resp != nil {
+		if err = st.stream.Send(&v1.SessionResponse{Grants: resp}); err == nil {
+			st.news.sent(resp)
+			st.sentRev.Store(resp.Revision)
+			st.started.Store(true)
+		}
+	}
+	if err != nil {
+		st.err = err
+		st.unblock()
+		return false
+	}
+	return true
+}
+
+// unblock ends the handler's wait for the member's next message, if the
+// handler still runs.
+func (st *sessionStream) unblock() {
+	st.endMu.Lock()
+	defer st.endMu.Unlock()
+	if !st.ended && st.rc != nil {
+		_ = st.rc.SetReadDeadline(time.Unix(1, 0)) // in the past: at once
+	}
+}
+
+// close stops every use of the stream: the handler is returning.
+func (st *sessionStream) close() {
+	st.endMu.Lock()
+	st.ended = true
+	st.endMu.Unlock()
+	st.sendMu.Lock()
+	st.closed = true
+	st.sendMu.Unlock()
+}
+
+// end is what the handler returns when err ended it: why a sender ended
+// the stream if one did; nothing when the replica stops serving it (the
+// context ended: shutdown, or etcd unreachable, which reachGate answers)
+// or the member half-closed it; err otherwise.
+func (st *sessionStream) end(err error) error {
+	st.sendMu.Lock()
+	cause := st.err
+	st.sendMu.Unlock()
+	switch {
+	case cause != nil:
+		return cause
+	case st.ctx.Err() != nil, errors.Is(err, io.EOF):
+		return nil
+	}
+	return err
+}
+
 // keepAliveAnswer renews session sess for keep-alive n of its stream. A
 // session that has ended or was replaced ends the stream (NOT_FOUND, the
-// error returned); any other failure is answered on the stream, which
-// goes on.
+// error returned), as does the stream's context ending; any other failure
+// is answered on the stream, which goes on.
 func (m *memberService) keepAliveAnswer(ctx context.Context, sess session, n uint64) (*v1.KeepAliveAnswer, error) {
 	ttl, err := m.keepAlive(ctx, sess)
+	m.s.metrics.keepAlives.WithLabelValues("stream", keepAliveResult(err)).Inc()
 	switch {
 	case err == nil:
 		return &v1.KeepAliveAnswer{KeepAlive: n, Ttl: durationpb.New(ttl)}, nil
@@ -140,4 +247,78 @@ func (m *memberService) keepAliveAnswer(ctx context.Context, sess session, n uin
 		msg = ce.Message()
 	}
 	return &v1.KeepAliveAnswer{KeepAlive: n, ErrorCode: connect.CodeOf(err).String(), ErrorMessage: msg}, nil
+}
+
+// sessionHub wakes the Session streams of each keyspace when the
+// keyspace changes: one watcher goroutine per keyspace with streams,
+// rather than a goroutine per stream waiting for changes.
+type sessionHub struct {
+	s  *Server
+	mu sync.Mutex
+	ks map[string]*keyspaceStreams
+}
+
+// keyspaceStreams are the Session streams of one keyspace; its watcher
+// runs while there are any.
+type keyspaceStreams struct {
+	streams map[*sessionStream]struct{}
+	empty   chan struct{} // closed when the last stream leaves
+}
+
+func (h *sessionHub) add(st *sessionStream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ks == nil {
+		h.ks = map[string]*keyspaceStreams{}
+	}
+	k := h.ks[st.sess.keyspace]
+	if k == nil {
+		k = &keyspaceStreams{streams: map[*sessionStream]struct{}{}, empty: make(chan struct{})}
+		h.ks[st.sess.keyspace] = k
+		// The first wait is for a change after now: st reads its first
+		// grants after add returns.
+		changed := h.s.view.keyspaceChanged(st.sess.keyspace)
+		go h.watch(st.sess.keyspace, k, changed) // exits when k's last stream leaves
+	}
+	k.streams[st] = struct{}{}
+}
+
+func (h *sessionHub) remove(st *sessionStream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := h.ks[st.sess.keyspace]
+	if k == nil {
+		return
+	}
+	delete(k.streams, st)
+	if len(k.streams) == 0 {
+		close(k.empty)
+		delete(h.ks, st.sess.keyspace)
+	}
+}
+
+// watch pokes every stream of keyspace ks at each change of it, from the
+// change that closes changed on, until k has no stream left.
+func (h *sessionHub) watch(ks string, k *keyspaceStreams, changed <-chan struct{}) {
+	var list []*sessionStream
+	for {
+		select {
+		case <-changed:
+		case <-k.empty:
+			return
+		}
+		// Taken before the pokes read anything: a change while they run
+		// wakes the next round.
+		changed = h.s.view.keyspaceChanged(ks)
+		h.mu.Lock()
+		list = list[:0]
+		for st := range k.streams {
+			list = append(list, st)
+		}
+		h.mu.Unlock()
+		for _, st := range list {
+			st.poke(false)
+		}
+		clear(list)
+	}
 }
