@@ -543,6 +543,79 @@ func attempt[S, Req, Res any](ctx context.Context, c *Client, e *endpoint, m fun
 // A stream that fails with ErrUnavailable makes the next replica the
 // preferred one, so that the next stream opens there.
 func stream[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *Req, yield func(*Res)) error {
+	return onPreferred(ctx, c, func(sctx context.Context, _ context.CancelCauseFunc, e *endpoint) error {
+		s, err := f(service[S](e), sctx, newRequest(c, req))
+		if err != nil {
+			return err
+		}
+		for s.Receive() {
+			yield(s.Msg())
+		}
+		err = s.Err()
+		s.Close()
+		return err
+	})
+}
+
+// bidiStream is a bidi stream open on one replica. Its receiving side
+// belongs to the goroutine that bidi runs it on; send is safe for
+// concurrent use (connect allows one Send at a time, alongside Receive).
+type bidiStream[Req, Res any] struct {
+	st *connect.BidiStreamForClient[Req, Res]
+	// abort ends the stream with cause: bidi then returns ErrUnavailable
+	// wrapping it, and the next replica becomes the preferred one.
+	abort context.CancelCauseFunc
+
+	sendMu    sync.Mutex // serializes Send
+	closeOnce sync.Once  // CloseRequest
+}
+
+// send sends m. It fails (io.EOF) once the stream is over: the receiving
+// side then has its error.
+func (b *bidiStream[Req, Res]) send(m *Req) error {
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
+	return b.st.Send(m)
+}
+
+// closeRequest ends the stream's request body. connect's Send and
+// CloseRequest meet only at the body's io.Pipe, whose Close is safe
+// alongside a Write and unblocks one waiting on flow control, so it does
+// not wait for sendMu.
+func (b *bidiStream[Req, Res]) closeRequest() {
+	b.closeOnce.Do(func() { _ = b.st.CloseRequest() })
+}
+
+// bidi opens a bidi stream on the preferred replica and runs serve with
+// it; serve receives until the stream ends. As with stream, the stream
+// ends when ctx is done or the Client moves to another replica, a stream
+// that fails with ErrUnavailable (or that serve aborts) makes the next
+// replica the preferred one, and bidi returns serve's error translated.
+// The stream's request body ends when the stream does: an HTTP/2
+// transport that is still reading it sees no cancelled context, so
+// Receive would not return.
+func bidi[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context) *connect.BidiStreamForClient[Req, Res], serve func(*bidiStream[Req, Res]) error) error {
+	return onPreferred(ctx, c, func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error {
+		b := &bidiStream[Req, Res]{st: f(service[S](e), sctx), abort: abort}
+		if c.authz != "" {
+			b.st.RequestHeader().Set("Authorization", c.authz)
+		}
+		stop := context.AfterFunc(sctx, b.closeRequest)
+		err := serve(b)
+		stop()
+		b.closeRequest()
+		_ = b.st.CloseResponse()
+		return err
+	})
+}
+
+// onPreferred runs open, a stream on replica e (the preferred one), with
+// sctx: cancelled when ctx ends, when the Client moves to another replica
+// (cause errMoved), or by abort(cause). A stream ended by a move or an
+// abort returns ErrUnavailable wrapping the cause; other errors are
+// translated. ErrUnavailable, unless the Client moved already, makes the
+// next replica the preferred one, so that the next stream opens there.
+func onPreferred(ctx context.Context, c *Client, open func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error) error {
 	if c.closed() {
 		return ErrClosed
 	}
@@ -554,18 +627,16 @@ func stream[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.C
 	defer scancel(nil)
 	stop := context.AfterFunc(moved, func() { scancel(errMoved) })
 	defer stop()
-	s, err := f(service[S](e), sctx, newRequest(c, req))
-	if err == nil {
-		for s.Receive() {
-			yield(s.Msg())
+	err := open(sctx, scancel, e)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		cause := context.Cause(sctx)
+		err = fmt.Errorf("%w: stream from %s ended: %w", ErrUnavailable, e.url, cause)
+		if errors.Is(cause, errMoved) {
+			return err
 		}
-		err = s.Err()
-		s.Close()
+	} else {
+		err = c.translate(err)
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errMoved) {
-		return fmt.Errorf("%w: stream from %s ended: %w", ErrUnavailable, e.url, errMoved)
-	}
-	err = c.translate(err)
 	if len(c.eps) > 1 && ctx.Err() == nil && errors.Is(err, ErrUnavailable) {
 		c.prefer((n+1)%len(c.eps), moved)
 	}
