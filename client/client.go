@@ -188,6 +188,12 @@ type Client struct {
 	moved  context.Context    // cancelled when pref changes; streams on the old replica end
 	onMove context.CancelFunc // cancels moved
 
+	// noSession: (mu) why the Client's Workers do not open Session
+	// streams (nil: they do), for the life of the Client.
+	noSession error
+	// noSessionLogged: (mu) noSession was logged.
+	noSessionLogged bool
+
 	ctx       context.Context // cancelled by Close; every call is bound to it
 	cancel    context.CancelFunc
 	closeOnce sync.Once
@@ -311,6 +317,11 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 		}
 		c.ownHTTP = tr
 		hc = &http.Client{Transport: tr}
+		if !o.grpc && !anyHTTPS {
+			// HTTP/1.1 only: a Session stream would be answered
+			// UNIMPLEMENTED.
+			c.noSession = errors.New("the Client speaks the Connect protocol over HTTP/1.1 (http:// URLs without GRPC), and Session streams need HTTP/2")
+		}
 	}
 	var copts []connect.ClientOption
 	if o.grpc {
@@ -399,6 +410,36 @@ func (c *Client) prefer(i int, moved context.Context) {
 	c.pref = i
 	c.onMove()
 	c.moved, c.onMove = context.WithCancel(context.Background())
+}
+
+// sessionStreams reports whether the Client's Workers open Session
+// streams, which carry their grants and keep-alives over HTTP/2. The
+// first time it reports false, it logs why (at Info).
+func (c *Client) sessionStreams() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.logNoSessionLocked()
+	return c.noSession == nil
+}
+
+// noSessionStreams records that a Session stream was answered
+// UNIMPLEMENTED (err): an older server, or a transport or proxy that
+// speaks HTTP/1.1. The Client's Workers open none for the rest of its
+// life; it logs that once (at Info).
+func (c *Client) noSessionStreams(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.noSession == nil {
+		c.noSession = fmt.Errorf("a replica answered a Session stream UNIMPLEMENTED: %w", err)
+	}
+	c.logNoSessionLocked()
+}
+
+func (c *Client) logNoSessionLocked() {
+	if c.noSession != nil && !c.noSessionLogged {
+		c.noSessionLogged = true
+		c.opts.log.Info("keyshard: workers keep alive with KeepAlive calls and follow grants with WatchGrants, not on Session streams", "why", c.noSession)
+	}
 }
 
 // Admin returns the admin API of the Client.
