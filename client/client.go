@@ -188,6 +188,12 @@ type Client struct {
 	moved  context.Context    // cancelled when pref changes; streams on the old replica end
 	onMove context.CancelFunc // cancels moved
 
+	// noSession: (mu) why the Client's Workers do not open Session
+	// streams (nil: they do), for the life of the Client.
+	noSession error
+	// noSessionLogged: (mu) noSession was logged.
+	noSessionLogged bool
+
 	ctx       context.Context // cancelled by Close; every call is bound to it
 	cancel    context.CancelFunc
 	closeOnce sync.Once
@@ -311,6 +317,11 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 		}
 		c.ownHTTP = tr
 		hc = &http.Client{Transport: tr}
+		if !o.grpc && !anyHTTPS {
+			// HTTP/1.1 only: a Session stream would be answered
+			// UNIMPLEMENTED.
+			c.noSession = errors.New("the Client speaks the Connect protocol over HTTP/1.1 (http:// URLs without GRPC), and Session streams need HTTP/2")
+		}
 	}
 	var copts []connect.ClientOption
 	if o.grpc {
@@ -399,6 +410,36 @@ func (c *Client) prefer(i int, moved context.Context) {
 	c.pref = i
 	c.onMove()
 	c.moved, c.onMove = context.WithCancel(context.Background())
+}
+
+// sessionStreams reports whether the Client's Workers open Session
+// streams, which carry their grants and keep-alives over HTTP/2. The
+// first time it reports false, it logs why (at Info).
+func (c *Client) sessionStreams() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.logNoSessionLocked()
+	return c.noSession == nil
+}
+
+// noSessionStreams records that a Session stream was answered
+// UNIMPLEMENTED (err): an older server, or a transport or proxy that
+// speaks HTTP/1.1. The Client's Workers open none for the rest of its
+// life; it logs that once (at Info).
+func (c *Client) noSessionStreams(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.noSession == nil {
+		c.noSession = fmt.Errorf("a replica answered a Session stream UNIMPLEMENTED: %w", err)
+	}
+	c.logNoSessionLocked()
+}
+
+func (c *Client) logNoSessionLocked() {
+	if c.noSession != nil && !c.noSessionLogged {
+		c.noSessionLogged = true
+		c.opts.log.Info("keyshard: workers keep alive with KeepAlive calls and follow grants with WatchGrants, not on Session streams", "why", c.noSession)
+	}
 }
 
 // Admin returns the admin API of the Client.
@@ -543,6 +584,79 @@ func attempt[S, Req, Res any](ctx context.Context, c *Client, e *endpoint, m fun
 // A stream that fails with ErrUnavailable makes the next replica the
 // preferred one, so that the next stream opens there.
 func stream[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *Req, yield func(*Res)) error {
+	return onPreferred(ctx, c, func(sctx context.Context, _ context.CancelCauseFunc, e *endpoint) error {
+		s, err := f(service[S](e), sctx, newRequest(c, req))
+		if err != nil {
+			return err
+		}
+		for s.Receive() {
+			yield(s.Msg())
+		}
+		err = s.Err()
+		s.Close()
+		return err
+	})
+}
+
+// bidiStream is a bidi stream open on one replica. Its receiving side
+// belongs to the goroutine that bidi runs it on; send is safe for
+// concurrent use (connect allows one Send at a time, alongside Receive).
+type bidiStream[Req, Res any] struct {
+	st *connect.BidiStreamForClient[Req, Res]
+	// abort ends the stream with cause: bidi then returns ErrUnavailable
+	// wrapping it, and the next replica becomes the preferred one.
+	abort context.CancelCauseFunc
+
+	sendMu    sync.Mutex // serializes Send
+	closeOnce sync.Once  // CloseRequest
+}
+
+// send sends m. It fails (io.EOF) once the stream is over: the receiving
+// side then has its error.
+func (b *bidiStream[Req, Res]) send(m *Req) error {
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
+	return b.st.Send(m)
+}
+
+// closeRequest ends the stream's request body. connect's Send and
+// CloseRequest meet only at the body's io.Pipe, whose Close is safe
+// alongside a Write and unblocks one waiting on flow control, so it does
+// not wait for sendMu.
+func (b *bidiStream[Req, Res]) closeRequest() {
+	b.closeOnce.Do(func() { _ = b.st.CloseRequest() })
+}
+
+// bidi opens a bidi stream on the preferred replica and runs serve with
+// it; serve receives until the stream ends. As with stream, the stream
+// ends when ctx is done or the Client moves to another replica, a stream
+// that fails with ErrUnavailable (or that serve aborts) makes the next
+// replica the preferred one, and bidi returns serve's error translated.
+// The stream's request body ends when the stream does: an HTTP/2
+// transport that is still reading it sees no cancelled context, so
+// Receive would not return.
+func bidi[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context) *connect.BidiStreamForClient[Req, Res], serve func(*bidiStream[Req, Res]) error) error {
+	return onPreferred(ctx, c, func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error {
+		b := &bidiStream[Req, Res]{st: f(service[S](e), sctx), abort: abort}
+		if c.authz != "" {
+			b.st.RequestHeader().Set("Authorization", c.authz)
+		}
+		stop := context.AfterFunc(sctx, b.closeRequest)
+		err := serve(b)
+		stop()
+		b.closeRequest()
+		_ = b.st.CloseResponse()
+		return err
+	})
+}
+
+// onPreferred runs open, a stream on replica e (the preferred one), with
+// sctx: cancelled when ctx ends, when the Client moves to another replica
+// (cause errMoved), or by abort(cause). A stream ended by a move or an
+// abort returns ErrUnavailable wrapping the cause; other errors are
+// translated. ErrUnavailable, unless the Client moved already, makes the
+// next replica the preferred one, so that the next stream opens there.
+func onPreferred(ctx context.Context, c *Client, open func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error) error {
 	if c.closed() {
 		return ErrClosed
 	}
@@ -554,18 +668,16 @@ func stream[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.C
 	defer scancel(nil)
 	stop := context.AfterFunc(moved, func() { scancel(errMoved) })
 	defer stop()
-	s, err := f(service[S](e), sctx, newRequest(c, req))
-	if err == nil {
-		for s.Receive() {
-			yield(s.Msg())
+	err := open(sctx, scancel, e)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		cause := context.Cause(sctx)
+		err = fmt.Errorf("%w: stream from %s ended: %w", ErrUnavailable, e.url, cause)
+		if errors.Is(cause, errMoved) {
+			return err
 		}
-		err = s.Err()
-		s.Close()
+	} else {
+		err = c.translate(err)
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errMoved) {
-		return fmt.Errorf("%w: stream from %s ended: %w", ErrUnavailable, e.url, errMoved)
-	}
-	err = c.translate(err)
 	if len(c.eps) > 1 && ctx.Err() == nil && errors.Is(err, ErrUnavailable) {
 		c.prefer((n+1)%len(c.eps), moved)
 	}

@@ -181,11 +181,7 @@ func TestWorkerSurvivesPausedReplica(t *testing.T) {
 	if g, err := w.OwnsString(keyInBucket(t, 3, 16)); err != nil || g.Token != tok || !g.Valid() {
 		t.Errorf("Owns(bucket 3) = %+v, %v", g, err)
 	}
-	for len(w.events) > 0 {
-		if ev := <-w.events; ev.Kind == EventFenced || ev.Kind == EventSessionLost {
-			t.Errorf("event %v: %v", ev.Kind, ev.Err)
-		}
-	}
+	w.noLoss(t)
 }
 
 // TestRouterMovesOnFromUnavailableReplica: a Router's first read and its

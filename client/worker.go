@@ -215,8 +215,21 @@ func OnEvent(f func(Event)) WorkerOption {
 // with replace. Re-joins after a session that never got a keep-alive
 // acknowledged back off exponentially with jitter, up to the TTL.
 //
+// Over HTTP/2 (GRPC, https, or an HTTPClient that speaks h2c) the grants
+// and the keep-alives after the first ride one Session stream: a
+// keep-alive is then a small message on it rather than a KeepAlive call.
+// One cut off by the stream's end is made again at once as a KeepAlive
+// call; one the stream's replica does not answer within its share of the
+// time left (at most ReplicaTimeout) ends the stream, as an unanswered
+// call does. A Session stream answered UNIMPLEMENTED (an older server, an
+// HTTP/1.1 hop) makes the Client's Workers use WatchGrants and KeepAlive
+// calls instead, for the rest of the Client's life; the Connect protocol
+// over http:// uses them from the start (Dial's transport speaks only
+// HTTP/1.1 there).
+//
 // Run owns every goroutine of the Worker: a keep-alive loop that also
-// self-fences, a grants follower (WatchGrants, falling back to GetGrants
+// self-fences (with one goroutine per keep-alive in flight), a grants
+// follower (a Session stream, or WatchGrants, falling back to GetGrants
 // long polls), a releaser that batches Release calls, an internal Router
 // for Owns, and one goroutine per granted bucket that calls the Handler.
 // Run returns after all of them exited.
@@ -300,6 +313,9 @@ type session struct {
 	rev       uint64 // (mu) newest grants revision seen
 	minRev    uint64 // (mu) newest revision of the session's own writes (Release): answers must not be older
 	actors    sync.WaitGroup
+
+	streamMu sync.Mutex
+	stream   *sessionStream // (streamMu) the open Session stream, which keep-alives go on; nil when none
 
 	clock    clock.Clock
 	leaseMu  sync.Mutex
@@ -820,10 +836,13 @@ func (w *Worker) handBack(ctx context.Context, s *session) {
 // keep renews the session and self-fences when its fence deadline
 // (newest acknowledged send + TTL − margin) passes. It sends the first
 // keep-alive at once and the next ones TTL/3 after the previous one was
-// sent, whenever the answer came; one call is in flight at a time, bounded
-// by the fence deadline (a slow answer is still useful until then). A
-// failed call is retried promptly, with a short backoff. It returns nil
-// when ctx ends, or why the session ended.
+// sent, whenever the answer came; one keep-alive is in flight at a time,
+// bounded by the fence deadline (a slow answer is still useful until
+// then). Each goes on the session's Session stream while one is open, as
+// a KeepAlive call otherwise (see keepAliveOnce). A failed keep-alive is
+// retried promptly, with a short backoff; one whose stream ended before
+// its answer is made again at once. It returns nil when ctx ends, or why
+// the session ended.
 func (w *Worker) keep(ctx context.Context, s *session) error {
 	interval := s.ttl / 3
 	retry := backoff{base: keepAliveRetry, limit: max(interval/3, keepAliveRetry)}
@@ -835,7 +854,7 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 
 	type result struct {
 		sent time.Time
-		resp *keyshardv1.KeepAliveResponse
+		ttl  time.Duration // the time left on the lease, as the server answered
 		err  error
 	}
 	results := make(chan result, 1) // at most one call in flight
@@ -848,8 +867,9 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 		w.fence(s, cause, true)
 		return cause
 	}
-	// send starts a keep-alive call; it reports false if the deadline
-	// has passed already.
+	// send starts a keep-alive; it reports false if the deadline has
+	// passed already.
+	first := true
 	send := func() bool {
 		sent := w.clock.Now()
 		left := s.fenceDeadline().Sub(sent)
@@ -858,15 +878,18 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 		}
 		inflight = true
 		next.Reset(interval) // counted from this send, not from its answer
-		calls.Go(func() {    // exits when the call returns; bounded by the fence deadline and callCtx
-			resp, err := callWithin(callCtx, w.c, memberAPI.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s.id}, budget{within: left})
-			results <- result{sent, resp, err}
+		onStream := !first
+		first = false
+		calls.Go(func() { // exits when the keep-alive is answered or failed; bounded by the fence deadline and callCtx
+			ttl, err := w.keepAliveOnce(callCtx, s, left, onStream)
+			results <- result{sent, ttl, err}
 		})
 		return true
 	}
 
-	// The first keep-alive goes at once: the Join may have been slow, and
-	// the server assigns buckets to a session only once it is renewed.
+	// The first keep-alive goes at once, as a KeepAlive call, not waiting
+	// for the Session stream: the Join may have been slow, and the server
+	// assigns buckets to a session only once it is renewed.
 	if !send() {
 		return fenced()
 	}
@@ -893,7 +916,7 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 			switch {
 			case r.err == nil:
 				ttl := s.ttl
-				if left := r.resp.GetTtl().AsDuration(); left > 0 && left < ttl {
+				if left := r.ttl; left > 0 && left < ttl {
 					ttl = left // the server renewed after we sent, so sent+left is still early
 				}
 				d, ok := s.renewed(r.sent, ttl)
@@ -905,10 +928,14 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 				w.emit(Event{Kind: EventRenewed, Session: s.id, Deadline: d})
 			case errors.Is(r.err, ErrNotFound):
 				return fmt.Errorf("keep-alive: %w: %w", errSessionGone, r.err)
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(r.err, errStreamEnded):
+				// Not refused, just cut off: made again at once (as a
+				// KeepAlive call, or on the next stream).
+				w.log.Warn("keyshard: keep-alive's stream ended before its answer; retrying at once", "session", s.id, "err", r.err)
+				due = true
 			default:
-				if ctx.Err() != nil {
-					return nil
-				}
 				w.log.Warn("keyshard: keep-alive failed; retrying", "session", s.id, "err", r.err)
 				due = false
 				next.Reset(retry.next())
@@ -921,6 +948,30 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 			}
 		}
 	}
+}
+
+// keepAliveOnce makes one keep-alive of session s, within left, and
+// returns the time left on the lease that its answer gives. With
+// onStream, it goes on the session's Session stream if one is open,
+// bounded there as a call's first attempt would be (at most
+// ReplicaTimeout, with several replicas); else, or if the stream ended
+// before it could be sent, it is a KeepAlive call.
+func (w *Worker) keepAliveOnce(ctx context.Context, s *session, left time.Duration, onStream bool) (time.Duration, error) {
+	if ss := s.openStream(); onStream && ss != nil {
+		limit := left
+		if n := len(w.c.eps); n > 1 {
+			limit = min(w.c.opts.replicaTimeout, left/time.Duration(n))
+		}
+		ttl, err := ss.keepAlive(ctx, limit)
+		if !errors.Is(err, errNotSent) {
+			return ttl, err
+		}
+	}
+	resp, err := callWithin(ctx, w.c, memberAPI.KeepAlive, &keyshardv1.KeepAliveRequest{Session: s.id}, budget{within: left})
+	if err != nil {
+		return 0, err
+	}
+	return resp.GetTtl().AsDuration(), nil
 }
 
 // fence ends every grant of s at once (cancelling their contexts first)
@@ -949,8 +1000,9 @@ func (w *Worker) fence(s *session, cause error, report bool) {
 }
 
 // followGrants applies the session's grants as the server publishes
-// them. It returns nil when sctx ends, or an error wrapping
-// errSessionGone.
+// them: on a Session stream, which carries keep's keep-alives too, or on
+// WatchGrants if the Client has no Session streams. It returns nil when
+// sctx ends, or an error wrapping errSessionGone.
 func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
 	f := follower[keyshardv1.GetGrantsResponse]{
 		clock: w.clock,
@@ -960,6 +1012,15 @@ func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
 			w.mu.Lock()
 			minRev := max(s.rev, s.minRev)
 			w.mu.Unlock()
+			if w.c.sessionStreams() {
+				err := w.followSession(ctx, s, minRev, yield)
+				if connect.CodeOf(err) != connect.CodeUnimplemented {
+					return err
+				}
+				// An older server, or HTTP/1.1 on the way: WatchGrants
+				// and KeepAlive calls, from now on.
+				w.c.noSessionStreams(err)
+			}
 			return stream(ctx, w.c, memberAPI.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id, MinRevision: minRev}, yield)
 		},
 		poll: func(ctx context.Context) (*keyshardv1.GetGrantsResponse, bool, error) {

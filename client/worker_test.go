@@ -154,6 +154,12 @@ func newTestWorker(t *testing.T, f fake, h Handler, opts ...WorkerOption) *testW
 
 func newTestWorkerOn(t *testing.T, c *Client, h Handler, opts ...WorkerOption) *testWorker {
 	t.Helper()
+	return newTestMember(t, c, "w1", h, opts...)
+}
+
+// newTestMember is newTestWorkerOn for member id (at <id>.internal:9000).
+func newTestMember(t *testing.T, c *Client, id string, h Handler, opts ...WorkerOption) *testWorker {
+	t.Helper()
 	tw := &testWorker{events: make(chan Event, 4096), runErr: make(chan error, 1), renewed: make(chan time.Time, 4096)}
 	opts = append([]WorkerOption{OnEvent(func(e Event) {
 		if e.Kind == EventRenewed {
@@ -162,7 +168,7 @@ func newTestWorkerOn(t *testing.T, c *Client, h Handler, opts ...WorkerOption) *
 		}
 		tw.events <- e
 	})}, opts...)
-	w, err := NewWorker(c, "rooms", Member{ID: "w1", Address: "w1.internal:9000"}, h, opts...)
+	w, err := NewWorker(c, "rooms", Member{ID: id, Address: id + ".internal:9000"}, h, opts...)
 	if err != nil {
 		t.Fatalf("NewWorker: %v", err)
 	}
@@ -192,6 +198,17 @@ func (tw *testWorker) waitEvent(t *testing.T, k EventKind) Event {
 		ev := recv(t, tw.events, "event "+k.String())
 		if ev.Kind == k {
 			return ev
+		}
+	}
+}
+
+// noLoss fails the test if the worker lost a session, by the events it
+// has had.
+func (tw *testWorker) noLoss(t *testing.T) {
+	t.Helper()
+	for len(tw.events) > 0 {
+		if ev := <-tw.events; ev.Kind == EventFenced || ev.Kind == EventSessionLost {
+			t.Errorf("event %v: %v", ev.Kind, ev.Err)
 		}
 	}
 }

@@ -28,6 +28,9 @@ type faults struct {
 	loseReports    int
 	stallLeaves    bool
 	failures       map[string]*failure // procedure → what its calls fail with
+	// streams is cancelled by EndStreams: the streams open then end.
+	streams    context.Context
+	endStreams context.CancelFunc
 }
 
 type failure struct {
@@ -153,6 +156,19 @@ func (s *Server) SetUnavailable(down bool) {
 // overflow-set watches end, while the other services serve.
 func (s *Server) SetHotKeysUnavailable(down bool) {
 	s.setFault(func(f *faults) { f.hotKeysDown = down })
+}
+
+// EndStreams ends every stream open now (grant, map, overflow-set and
+// pool-snapshot watches, and Session streams, a keep-alive held on one
+// included) with code unavailable, as a proxy that cuts them or a
+// restarting replica does; the fake serves the streams and calls that
+// come next. A client reconnects, and a worker makes the keep-alive the
+// stream cut off again at once.
+func (s *Server) EndStreams() {
+	s.setFault(func(f *faults) {
+		f.endStreams()
+		f.streams, f.endStreams = context.WithCancel(context.Background())
+	})
 }
 
 // KeepAliveFault is how the fake answers keep-alives (see SetKeepAlives).

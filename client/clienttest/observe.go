@@ -89,6 +89,7 @@ type observations struct {
 	grantPolls     *Requests[*keyshardv1.GetGrantsRequest]
 	mapPolls       *Requests[*keyshardv1.GetMapRequest]
 	mapWatches     *Requests[*keyshardv1.WatchMapRequest]
+	sessionStreams *Requests[*keyshardv1.SessionRequest]
 	reports        *Requests[*keyshardv1.ReportHotKeysRequest]
 	setPolls       *Requests[*keyshardv1.GetOverflowSetRequest]
 	setWatches     *Requests[*keyshardv1.WatchOverflowSetRequest]
@@ -112,6 +113,7 @@ func (o *observations) init() map[string]func(any) {
 	o.grantPolls = newRequests[*keyshardv1.GetGrantsRequest]()
 	o.mapPolls = newRequests[*keyshardv1.GetMapRequest]()
 	o.mapWatches = newRequests[*keyshardv1.WatchMapRequest]()
+	o.sessionStreams = newRequests[*keyshardv1.SessionRequest]()
 	o.reports = newRequests[*keyshardv1.ReportHotKeysRequest]()
 	o.setPolls = newRequests[*keyshardv1.GetOverflowSetRequest]()
 	o.setWatches = newRequests[*keyshardv1.WatchOverflowSetRequest]()
@@ -129,6 +131,7 @@ func (o *observations) init() map[string]func(any) {
 		keyshardv1connect.MemberServiceCommitProcedure:                recorder(o.commits),
 		keyshardv1connect.MemberServiceLeaveProcedure:                 recorder(o.leaves),
 		keyshardv1connect.MemberServiceGetGrantsProcedure:             recorder(o.grantPolls),
+		keyshardv1connect.MemberServiceSessionProcedure:               recorder(o.sessionStreams),
 		keyshardv1connect.MapServiceGetMapProcedure:                   recorder(o.mapPolls),
 		keyshardv1connect.MapServiceWatchMapProcedure:                 recorder(o.mapWatches),
 		keyshardv1connect.HotKeyServiceReportHotKeysProcedure:         recorder(o.reports),
@@ -148,8 +151,20 @@ func recorder[T any](r *Requests[T]) func(any) { return func(m any) { r.add(m.(T
 // Joins are the Join requests received.
 func (s *Server) Joins() *Requests[*keyshardv1.JoinRequest] { return s.obs.joins }
 
-// KeepAlives are the KeepAlive requests received.
+// KeepAlives are the keep-alives received: KeepAlive calls, and the
+// keep-alives of Session streams, each recorded as the KeepAliveRequest
+// of its stream's session. Both take the keep-alive faults (SetKeepAlives,
+// DelayKeepAlives, HoldKeepAlives, and Fail or FailNext of
+// MemberServiceKeepAliveProcedure); CallCount of that procedure counts the
+// calls, StreamKeepAlives the others.
 func (s *Server) KeepAlives() *Requests[*keyshardv1.KeepAliveRequest] { return s.obs.keepAlives }
+
+// SessionStreams are the first messages of the Session streams received
+// over HTTP/2: each opens a stream (a worker's grants and keep-alives).
+// Those refused over HTTP/1.1 are counted by CallCount only.
+func (s *Server) SessionStreams() *Requests[*keyshardv1.SessionRequest] {
+	return s.obs.sessionStreams
+}
 
 // Releases are the Release requests received, recorded before a Gate
 // from HoldReleases holds them.
@@ -190,7 +205,9 @@ func (s *Server) SetWatches() *Requests[*keyshardv1.WatchOverflowSetRequest] {
 
 // Delays are the procedures of the calls that DelayJoins or
 // DelayKeepAlives delayed, each recorded once its fake-clock timer is
-// set: advancing the clock after taking one answers that call.
+// set: advancing the clock after taking one answers that call. A
+// keep-alive of a Session stream is recorded as
+// MemberServiceKeepAliveProcedure, as a KeepAlive call is.
 func (s *Server) Delays() *Requests[string] { return s.obs.delays }
 
 // PoolJoins are the JoinPool requests received.

@@ -33,8 +33,9 @@ type Options struct {
 
 // Server is a fake keyshard serve: the five services of keyshard.v1
 // (admin, member, map, hot keys, tenant pools) over a real HTTP server on loopback
-// (HTTP/1.1 and h2c, so the Connect protocol and gRPC both work), whose
-// state the test scripts and whose faults the test switches on and off.
+// (HTTP/1.1 and h2c, so the Connect protocol and gRPC both work; Session
+// streams over HTTP/2 only, as keyshard serve), whose state the test
+// scripts and whose faults the test switches on and off.
 // It names sessions s1, s2, ... in the order it serves Joins. Its methods
 // are safe for concurrent use.
 type Server struct {
@@ -46,20 +47,21 @@ type Server struct {
 
 	closeOnce sync.Once
 
-	mu              sync.Mutex
-	changed         chan struct{} // closed and replaced on every state change
-	keyspaces       map[string]*keyspace
-	sessions        map[string]*sessionState
-	nextID          int
-	lastToken       uint64
-	pools           map[string]*keyshardv1.HotKeyPool
-	sets            map[string]*keyshardv1.OverflowSet
-	tpools          map[string]*tenantPool
-	psessions       map[string]*poolSession
-	nextPoolSession int
-	calls           map[string]int
-	replicas        []*Replica
-	faults          faults
+	mu               sync.Mutex
+	changed          chan struct{} // closed and replaced on every state change
+	keyspaces        map[string]*keyspace
+	sessions         map[string]*sessionState
+	nextID           int
+	lastToken        uint64
+	pools            map[string]*keyshardv1.HotKeyPool
+	sets             map[string]*keyshardv1.OverflowSet
+	tpools           map[string]*tenantPool
+	psessions        map[string]*poolSession
+	nextPoolSession  int
+	calls            map[string]int
+	streamKeepAlives int // keep-alives that arrived on Session streams
+	replicas         []*Replica
+	faults           faults
 
 	observers map[string]func(any) // procedure → its Requests' record
 	obs       observations
@@ -127,6 +129,7 @@ func newServer(tb testing.TB, opts Options) *Server {
 		calls:     map[string]int{},
 		faults:    faults{failures: map[string]*failure{}},
 	}
+	s.faults.streams, s.faults.endStreams = context.WithCancel(context.Background())
 	s.observers = s.obs.init()
 	mux := http.NewServeMux()
 	opt := connect.WithInterceptors(interceptor{s})
@@ -135,7 +138,7 @@ func newServer(tb testing.TB, opts Options) *Server {
 	mux.Handle(keyshardv1connect.NewMapServiceHandler(mapService{s}, opt))
 	mux.Handle(keyshardv1connect.NewHotKeyServiceHandler(hotKeyService{s}, opt))
 	mux.Handle(keyshardv1connect.NewTenantPoolServiceHandler(tenantPoolService{s}, opt))
-	s.srv = serve(mux)
+	s.srv = serve(s.http2Only(mux))
 	return s
 }
 
@@ -183,6 +186,17 @@ func (s *Server) CallCount(procedure string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls[procedure]
+}
+
+// StreamKeepAlives returns how many keep-alives arrived on Session
+// streams, through any replica: a worker's keep-alives go there while its
+// Session stream is open (over HTTP/2), and are KeepAlive calls
+// otherwise, which CallCount(keyshardv1connect.MemberServiceKeepAliveProcedure)
+// counts. KeepAlives records both.
+func (s *Server) StreamKeepAlives() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streamKeepAlives
 }
 
 // WaitFor returns once cond is true. It checks cond at once and after

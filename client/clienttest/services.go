@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
@@ -273,9 +274,17 @@ func (s *Server) liveLocked(id string) (*sessionState, error) {
 }
 
 func (m memberService) KeepAlive(ctx context.Context, r *connect.Request[keyshardv1.KeepAliveRequest]) (*connect.Response[keyshardv1.KeepAliveResponse], error) {
-	s := m.s
-	id := r.Msg.GetSession()
-	a := arrivalOf(ctx)
+	ttl, err := m.s.keepAlive(ctx, r.Msg.GetSession(), arrivalOf(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&keyshardv1.KeepAliveResponse{Ttl: ttl}), nil
+}
+
+// keepAlive renews session id, a KeepAlive call's or a Session stream's
+// keep-alive, as the faults a that it took when it arrived say, and
+// returns the lease TTL.
+func (s *Server) keepAlive(ctx context.Context, id string, a arrival) (*durationpb.Duration, error) {
 	s.mu.Lock()
 	x, err := s.liveLocked(id)
 	if err == nil && a.keepAlive == KeepAliveNotFound {
@@ -309,7 +318,7 @@ func (m memberService) KeepAlive(ctx context.Context, r *connect.Request[keyshar
 		x.active = true
 		s.settleLocked(s.keyspaces[x.keyspace])
 	}
-	return connect.NewResponse(&keyshardv1.KeepAliveResponse{Ttl: s.keyspaces[x.keyspace].cfg.GetLeaseTtl()}), nil
+	return s.keyspaces[x.keyspace].cfg.GetLeaseTtl(), nil
 }
 
 func (s *Server) grantsMsgLocked(x *sessionState) *keyshardv1.GetGrantsResponse {
@@ -560,11 +569,15 @@ func longPoll[T any](ctx context.Context, s *Server, wait time.Duration, service
 // follow serves a stream: next returns the next message to send (nil:
 // nothing new) or the error that ends the stream. It is called with s.mu
 // held. The stream ends when ctx ends or the fake closes, and with the
-// fake's unavailable error when service is cut off.
+// fake's unavailable error when service is cut off or EndStreams ends it.
 func follow[T any](ctx context.Context, s *Server, service string, st *connect.ServerStream[T], next func() (*T, error)) error {
+	ended := s.faults.streams
 	for {
 		if s.downLocked(service) {
 			return errUnreachable()
+		}
+		if ended.Err() != nil {
+			return errStreamsEnded()
 		}
 		msg, err := next()
 		if err != nil {
@@ -583,10 +596,4 @@ func follow[T any](ctx context.Context, s *Server, service string, st *connect.S
 			return nil
 		}
 	}
-}
-
-// Session answers UNIMPLEMENTED: the SDK then follows grants with
-// WatchGrants and keeps sessions alive with KeepAlive.
-func (m memberService) Session(context.Context, *connect.BidiStream[keyshardv1.SessionRequest, keyshardv1.SessionResponse]) error {
-	return connect.NewError(connect.CodeUnimplemented, errors.New("clienttest does not serve Session streams"))
 }
