@@ -1,15 +1,18 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/shard"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -121,5 +124,58 @@ func TestSessionStreamEndsWhenUnreachable(t *testing.T) {
 	_, err := st.Receive()
 	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "cannot reach etcd") {
 		t.Fatalf("open Session stream: %v; want UNAVAILABLE naming etcd", err)
+	}
+}
+
+// TestGrantsNewsAsksEtcdSparingly: a member stream whose session this
+// replica's view does not show yet asks etcd whether it lives once, then
+// at most once a second however often its keyspace changes, sending
+// nothing in between; once the view has shown the session, a session
+// gone from the view is asked about at once, and ends the stream.
+func TestGrantsNewsAsksEtcdSparingly(t *testing.T) {
+	ctx, s, clk := fakeReplica(t)
+	s.view.apply(store.Update{Resync: &store.Resync{Snapshot: store.NewSnapshot(0)}})
+	apply(s, 5, roomsChanges()...)
+	asked := 0
+	gone := false
+	s.seams.sessionLease = func(context.Context, shard.LeaseID) (store.LeaseInfo, error) {
+		asked++
+		if gone {
+			return store.LeaseInfo{}, store.ErrLeaseNotFound
+		}
+		return store.LeaseInfo{TTL: 10 * time.Second}, nil
+	}
+	const lease = testLease + 7
+	sess := session{keyspace: "rooms", member: "c", lease: lease}
+	var g grantsNews
+	next := func(what string, wantAsked int, wantSend bool) {
+		t.Helper()
+		resp, err := g.next(ctx, s, sess)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if asked != wantAsked || (resp != nil) != wantSend {
+			t.Fatalf("%s: etcd asked %d times, sent %v; want %d, %v", what, asked, resp, wantAsked, wantSend)
+		}
+		if resp != nil {
+			g.sent(resp)
+		}
+	}
+	next("first answer, c unknown to the view", 1, true)
+	for rev := int64(6); rev <= 8; rev++ { // changes of the keyspace, not of c
+		apply(s, rev, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "b", Key: store.MemberKey("rooms", "b"), Value: roomsChanges()[3].Value, Lease: testLease + 1, ModRevision: rev})
+		next("a change within the second", 1, false)
+	}
+	clk.Advance(unseenRecheck)
+	next("a change a second later", 2, false)
+
+	// The view shows c: no more asking; then c's record goes (its session
+	// ended): asked at once, and the stream ends.
+	apply(s, 9, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "c", Key: store.MemberKey("rooms", "c"), Value: shard.Member{ID: "c", Weight: 1, Session: lease}, Lease: lease, ModRevision: 9})
+	next("c joined in the view (its grants unchanged: none)", 2, false)
+	gone = true
+	apply(s, 10, store.Change{Kind: store.KindMember, Keyspace: "rooms", ID: "c", Key: store.MemberKey("rooms", "c"), Deleted: true, ModRevision: 10})
+	if _, err := g.next(ctx, s, sess); connect.CodeOf(err) != connect.CodeNotFound || asked != 3 {
+		t.Fatalf("c's record gone: %v after %d questions to etcd; want NOT_FOUND at the third", err, asked)
 	}
 }

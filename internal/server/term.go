@@ -22,6 +22,9 @@ type seams struct {
 	resign func(ctx context.Context, el *store.Election) error
 	leader leaderStore                     // what a term's coordinator loop reads and writes
 	probe  func(ctx context.Context) error // the readiness probe's read
+	// sessionLease: how a member stream asks etcd whether a session's
+	// lease lives (sessionAlive).
+	sessionLease func(ctx context.Context, id shard.LeaseID) (store.LeaseInfo, error)
 }
 
 func (s *Server) renewLease(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
