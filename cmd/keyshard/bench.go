@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/keyshard/keyshard/internal/bench"
 	"github.com/keyshard/keyshard/internal/chaos"
+	"github.com/keyshard/keyshard/internal/server"
 )
 
 func newBench() *cobra.Command {
@@ -516,11 +516,7 @@ func serveProfiles(addr string) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: server.Profiles(), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }() // exits when stop closes the server
 	return func() { _ = srv.Close(); <-done }, nil

@@ -449,18 +449,11 @@ func (m *memberService) GetGrants(ctx context.Context, req *connect.Request[v1.G
 }
 
 func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1.WatchGrantsRequest], stream *connect.ServerStream[v1.GetGrantsResponse]) error {
-	sess, err := m.s.sessions.parse(req.Msg.GetSession())
-	if err != nil {
-		return err
-	}
-	release, err := m.s.polls.hold()
+	sess, release, err := m.openGrants(ctx, req.Msg.GetSession(), req.Msg.GetMinRevision())
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := m.s.catchUp(ctx, req.Msg.GetMinRevision()); err != nil {
-		return err
-	}
 	var news grantsNews
 	for {
 		changed := m.s.view.keyspaceChanged(sess.keyspace)
@@ -480,6 +473,24 @@ func (m *memberService) WatchGrants(ctx context.Context, req *connect.Request[v1
 			return nil
 		}
 	}
+}
+
+// openGrants opens a stream of a session's grants (WatchGrants,
+// Session): it checks the session's token, takes a place among the
+// replica's long polls (release gives it back) and waits for this
+// replica's copy of the store to reach minRev.
+func (m *memberService) openGrants(ctx context.Context, token string, minRev uint64) (sess session, release func(), err error) {
+	if sess, err = m.s.sessions.parse(token); err != nil {
+		return session{}, nil, err
+	}
+	if release, err = m.s.polls.hold(); err != nil {
+		return session{}, nil, err
+	}
+	if err := m.s.catchUp(ctx, minRev); err != nil {
+		release()
+		return session{}, nil, err
+	}
+	return sess, release, nil
 }
 
 // grantsNews is what a stream of a session's grants (WatchGrants, Session)

@@ -148,8 +148,9 @@ func (s *Server) Addr() string { return s.addr }
 // ("" without debug_listen).
 func (s *Server) DebugAddr() string { return s.debugAddr }
 
-// profiles serves net/http/pprof's handlers.
-func profiles() http.Handler {
+// Profiles serves net/http/pprof's handlers: serve's debug_listen, and
+// the etcd process of bench scale.
+func Profiles() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -232,7 +233,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("listen on %s for the profiles (debug_listen): %w", s.cfg.DebugListen, err)
 		}
 		s.debugAddr = debugLis.Addr().String()
-		debugSrv = &http.Server{Handler: profiles(), ReadHeaderTimeout: 10 * time.Second}
+		debugSrv = &http.Server{Handler: Profiles(), ReadHeaderTimeout: 10 * time.Second}
 		s.log.Info("serving Go's profiles without a token: keep this address private", "debug_listen", s.debugAddr, "example", "go tool pprof http://"+s.debugAddr+"/debug/pprof/profile?seconds=30")
 	}
 

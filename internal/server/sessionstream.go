@@ -42,18 +42,11 @@ func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[
 	if token == "" {
 		return invalid("session: missing in the first message; send the session from Join")
 	}
-	sess, err := m.s.sessions.parse(token)
-	if err != nil {
-		return err
-	}
-	release, err := m.s.polls.hold()
+	sess, release, err := m.openGrants(ctx, token, first.GetMinRevision())
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := m.s.catchUp(ctx, first.GetMinRevision()); err != nil {
-		return err
-	}
 
 	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream}
 	if w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter); ok {
