@@ -22,7 +22,7 @@ import (
 // RenewBatchWindow (20 ms) for others; then their renewals go back to
 // back on the shared LeaseKeepAlive stream, and the checks of the renewed
 // ones are one linearizable transaction that compares each record's lease
-// without decoding it. Keep-alives that arrive while a batch is in flight
+// in etcd and reads the records only when a compare fails. Keep-alives that arrive while a batch is in flight
 // make the next one. A check is never answered by a read that started
 // before its renewal was answered. At thousands of members this turns a
 // keep-alive's two etcd round trips into a share of two per batch.
@@ -65,6 +65,7 @@ type renewals struct {
 	running bool
 
 	batches int64 // batches made, for tests (under mu)
+	reads   int64 // checks that read the records, for tests (under mu)
 }
 
 type renewal struct {
@@ -73,6 +74,9 @@ type renewal struct {
 	deadline    time.Time        // the caller's; zero: none
 	done        chan renewResult // buffered: answered once, read or not
 }
+
+// op names the keep-alive in its errors.
+func (c *renewal) op() string { return fmt.Sprintf("keep member %s/%s alive", c.ks, c.id) }
 
 type renewResult struct {
 	ttl time.Duration
@@ -150,41 +154,54 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 	}
 	ttls, errs := s.renewer.renewMany(ctx, ids)
 	var (
-		ops     []clientv3.Op
+		cmps    []clientv3.Cmp
+		gets    []clientv3.Op
 		checked []int
 	)
 	for i, c := range batch {
-		op := fmt.Sprintf("keep member %s/%s alive", c.ks, c.id)
 		switch {
 		case errs[i] != nil:
-			c.done <- renewResult{err: s.err(op, errs[i])}
+			c.done <- renewResult{err: s.err(c.op(), errs[i])}
 		case ttls[i] <= 0:
-			c.done <- renewResult{err: s.err(op, rpctypes.ErrLeaseNotFound)}
+			c.done <- renewResult{err: s.err(c.op(), rpctypes.ErrLeaseNotFound)}
 		default:
+			cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(c.key), "=", int64(c.lease)))
 			// Not WithKeysOnly: etcd then leaves the lease out.
-			ops = append(ops, clientv3.OpGet(c.key))
+			gets = append(gets, clientv3.OpGet(c.key))
 			checked = append(checked, i)
 		}
 	}
-	if len(ops) == 0 {
+	if len(checked) == 0 {
 		return
 	}
-	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	// When every record is still on its session, as nearly always, the
+	// compares answer for all of them and etcd sends no record back; the
+	// reads run only when one has moved, to tell which.
+	resp, err := s.client.Txn(ctx).If(cmps...).Else(gets...).Commit()
 	for j, i := range checked {
 		c := batch[i]
-		op := fmt.Sprintf("keep member %s/%s alive", c.ks, c.id)
 		if err != nil {
-			c.done <- renewResult{err: s.err(op, err)}
+			c.done <- renewResult{err: s.err(c.op(), err)}
 			continue
+		}
+		ttl := renewResult{ttl: time.Duration(ttls[i]) * time.Second}
+		if resp.Succeeded {
+			c.done <- ttl
+			continue
+		}
+		if j == 0 {
+			q.mu.Lock()
+			q.reads++
+			q.mu.Unlock()
 		}
 		switch kvs := resp.Responses[j].GetResponseRange().Kvs; {
 		case len(kvs) == 0:
-			c.done <- renewResult{err: fmt.Errorf("store: %s: member %q: %w", op, c.id, ErrNotFound)}
+			c.done <- renewResult{err: fmt.Errorf("store: %s: member %q: %w", c.op(), c.id, ErrNotFound)}
 		default:
 			if held := shard.LeaseID(kvs[0].Lease); held != c.lease {
-				c.done <- renewResult{err: fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", op, ErrFenced, c.id, held, c.lease)}
+				c.done <- renewResult{err: fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", c.op(), ErrFenced, c.id, held, c.lease)}
 			} else {
-				c.done <- renewResult{ttl: time.Duration(ttls[i]) * time.Second}
+				c.done <- ttl
 			}
 		}
 	}

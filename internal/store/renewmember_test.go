@@ -20,6 +20,9 @@ func TestRenewMember(t *testing.T) {
 	if ttl, err := s.RenewMember(ctx, "renew", "w1", a.LeaseID()); err != nil || ttl != a.TTL() {
 		t.Fatalf("on its session: %v, %v; want %v", ttl, err, a.TTL())
 	}
+	if reads := s.renewals.readsMade(); reads != 0 {
+		t.Fatalf("a record on its session was read %d times; want 0 (the compare answers)", reads)
+	}
 	if _, err := s.RenewMember(ctx, "renew", "w2", a.LeaseID()); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("no such member: %v, want ErrNotFound", err)
 	}
@@ -113,6 +116,9 @@ func TestRenewMemberBatches(t *testing.T) {
 	if batches != 1 {
 		t.Errorf("%d batches for %d queued keep-alives; want 1", batches, n)
 	}
+	if reads := s.renewals.readsMade(); reads != 1 {
+		t.Errorf("the batch's check read the records %d times; want 1 (some records moved)", reads)
+	}
 	if got := s.renewer.opened.Load(); got != 1 {
 		t.Errorf("%d renewal streams opened; want 1", got)
 	}
@@ -137,4 +143,11 @@ func TestRenewMemberDeadline(t *testing.T) {
 	if ttl, err := s.RenewMember(ctx, "renew-deadline", "w1", a.LeaseID()); err != nil || ttl != a.TTL() {
 		t.Fatalf("the next keep-alive: %v, %v", ttl, err)
 	}
+}
+
+// readsMade is how many batch checks read the records back.
+func (q *renewals) readsMade() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.reads
 }
