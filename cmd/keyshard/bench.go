@@ -30,7 +30,7 @@ func newBench() *cobra.Command {
 and a summary (or, with --json, one JSON object) to stdout. Timings are
 medians over --runs runs.`,
 	}
-	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants(), newBenchClients(), newBenchScale(), newBenchEtcd())
+	cmd.AddCommand(newBenchPlacement(), newBenchHotkeys(), newBenchControl(), newBenchStream(), newBenchTenants(), newBenchClients(), newBenchScale(), newBenchEtcd(), newBenchEcho())
 	return cmd
 }
 
@@ -402,7 +402,10 @@ Scenarios (--scenarios): join-storm (--members join one keyspace of
 --buckets buckets within 10 s: time until every bucket is granted, etcd
 writes, CPU), live (--live-members over --keyspaces keyspaces: CPU per
 1,000 members, serve memory per member, etcd database size over a 30 s
-window), routers (--routers follow one keyspace; a member joins: the new
+window), live-floor (the live scenario's members against ` + "`keyshard bench echo`" + `,
+the member API with nothing behind it: what HTTP/2 and connect alone cost
+for that traffic, the floor under live's CPU and memory), routers
+(--routers follow one keyspace; a member joins: the new
 epoch's delay to each), crash (10% of --members stop without leaving:
 time until their buckets are granted again). Each prints where the time
 went from serve's /metrics. The binary run is this one, or $KEYSHARD_BIN.
@@ -438,7 +441,7 @@ KEYSHARD_BENCH_ETCD_DEBUG_LISTEN (etcd's) to two free addresses.`,
 	fl := cmd.Flags()
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
 	fl.BoolVar(&o.Quick, "quick", false, "small sizes and short windows: a smoke test, not comparable with the targets")
-	fl.StringVar(&scenarios, "scenarios", "", "comma-separated scenarios: join-storm, live, routers, crash (default all)")
+	fl.StringVar(&scenarios, "scenarios", "", "comma-separated scenarios: join-storm, live, live-floor, routers, crash (default all)")
 	fl.StringVar(&o.Etcd, "etcd", bench.EtcdEmbedded, "etcd to run: embedded (one member) or cluster3 (three members on loopback)")
 	fl.IntVar(&o.Members, "members", 0, "members of the join storm and of the crash scenario (default 1000; 50 with --quick)")
 	fl.IntVar(&o.Buckets, "buckets", 0, "buckets of the join storm's and the crash scenario's keyspace (default 65536; 1024 with --quick)")
@@ -487,6 +490,10 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 		health("live", r.Health)
 		where("live window", r.Where)
 	}
+	if r := rep.LiveFloor; r != nil {
+		fmt.Fprintf(tw, "live floor: the same members against the member API with nothing behind it\tthe echo server %.1f%% of a core (%.2f%% per 1,000); %.0f keep-alives/s; %.0f bytes/member; %d errors\t—\n",
+			r.EchoCPUPct, r.EchoCPUPctPer1000, r.KeepAlivesPerS, r.EchoRSSBytesPerMember, r.Health.KeepAliveErrors)
+	}
 	if r := rep.Routers; r != nil {
 		fmt.Fprintf(tw, "routers: %d (%d streams, %d long polls) on %d buckets\tnew epoch p50 %.1f ms, p99 %.1f ms, max %.1f ms (streams p99 %.1f, polls p99 %.1f); %d missed\tp99 ≤ 1 s\n",
 			r.Routers, r.StreamRouters, r.PollRouters, r.Buckets, r.P50Ms, r.P99Ms, r.MaxMs, r.StreamP99Ms, r.PollP99Ms, r.Missed)
@@ -510,6 +517,19 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 // unset: none.
 const benchEtcdDebugEnv = "KEYSHARD_BENCH_ETCD_DEBUG_LISTEN"
 
+// profilesFromEnv serves Go's profiles on the address environment
+// variable env names, until stop; unset: none.
+func profilesFromEnv(env string) (stop func(), err error) {
+	addr := os.Getenv(env)
+	if addr == "" {
+		return func() {}, nil
+	}
+	if stop, err = serveProfiles(addr); err != nil {
+		return nil, fmt.Errorf("%s=%s: %w", env, addr, err)
+	}
+	return stop, nil
+}
+
 // serveProfiles serves net/http/pprof's handlers on addr until stop.
 func serveProfiles(addr string) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
@@ -520,6 +540,35 @@ func serveProfiles(addr string) (stop func(), err error) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }() // exits when stop closes the server
 	return func() { _ = srv.Close(); <-done }, nil
+}
+
+// newBenchEcho is `keyshard bench echo`, the echo server of bench
+// scale's live-floor scenario.
+func newBenchEcho() *cobra.Command {
+	var (
+		listen string
+		ttl    time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:    "echo",
+		Short:  "Serve the member API with nothing behind it (every keep-alive answered at once) for bench scale's live-floor; prints its address",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if listen == "" {
+				return fmt.Errorf("--listen is empty; name a host:port to serve on")
+			}
+			stop, err := profilesFromEnv("KEYSHARD_DEBUG_LISTEN")
+			if err != nil {
+				return err
+			}
+			defer stop()
+			return bench.RunEcho(cmd.Context(), listen, ttl, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "", "host:port to serve on")
+	cmd.Flags().DurationVar(&ttl, "lease-ttl", 10*time.Second, "lease TTL the sessions are given")
+	return cmd
 }
 
 // newBenchEtcd is `keyshard bench etcd`, the etcd process of bench scale.
@@ -537,13 +586,11 @@ func newBenchEtcd() *cobra.Command {
 			if dir == "" {
 				return fmt.Errorf("--dir is empty; name a data directory")
 			}
-			if addr := os.Getenv(benchEtcdDebugEnv); addr != "" {
-				stop, err := serveProfiles(addr)
-				if err != nil {
-					return fmt.Errorf("%s=%s: %w", benchEtcdDebugEnv, addr, err)
-				}
-				defer stop()
+			stop, err := profilesFromEnv(benchEtcdDebugEnv)
+			if err != nil {
+				return err
 			}
+			defer stop()
 			return bench.RunEtcd(cmd.Context(), dir, members, cmd.OutOrStdout())
 		},
 	}

@@ -34,12 +34,13 @@ import (
 const (
 	ScenarioJoinStorm = "join-storm"
 	ScenarioLive      = "live"
+	ScenarioLiveFloor = "live-floor"
 	ScenarioRouters   = "routers"
 	ScenarioCrash     = "crash"
 )
 
 // AllScaleScenarios lists every scenario of Scale.
-var AllScaleScenarios = []string{ScenarioJoinStorm, ScenarioLive, ScenarioRouters, ScenarioCrash}
+var AllScaleScenarios = []string{ScenarioJoinStorm, ScenarioLive, ScenarioLiveFloor, ScenarioRouters, ScenarioCrash}
 
 // Etcd setups of Scale.
 const (
@@ -181,7 +182,9 @@ func (o *ScaleOptions) defaults() error {
 // join_storm.granted_after_last_join_s ≤ 10 with etcd_writes O(members);
 // live.serve_plus_etcd_cpu_pct_per_1000 × live_members/1000 ≤ 30 and
 // live.serve_rss_bytes_per_member ≤ 20,480; routers.p99_ms ≤ 1,000;
-// crash.regranted_s ≤ crash.lease_ttl_s + 2. Omitted scenarios were not run.
+// crash.regranted_s ≤ crash.lease_ttl_s + 2. live_floor is the live
+// scenario's traffic against the member API with nothing behind it, the
+// floor under live's figures. Omitted scenarios were not run.
 type ScaleReport struct {
 	// Etcd is the setup (embedded: one member; cluster3: three on
 	// loopback, one process) and EtcdMembers its member count.
@@ -197,6 +200,7 @@ type ScaleReport struct {
 
 	JoinStorm *JoinStormReport `json:"join_storm,omitempty"`
 	Live      *LiveReport      `json:"live,omitempty"`
+	LiveFloor *LiveFloorReport `json:"live_floor,omitempty"`
 	Routers   *RoutersReport   `json:"routers,omitempty"`
 	Crash     *CrashReport     `json:"crash,omitempty"`
 
@@ -401,6 +405,14 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 		if !slices.Contains(opts.Scenarios, sc) {
 			continue
 		}
+		if sc == ScenarioLiveFloor { // no etcd, no serve: see liveFloor
+			logf("%s: starting the echo server", sc)
+			var err error
+			if rep.LiveFloor, err = liveFloor(ctx, opts, logf); err != nil {
+				return rep, fmt.Errorf("bench scale: %s: %w", sc, err)
+			}
+			continue
+		}
 		logf("%s: starting etcd (%s) and serve", sc, opts.Etcd)
 		env, err := startScaleEnv(ctx, opts, rep.EtcdMembers)
 		if err != nil {
@@ -525,57 +537,91 @@ func (c *child) stop() error {
 
 func (c *child) pid() int { return c.cmd.Process.Pid }
 
-func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *scaleEnv, err error) {
+// startChildSaying starts a child that prints prefix and a value on the
+// first line of its stdout once it is ready (etcd its endpoints, the
+// echo server its address), and returns the value.
+func startChildSaying(ctx context.Context, name, bin string, args []string, logs io.Writer, prefix string, wait time.Duration) (*child, string, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, "", fmt.Errorf("pipe for %s's first line: %w", name, err)
+	}
+	c, err := startChild(name, bin, args, pw, logs)
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		return nil, "", err
+	}
+	lines := make(chan string, 1)
+	go func() { // exits at the first line, or when the child's stdout closes
+		defer pr.Close()
+		line, _ := bufio.NewReader(pr).ReadString('\n')
+		lines <- line
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case line := <-lines:
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+		if !ok {
+			return c, "", fmt.Errorf("%s printed %q, not %q and a value", name, line, prefix)
+		}
+		return c, v, nil
+	case <-t.C:
+		return c, "", fmt.Errorf("%s did not print %q within %v", name, prefix, wait)
+	case <-ctx.Done():
+		return c, "", ctx.Err()
+	}
+}
+
+// newScaleEnv makes a scenario's temporary directory and the writer its
+// children log to (opts.Logs, or a file in the directory).
+func newScaleEnv(opts ScaleOptions) (_ *scaleEnv, logs io.Writer, err error) {
 	e := &scaleEnv{}
 	if e.dir, err = os.MkdirTemp("", "keyshard-scale-"); err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
+		return nil, nil, fmt.Errorf("temporary directory: %w", err)
+	}
+	if logs = opts.Logs; logs != nil {
+		e.logName = "the log writer"
+		return e, logs, nil
+	}
+	e.logName = filepath.Join(e.dir, "children.log")
+	if e.logFile, err = os.Create(e.logName); err != nil {
+		os.RemoveAll(e.dir)
+		return nil, nil, fmt.Errorf("log file: %w", err)
+	}
+	return e, e.logFile, nil
+}
+
+// dialMembers makes the transport and the member API client of the
+// simulated members: one HTTP/2 (h2c) transport for every simulated member
+// and router, which opens another connection when one has as many streams
+// as the server allows.
+func (e *scaleEnv) dialMembers() {
+	e.tr = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 1024}
+	e.tr.Protocols.SetUnencryptedHTTP2(true)
+	e.hc = &http.Client{Transport: e.tr}
+	e.member = keyshardv1connect.NewMemberServiceClient(e.hc, e.url)
+}
+
+func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *scaleEnv, err error) {
+	e, logs, err := newScaleEnv(opts)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			e.close(e.logFile != nil)
 		}
 	}()
-	logs := opts.Logs
-	if logs == nil {
-		e.logName = filepath.Join(e.dir, "children.log")
-		if e.logFile, err = os.Create(e.logName); err != nil {
-			return nil, fmt.Errorf("log file: %w", err)
-		}
-		logs = e.logFile
-	} else {
-		e.logName = "the log writer"
-	}
 
 	// etcd, in its own process.
-	pr, pw, err := os.Pipe()
+	var eps string
+	e.etcd, eps, err = startChildSaying(ctx, "etcd", opts.Binary, []string{"bench", "etcd", "--dir", filepath.Join(e.dir, "etcd"), "--members", strconv.Itoa(etcdMembers)}, logs, "endpoints ", 90*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("pipe for etcd's endpoints: %w", err)
-	}
-	e.etcd, err = startChild("etcd", opts.Binary, []string{"bench", "etcd", "--dir", filepath.Join(e.dir, "etcd"), "--members", strconv.Itoa(etcdMembers)}, pw, logs)
-	pw.Close()
-	if err != nil {
-		pr.Close()
 		return nil, err
 	}
-	lines := make(chan string, 1)
-	go func() { // exits at the first line, or when etcd's stdout closes
-		defer pr.Close()
-		line, _ := bufio.NewReader(pr).ReadString('\n')
-		lines <- line
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	select {
-	case line := <-lines:
-		eps, ok := strings.CutPrefix(strings.TrimSpace(line), "endpoints ")
-		if !ok {
-			return nil, fmt.Errorf("etcd printed %q, not its endpoints", line)
-		}
-		e.endpoints = strings.Split(eps, ",")
-	case <-time.After(90 * time.Second):
-		return nil, errors.New("etcd did not print its endpoints within 90s")
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	e.endpoints = strings.Split(eps, ",")
 
 	// serve, on a free loopback port.
 	addr, err := freeAddr()
@@ -590,13 +636,7 @@ func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *
 		return nil, err
 	}
 
-	// One HTTP/2 (h2c) transport for every simulated member and router:
-	// the Go transport opens another connection when one has as many
-	// streams as the server allows.
-	e.tr = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 1024}
-	e.tr.Protocols.SetUnencryptedHTTP2(true)
-	e.hc = &http.Client{Transport: e.tr}
-	e.member = keyshardv1connect.NewMemberServiceClient(e.hc, e.url)
+	e.dialMembers()
 	e.maps = keyshardv1connect.NewMapServiceClient(e.hc, e.url)
 	if e.sdk, err = client.Dial(e.url, client.HTTPClient(e.hc)); err != nil {
 		return nil, fmt.Errorf("dial serve at %s: %w", e.url, err)
@@ -1048,22 +1088,28 @@ type sessionConn struct {
 	ended   chan struct{}                    // closed when the stream ends
 	n       uint64                           // the last keep-alive's number (keep's)
 
-	sendMu sync.Mutex // serializes Send and CloseRequest
-	closed bool       // (sendMu) CloseRequest was called
+	sendMu    sync.Mutex  // serializes Send
+	closed    atomic.Bool // CloseRequest was called
+	closeOnce sync.Once
 }
 
-// close ends the sending side of c, once its follow goroutine is done.
+// close ends the sending side of c: when its follow goroutine is done,
+// and when the member stops. An HTTP/2 transport still reading a
+// request body sees no cancelled context, so only the body's end lets
+// the stream's Receive return. connect's CloseRequest and Send meet only
+// at the body's io.Pipe, whose Close is safe alongside a Write, so close
+// does not wait for sendMu.
 func (c *sessionConn) close() {
-	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
-	c.closed = true
-	_ = c.st.CloseRequest()
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		_ = c.st.CloseRequest()
+	})
 }
 
 func (c *sessionConn) send(msg *keyshardv1.SessionRequest) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	if c.closed {
+	if c.closed.Load() {
 		return connect.NewError(connect.CodeUnavailable, errors.New("session stream ended"))
 	}
 	return c.st.Send(msg)
@@ -1301,7 +1347,9 @@ func (g *grantsFollower) session(ctx context.Context) error {
 	}
 	c := &sessionConn{st: st, answers: make(chan *keyshardv1.KeepAliveAnswer, 1), ended: make(chan struct{})}
 	g.m.setConn(c)
+	stop := context.AfterFunc(sctx, c.close)
 	defer func() {
+		stop()
 		g.m.setConn(nil)
 		close(c.ended)
 		c.close()

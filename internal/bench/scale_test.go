@@ -102,6 +102,18 @@ func TestScaleQuick(t *testing.T) {
 		checkWhere("live", r.Where)
 	}
 
+	if r := rep.LiveFloor; r == nil {
+		t.Error("no live-floor report")
+	} else {
+		if r.LiveMembers != opts.LiveMembers || r.KeepAlivesPerS <= 0 || r.Health.KeepAliveErrors != 0 || r.Health.SessionsLost != 0 {
+			t.Errorf("live floor: %d members, %.1f keep-alives/s, health %+v; want %d members keeping alive without errors", r.LiveMembers, r.KeepAlivesPerS, r.Health, opts.LiveMembers)
+		}
+		// Its CPU may round to 0 at these sizes: /proc counts 10 ms ticks.
+		if r.EchoRSSAfterBytes <= 0 || r.EchoCPUPct < 0 || r.WindowS < opts.Window.Seconds() {
+			t.Errorf("live floor: echo RSS %d bytes, CPU %.2f%%, window %.2fs; want all measured", r.EchoRSSAfterBytes, r.EchoCPUPct, r.WindowS)
+		}
+	}
+
 	if r := rep.Routers; r == nil {
 		t.Error("no routers report")
 	} else {

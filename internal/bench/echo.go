@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
+	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+)
+
+// echoService is the member API with nothing behind it: Join hands out a
+// session, KeepAlive answers at once, a Session stream sends one empty
+// grants message and answers every keep-alive at once, WatchGrants sends
+// one empty grants message and waits. `keyshard bench echo` serves it
+// for bench scale's live-floor scenario, whose simulated members are the
+// live scenario's: the CPU and memory it takes are what HTTP/2 and
+// connect alone cost for the live scenario's traffic, the floor under
+// serve's figures.
+type echoService struct {
+	keyshardv1connect.UnimplementedMemberServiceHandler
+	ttl      *durationpb.Duration
+	sessions atomic.Int64
+}
+
+func (e *echoService) Join(_ context.Context, req *connect.Request[keyshardv1.JoinRequest]) (*connect.Response[keyshardv1.JoinResponse], error) {
+	if req.Msg.GetKeyspace() == "" || req.Msg.GetMember().GetId() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("keyspace and member.id: both are needed"))
+	}
+	n := e.sessions.Add(1)
+	return connect.NewResponse(&keyshardv1.JoinResponse{Session: "echo-" + strconv.FormatInt(n, 10), LeaseTtl: e.ttl}), nil
+}
+
+func (e *echoService) KeepAlive(_ context.Context, req *connect.Request[keyshardv1.KeepAliveRequest]) (*connect.Response[keyshardv1.KeepAliveResponse], error) {
+	if req.Msg.GetSession() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("session: missing"))
+	}
+	return connect.NewResponse(&keyshardv1.KeepAliveResponse{Ttl: e.ttl}), nil
+}
+
+func (e *echoService) WatchGrants(ctx context.Context, req *connect.Request[keyshardv1.WatchGrantsRequest], st *connect.ServerStream[keyshardv1.GetGrantsResponse]) error {
+	if req.Msg.GetSession() == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("session: missing"))
+	}
+	if err := st.Send(&keyshardv1.GetGrantsResponse{}); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (e *echoService) Session(_ context.Context, st *connect.BidiStream[keyshardv1.SessionRequest, keyshardv1.SessionResponse]) error {
+	first, err := st.Receive()
+	if err != nil {
+		return err
+	}
+	if first.GetSession() == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("session: missing in the first message"))
+	}
+	if err := st.Send(&keyshardv1.SessionResponse{Grants: &keyshardv1.GetGrantsResponse{}}); err != nil {
+		return err
+	}
+	for msg := first; ; {
+		if n := msg.GetKeepAlive(); n != 0 {
+			if err := st.Send(&keyshardv1.SessionResponse{KeepAlive: &keyshardv1.KeepAliveAnswer{KeepAlive: n, Ttl: e.ttl}}); err != nil {
+				return err
+			}
+		}
+		if msg, err = st.Receive(); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
+
+// RunEcho serves the member API with nothing behind it (see
+// echoService) on addr, as serve does (HTTP/1.1, and HTTP/2 with and
+// without TLS's negotiation), until ctx ends: `keyshard bench echo`.
+// Sessions have lease TTL ttl. It prints "listening <addr>" on out once
+// it accepts connections.
+func RunEcho(ctx context.Context, addr string, ttl time.Duration, out io.Writer) error {
+	if ttl <= 0 {
+		return fmt.Errorf("bench echo: lease TTL %v; want more than 0", ttl)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench echo: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&echoService{ttl: durationpb.New(ttl)}))
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: protocols}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }() // exits when the server closes
+	if _, err := fmt.Fprintf(out, "listening %s\n", ln.Addr()); err != nil {
+		srv.Close()
+		return fmt.Errorf("bench echo: print the address: %w", err)
+	}
+	select {
+	case <-ctx.Done():
+		srv.Close()
+		<-done
+		return nil
+	case err := <-done:
+		return fmt.Errorf("bench echo: serve: %w", err)
+	}
+}
