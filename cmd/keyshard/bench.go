@@ -551,7 +551,7 @@ func newBenchEcho() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:    "echo",
-		Short:  "Serve the member API with nothing behind it (every keep-alive answered at once) for bench scale's live-floor; prints its address",
+		Short:  "Serve the member API with nothing behind it (keep-alives answered in 20 ms batches, as serve answers them) for bench scale's live-floor; prints its address",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -9,11 +9,12 @@ import (
 
 // LiveFloorReport is the live scenario's traffic against the member API
 // with nothing behind it (`keyshard bench echo`: no etcd, no sessions,
-// every keep-alive answered at once). The same simulated members, as
-// many, on the same lease TTL and connections, join, keep alive and
-// follow their grants as in the live scenario; what the echo server's
-// process then takes is what HTTP/2 and connect alone cost for that
-// traffic: the floor under serve's figures in LiveReport.
+// keep-alives answered in batches every 20 ms, as serve answers them).
+// The same simulated members, as many, on the same lease TTL and
+// connections, join, keep alive and follow their grants as in the live
+// scenario; what the echo server's process then takes is what HTTP/2 and
+// connect alone cost for that traffic: the floor under serve's figures
+// in LiveReport.
 type LiveFloorReport struct {
 	LiveMembers int     `json:"live_members"`
 	LeaseTTLS   float64 `json:"lease_ttl_s"`
