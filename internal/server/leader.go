@@ -360,6 +360,14 @@ func (s *Server) lead(ctx context.Context, st leaderStore, fence store.Fence) er
 			if !ok {
 				return errNotLeader
 			}
+			if u.Progress {
+				// Only how far the watch has come, asked for by the
+				// view's keep-alive checks (the watches share etcd's
+				// stream): nothing to plan.
+				saw(u)
+				own.events(nil, u)
+				continue
+			}
 			// Take every update already waiting too, and plan once: a burst
 			// of releases becomes one grant round, not one round each.
 			saw(u)

@@ -4,10 +4,13 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -313,4 +316,66 @@ func TestReplaceQuarantinesOnlyTheRemainingLease(t *testing.T) {
 	wantCode(t, err, connect.CodeNotFound, `session of member "a"`)
 	// ctxT allows 30 s: a fresh full TTL (60 s) of quarantine fails here.
 	pollGrants(t, ctx, ts, sess, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 4 })
+}
+
+// Keep-alives of active members are checked against the replica's view
+// at etcd's revision, even when other applications' writes to the same
+// etcd move that revision past anything the view has an event for (the
+// view's watch is asked for its progress); a replaced session still ends.
+func TestKeepAliveCheckedOnTheReplica(t *testing.T) {
+	ctx := ctxT(t)
+	cluster, err := store.StartEmbeddedCluster(ctx, t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	ts := startServer(t, func(c *server.Config) { c.Etcd.Endpoints = cluster.Endpoints() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 8}})); err != nil {
+		t.Fatal(err)
+	}
+	a := rawJoin(t, ctx, ts, "rooms", "a", false)
+	keepAlive(t, ctx, ts, a) // activates a: the long way, no batch check
+	// Once a holds every bucket the leader writes nothing more: the view
+	// then moves only by the progress its watch is asked for.
+	pollGrants(t, ctx, ts, a, 0, nil, func(r *v1.GetGrantsResponse) bool { return len(r.Grants) == 8 })
+	onReplica := func() float64 {
+		return metricLine(t, ts, `keyshard_member_keepalive_checks_total{by="replica"}`)
+	}
+	// A check that waits longer than renewCheckWait for the view goes to
+	// etcd instead; on a busy machine one may, not all five.
+	for i := range 5 {
+		if _, err := cli.Put(ctx, "another-application/key", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+		keepAlive(t, ctx, ts, a)
+	}
+	if n := onReplica(); n < 1 {
+		t.Fatalf("%v of 5 keep-alive checks answered by the replica's view; want some", n)
+	}
+	b := rawJoin(t, ctx, ts, "rooms", "a", true)
+	keepAlive(t, ctx, ts, b)
+	_, err = ts.member.KeepAlive(ctx, connect.NewRequest(&v1.KeepAliveRequest{Session: a}))
+	wantCode(t, err, connect.CodeNotFound, "replaced")
+}
+
+// metricLine reads the value of one series of ts's /metrics, named with
+// its labels as exposed (0 if absent).
+func metricLine(t *testing.T, ts *testServer, series string) float64 {
+	t.Helper()
+	body := metricsOf(t, ts)
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			return f
+		}
+	}
+	return 0
 }

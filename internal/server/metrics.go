@@ -47,6 +47,9 @@ type metrics struct {
 	// keepAlives counts member keep-alives by how they came (call:
 	// KeepAlive; stream: a Session stream) and how they ended.
 	keepAlives *prometheus.CounterVec
+	// keepAliveChecks counts the checks after batches of renewals by what
+	// answered them (replica: this replica's view; etcd: a transaction).
+	keepAliveChecks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -145,7 +148,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		keepAlives: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_member_keepalives_total", Help: "Member keep-alives this replica answered, by how they came (via: call for KeepAlive, stream for a Session stream) and result (renewed; ended: the session had ended or was replaced; failed: anything else, retried by the member).",
 		}, []string{"via", "result"}),
+		keepAliveChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_member_keepalive_checks_total", Help: "Checks after batches of keep-alive renewals (is every record still on its session?), by what answered (by: replica, this replica's copy of the store at a revision read from etcd; etcd, a transaction, when the copy did not reach that revision in time or showed a record elsewhere).",
+		}, []string{"by"}),
 	}
+	m.keepAliveChecks.WithLabelValues("replica")
+	m.keepAliveChecks.WithLabelValues("etcd")
 	for _, via := range []string{"call", "stream"} {
 		for _, result := range []string{"renewed", "ended", "failed"} {
 			m.keepAlives.WithLabelValues(via, result)
@@ -161,6 +169,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWatchLag, m.leaderWatchBehind, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
-		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused, m.keepAlives)
+		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused, m.keepAlives, m.keepAliveChecks)
 	return m
 }

@@ -189,6 +189,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer st.Close()
 	s.store = st
+	st.SetRenewCheck(s.checkRenewals)
 	secret, err := st.ClusterSecret(ctx)
 	if err != nil {
 		return fmt.Errorf("read the cluster secret: %w", err)

@@ -25,6 +25,9 @@ type view struct {
 	tpools  map[string]*tpView  // tenant pool → served state, updated from the chunks that change
 	synced  chan struct{}       // closed once the first full snapshot is loaded
 	changed chan struct{}       // closed and replaced after every applied update
+	// revCh is closed and replaced whenever snap.Rev advances, also by a
+	// progress update (which changes nothing else, so leaves changed be).
+	revCh chan struct{}
 	// ksChanged: keyspace → a channel closed at the next update that
 	// changes one of its keys (or resyncs), made on demand (keyspaceChanged).
 	// A member's grants stream waits on its keyspace's alone: every update
@@ -47,7 +50,7 @@ type mapView struct {
 }
 
 func newView(log *slog.Logger, m *metrics) *view {
-	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, tpools: map[string]*tpView{}, synced: make(chan struct{}), changed: make(chan struct{}), ksChanged: map[string]chan struct{}{}, snap: store.NewSnapshot(0)}
+	return &view{log: log, metrics: m, maps: map[string]*mapView{}, sets: map[string]*setView{}, tpools: map[string]*tpView{}, synced: make(chan struct{}), changed: make(chan struct{}), revCh: make(chan struct{}), ksChanged: map[string]chan struct{}{}, snap: store.NewSnapshot(0)}
 }
 
 // run follows the store until ctx ends. It owns no goroutine of its own:
@@ -61,6 +64,15 @@ func (v *view) run(ctx context.Context, st *store.Store) error {
 
 func (v *view) apply(u store.Update) {
 	v.mu.Lock()
+	if v.snap.Rev < u.Rev {
+		close(v.revCh)
+		v.revCh = make(chan struct{})
+	}
+	if u.Progress {
+		v.snap.Rev = max(v.snap.Rev, u.Rev)
+		v.mu.Unlock()
+		return
+	}
 	touched := map[string]bool{}
 	pools := map[string]bool{}
 	tpools := map[string]*tpTouch{}
@@ -245,6 +257,42 @@ func (v *view) waitRev(ctx context.Context, rev int64) {
 			return
 		}
 	}
+}
+
+// reach waits until the view has applied revision rev, asking st's
+// watch for its progress (which comes even when the view's keys did not
+// change up to rev, as when other applications write to the same etcd),
+// for at most wait. It reports whether the view reached rev.
+func (v *view) reach(ctx context.Context, st progressRequester, rev int64, wait time.Duration) bool {
+	var t <-chan time.Time
+	for asked := false; ; asked = true {
+		v.mu.RLock()
+		at, ch := v.snap.Rev, v.revCh
+		v.mu.RUnlock()
+		if at >= rev {
+			return true
+		}
+		if err := st.RequestWatchProgress(ctx); err != nil {
+			return false
+		}
+		if !asked {
+			timer := time.NewTimer(wait)
+			defer timer.Stop()
+			t = timer.C
+		}
+		select {
+		case <-ch:
+		case <-t:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// progressRequester is the store's RequestWatchProgress (reach's).
+type progressRequester interface {
+	RequestWatchProgress(ctx context.Context) error
 }
 
 func (v *view) ready() bool {

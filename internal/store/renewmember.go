@@ -22,7 +22,10 @@ import (
 // RenewBatchWindow (20 ms) for others; then their renewals go back to
 // back on the shared LeaseKeepAlive stream, and the checks of the renewed
 // ones are one linearizable transaction that compares each record's lease
-// in etcd and reads the records only when a compare fails. Keep-alives that arrive while a batch is in flight
+// in etcd and reads the records only when a compare fails. With a
+// RenewCheck set (SetRenewCheck), a batch is first checked on a copy of
+// the store at etcd's revision, read after the renewals were answered;
+// the transaction checks what the copy cannot tell. Keep-alives that arrive while a batch is in flight
 // make the next one. A check is never answered by a read that started
 // before its renewal was answered. At thousands of members this turns a
 // keep-alive's two etcd round trips into a share of two per batch.
@@ -48,6 +51,29 @@ func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.Leas
 	}
 }
 
+// RenewCheck answers the check after a batch of renewals from a copy of
+// the store that a watch keeps current (keyshard serve's view): it
+// reports true when the copy, at a revision rev or later, has each of
+// members' records on its lease. rev is etcd's revision read after the
+// renewals were answered, so true means what the check in etcd means:
+// no member was replaced before then. It reports false when the copy
+// cannot tell (it did not reach rev in time, or some record is not on
+// its lease): the batch is then checked in etcd, which also says which
+// member moved.
+type RenewCheck func(ctx context.Context, rev int64, members []MemberLease) bool
+
+// MemberLease is a member record and the lease it should be attached to.
+type MemberLease struct {
+	Keyspace, ID string
+	Lease        shard.LeaseID
+}
+
+// SetRenewCheck makes RenewMember check its batches with f first: one
+// small linearizable read per batch for etcd's revision, rather than a
+// transaction comparing every renewed member's record, which etcd reads
+// from its database for each. Set it before the first RenewMember.
+func (s *Store) SetRenewCheck(f RenewCheck) { s.renewCheck = f }
+
 // RenewBatchWindow is how long the first keep-alive of a batch waits for
 // others (see RenewMember): it adds at most that to a keep-alive's
 // latency, which nothing waits on (a member's fence deadline counts from
@@ -66,6 +92,7 @@ type renewals struct {
 
 	batches int64 // batches made, for tests (under mu)
 	reads   int64 // checks that read the records, for tests (under mu)
+	copyOKs int64 // checks the copy answered (SetRenewCheck), for tests (under mu)
 }
 
 type renewal struct {
@@ -73,6 +100,26 @@ type renewal struct {
 	lease       shard.LeaseID
 	deadline    time.Time        // the caller's; zero: none
 	done        chan renewResult // buffered: answered once, read or not
+}
+
+// checkCopy asks the RenewCheck whether the checked renewals of batch
+// hold, at a revision read from etcd now, after they were answered.
+func (q *renewals) checkCopy(ctx context.Context, s *Store, batch []*renewal, checked []int) bool {
+	resp, err := s.client.Get(ctx, batch[checked[0]].key, clientv3.WithCountOnly())
+	if err != nil {
+		return false // the transaction tries, and reports what fails
+	}
+	ms := make([]MemberLease, len(checked))
+	for j, i := range checked {
+		ms[j] = MemberLease{Keyspace: batch[i].ks, ID: batch[i].id, Lease: batch[i].lease}
+	}
+	if !s.renewCheck(ctx, resp.Header.Revision, ms) {
+		return false
+	}
+	q.mu.Lock()
+	q.copyOKs++
+	q.mu.Unlock()
+	return true
 }
 
 // op names the keep-alive in its errors.
@@ -172,6 +219,12 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 		}
 	}
 	if len(checked) == 0 {
+		return
+	}
+	if s.renewCheck != nil && q.checkCopy(ctx, s, batch, checked) {
+		for _, i := range checked {
+			batch[i].done <- renewResult{ttl: time.Duration(ttls[i]) * time.Second}
+		}
 		return
 	}
 	// When every record is still on its session, as nearly always, the

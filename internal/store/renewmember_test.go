@@ -151,3 +151,63 @@ func (q *renewals) readsMade() int64 {
 	defer q.mu.Unlock()
 	return q.reads
 }
+
+// With a RenewCheck set, a batch whose records the copy shows on their
+// leases is answered without the transaction, at a revision read after
+// the renewals; when the copy cannot tell, the transaction checks, and
+// says which member moved.
+func TestRenewMemberCopyCheck(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "renew-copy")
+	a, b := newSession(t, s, 10*time.Second), newSession(t, s, 10*time.Second)
+	_, rev, err := s.Join(ctx, "renew-copy", member("w1"), a.LeaseID(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		asked  []int64
+		answer = true
+	)
+	s.SetRenewCheck(func(_ context.Context, r int64, ms []MemberLease) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, r)
+		if len(ms) != 1 || ms[0] != (MemberLease{Keyspace: "renew-copy", ID: "w1", Lease: ms[0].Lease}) {
+			t.Errorf("members to check: %+v", ms)
+		}
+		return answer
+	})
+	if ttl, err := s.RenewMember(ctx, "renew-copy", "w1", a.LeaseID()); err != nil || ttl != a.TTL() {
+		t.Fatalf("the copy holds: %v, %v", ttl, err)
+	}
+	if reads, oks := s.renewals.readsMade(), s.renewals.copyChecks(); reads != 0 || oks != 1 {
+		t.Errorf("the check read the records %d times and the copy answered %d; want 0 and 1", reads, oks)
+	}
+	if len(asked) != 1 || asked[0] < rev {
+		t.Errorf("the copy was asked at revisions %v; want one, at least %d (the join)", asked, rev)
+	}
+
+	// Replaced: a copy that cannot tell (behind, or showing the record
+	// elsewhere) leaves it to etcd, which finds the member fenced.
+	if _, _, err := s.Join(ctx, "renew-copy", member("w1"), b.LeaseID(), true); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	answer = false
+	mu.Unlock()
+	if _, err := s.RenewMember(ctx, "renew-copy", "w1", a.LeaseID()); !errors.Is(err, ErrFenced) {
+		t.Fatalf("replaced session, the copy unsure: %v; want ErrFenced", err)
+	}
+	if reads, oks := s.renewals.readsMade(), s.renewals.copyChecks(); reads != 1 || oks != 1 {
+		t.Errorf("the check read the records %d times and the copy answered %d; want 1 and 1", reads, oks)
+	}
+}
+
+// copyChecks is how many batch checks the RenewCheck answered.
+func (q *renewals) copyChecks() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.copyOKs
+}

@@ -55,6 +55,7 @@ type Store struct {
 	renewer     *renewer      // KeepAliveOnce's shared stream
 	renewals    renewals      // RenewMember's batches
 	renewWindow time.Duration // RenewBatchWindow; 0 in tests that make batches themselves
+	renewCheck  RenewCheck    // SetRenewCheck's; nil: checks go to etcd
 
 	closeOnce sync.Once
 	closeErr  error

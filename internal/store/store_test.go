@@ -950,3 +950,42 @@ func TestReleaseTwice(t *testing.T) {
 		t.Fatalf("releases %+v, want %+v", got, want)
 	}
 }
+
+// A write outside Keyshard's keys moves etcd's revision without an event
+// for Keyshard's watch; a progress request makes the watch say how far it
+// has delivered, past that write.
+func TestWatchProgress(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	snap, err := s.LoadAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	updates := s.Watch(wctx, snap.Rev+1)
+	resp, err := s.client.Put(ctx, "another-application/key", "value")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := resp.Header.Revision
+	ask := time.NewTicker(200 * time.Millisecond) // until the watch is caught up, etcd does not answer
+	defer ask.Stop()
+	for {
+		if err := s.RequestWatchProgress(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case u := <-updates:
+			if u.Progress && len(u.Changes) != 0 {
+				t.Fatalf("a progress update with %d changes", len(u.Changes))
+			}
+			if u.Progress && u.Rev >= want {
+				return
+			}
+		case <-ask.C:
+		case <-ctx.Done():
+			t.Fatalf("no progress update at revision %d or later", want)
+		}
+	}
+}

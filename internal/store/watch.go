@@ -48,6 +48,10 @@ type Update struct {
 	Resync  *Resync
 	Changes []Change
 	Rev     int64
+	// Progress marks an update that only says the watch has delivered
+	// everything up to Rev (etcd's progress notification, asked for with
+	// RequestWatchProgress); it carries no changes.
+	Progress bool
 }
 
 // Watch delivers every change under Prefix from revision fromRev on,
@@ -126,6 +130,16 @@ func (s *Store) watch(ctx context.Context, next int64, out chan<- Update) {
 				}
 				break
 			}
+			if resp.IsProgressNotify() {
+				if h := resp.Header.Revision; h >= next {
+					next = h + 1
+					if !send(Update{Rev: h, Progress: true}) {
+						cancel()
+						return
+					}
+				}
+				continue
+			}
 			var changes []Change
 			var last int64
 			for _, ev := range resp.Events {
@@ -162,6 +176,21 @@ func (s *Store) watch(ctx context.Context, next int64, out chan<- Update) {
 			failures++
 		}
 	}
+}
+
+// RequestWatchProgress asks etcd to tell every watch of this Store's
+// client that is caught up how far it has delivered: each delivers an
+// Update with Progress set and the store's current revision. A reader
+// that must see a revision its watch has no event for (other
+// applications' writes to the same etcd) asks for it this way.
+func (s *Store) RequestWatchProgress(ctx context.Context) error {
+	if s.closed() {
+		return errClosed("request watch progress")
+	}
+	// The watches run under WithRequireLeader, and etcd's client groups
+	// watches into streams by such metadata: the request must carry the
+	// same to reach their stream.
+	return s.err("request watch progress", s.client.RequestProgress(clientv3.WithRequireLeader(ctx)))
 }
 
 func watchChange(ev *clientv3.Event) Change {
