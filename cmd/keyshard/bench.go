@@ -483,8 +483,8 @@ func writeScaleText(w io.Writer, rep bench.ScaleReport) error {
 		where("join storm", r.Where)
 	}
 	if r := rep.Live; r != nil {
-		fmt.Fprintf(tw, "live: %d members over %d keyspaces of %d buckets, %.0f s window%s\tserve %.1f%% + etcd %.1f%% of a core (%.2f%% per 1,000); %.0f keep-alives/s; %d errors, %d sessions lost\t≤ 30%% for 10,000\n",
-			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.Health.KeepAliveErrors, r.Health.SessionsLost)
+		fmt.Fprintf(tw, "live: %d members over %d keyspaces of %d buckets, %.0f s window%s\tserve %.1f%% + etcd %.1f%% of a core (%.2f%% per 1,000); %.0f keep-alives/s (%.0f%% checked on serve's view); %d errors, %d sessions lost\t≤ 30%% for 10,000\n",
+			r.LiveMembers, r.Keyspaces, r.Buckets, r.WindowS, timedOut(r.TimedOut), r.ServeCPUPct, r.EtcdCPUPct, r.ServePlusEtcdPctPer1000, r.KeepAlivesPerS, r.ChecksOnReplicaPct, r.Health.KeepAliveErrors, r.Health.SessionsLost)
 		fmt.Fprintf(tw, "  memory\tserve %.0f bytes/member (%d → %d MiB); etcd RSS %d MiB, db %d KiB (%d in use), %.1f writes/s\t≤ 20 KB/member\n",
 			r.ServeRSSBytesPerMember, r.ServeRSSBeforeBytes>>20, r.ServeRSSAfterBytes>>20, r.EtcdRSSBytes>>20, r.EtcdDBSizeBytes>>10, r.EtcdDBInUseBytes>>10, r.EtcdWritesPerS)
 		health("live", r.Health)

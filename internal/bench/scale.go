@@ -304,8 +304,12 @@ type LiveReport struct {
 	KeepAlivesPerS float64 `json:"keepalives_per_s"`
 	// KeepAlivesOnStreamPct is the share of the window's keep-alives that
 	// serve renewed on Session streams (the rest: KeepAlive calls).
-	KeepAlivesOnStreamPct float64      `json:"keepalives_on_stream_pct"`
-	Health                MemberHealth `json:"members_health"`
+	KeepAlivesOnStreamPct float64 `json:"keepalives_on_stream_pct"`
+	// ChecksOnReplicaPct is the share of the window's checks after
+	// batches of renewals that serve's view answered (the rest: a
+	// transaction in etcd).
+	ChecksOnReplicaPct float64      `json:"keepalive_checks_on_replica_pct"`
+	Health             MemberHealth `json:"members_health"`
 	// CPU during the window as % of one core: in total, and per 1,000
 	// members.
 	ServeCPUPct             float64 `json:"serve_cpu_pct"`
@@ -804,11 +808,15 @@ func (e *scaleEnv) sample(ctx context.Context) (sample, error) {
 }
 
 // keptSeries are series that scrape also keeps apart, by their labels.
-var keptSeries = map[string]bool{keepAlivesOnStream: true}
+var keptSeries = map[string]bool{keepAlivesOnStream: true, keepAliveChecksOnReplica: true}
 
 // keepAlivesOnStream is serve's count of keep-alives renewed on Session
 // streams.
 const keepAlivesOnStream = `keyshard_member_keepalives_total{result="renewed",via="stream"}`
+
+// keepAliveChecksOnReplica is serve's count of keep-alive batch checks
+// its view answered (the rest went to etcd).
+const keepAliveChecksOnReplica = `keyshard_member_keepalive_checks_total{by="replica"}`
 
 // scrape reads serve's /metrics and sums each series over its labels
 // (keptSeries are also kept apart).
@@ -1594,6 +1602,8 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		KeepAlivesPerS: float64(b.keepAlivesOK-a.keepAlivesOK) / w,
 		KeepAlivesOnStreamPct: pct(b.metrics[keepAlivesOnStream]-a.metrics[keepAlivesOnStream],
 			b.metrics["keyshard_member_keepalives_total"]-a.metrics["keyshard_member_keepalives_total"]),
+		ChecksOnReplicaPct: pct(b.metrics[keepAliveChecksOnReplica]-a.metrics[keepAliveChecksOnReplica],
+			b.metrics["keyshard_member_keepalive_checks_total"]-a.metrics["keyshard_member_keepalive_checks_total"]),
 		Health:              f.health(),
 		ServeCPUPct:         100 * (b.serve.cpuS - a.serve.cpuS) / w,
 		EtcdCPUPct:          100 * (b.etcd.cpuS - a.etcd.cpuS) / w,

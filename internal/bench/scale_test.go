@@ -93,6 +93,11 @@ func TestScaleQuick(t *testing.T) {
 		if r.KeepAlivesOnStreamPct <= 50 || rep.KeepAlives != "stream" {
 			t.Errorf("live: %.1f%% of keep-alives on Session streams (keep-alives: %q); want most", r.KeepAlivesOnStreamPct, rep.KeepAlives)
 		}
+		// etcd is the scenario's alone: its revision moves only with
+		// serve's writes, which serve's view has seen.
+		if r.ChecksOnReplicaPct <= 0 {
+			t.Errorf("live: %.1f%% of keep-alive checks answered by serve's view; want some", r.ChecksOnReplicaPct)
+		}
 		if r.Health.SessionsLost != r.Health.Rejoins {
 			t.Errorf("live: %d sessions lost, %d re-joined; want every lost session re-joined", r.Health.SessionsLost, r.Health.Rejoins)
 		}

@@ -219,9 +219,17 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 // was renewed, and etcd's revision rev read, it reports whether this
 // replica's view, once at rev or later, has each member's record on the
 // lease renewed. A view that does not reach rev within renewCheckWait,
-// or shows any record elsewhere, leaves the batch to the check in etcd.
+// or shows any record elsewhere, leaves the batch to the check in etcd;
+// after a miss, the next renewCheckOff of batches go to etcd directly:
+// batches are checked one after another, and a view that lags (a
+// resync, a burst of joins) must not hold each of them up by the wait.
 func (s *Server) checkRenewals(ctx context.Context, rev int64, ms []store.MemberLease) bool {
+	if s.clock.Now().UnixNano() < s.copyCheckOffUntil.Load() {
+		s.metrics.keepAliveChecks.WithLabelValues("etcd").Inc()
+		return false
+	}
 	if !s.view.reach(ctx, s.store, rev, renewCheckWait) {
+		s.copyCheckOffUntil.Store(s.clock.Now().Add(renewCheckOff).UnixNano())
 		s.metrics.keepAliveChecks.WithLabelValues("etcd").Inc()
 		return false
 	}
@@ -250,7 +258,11 @@ func (s *Server) checkRenewals(ctx context.Context, rev int64, ms []store.Member
 // renewCheckWait bounds how long checkRenewals waits for the view to
 // reach etcd's revision before the batch is checked in etcd instead.
 // The view is usually there already: keep-alives write nothing.
-const renewCheckWait = 250 * time.Millisecond
+const renewCheckWait = 100 * time.Millisecond
+
+// renewCheckOff is how long batches go to etcd directly after the view
+// missed renewCheckWait.
+const renewCheckOff = time.Second
 
 // replaced reports whether this replica's view has session sess replaced
 // (see sessionState).

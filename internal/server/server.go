@@ -41,6 +41,9 @@ type Server struct {
 	polls   *longPolls
 	// sessionHub wakes Session streams when their keyspace changes.
 	sessionHub sessionHub
+	// copyCheckOffUntil: checkRenewals leaves batches to etcd until then
+	// (unix nanoseconds), after its view missed a revision in time.
+	copyCheckOffUntil atomic.Int64
 	view       *view
 	onTerm     func()          // Options.OnHotKeyTerm; never nil
 	onRound    func(time.Time) // Options.OnHotKeyRound; never nil
