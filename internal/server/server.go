@@ -44,12 +44,12 @@ type Server struct {
 	// copyCheckOffUntil: checkRenewals leaves batches to etcd until then
 	// (unix nanoseconds), after its view missed a revision in time.
 	copyCheckOffUntil atomic.Int64
-	view       *view
-	onTerm     func()          // Options.OnHotKeyTerm; never nil
-	onRound    func(time.Time) // Options.OnHotKeyRound; never nil
-	seams      seams           // nil fields: the store's
-	reach      reachability    // whether etcd answers this replica's probe
-	commits    commits         // Commit calls queued behind their session's write
+	view              *view
+	onTerm            func()          // Options.OnHotKeyTerm; never nil
+	onRound           func(time.Time) // Options.OnHotKeyRound; never nil
+	seams             seams           // nil fields: the store's
+	reach             reachability    // whether etcd answers this replica's probe
+	commits           commits         // Commit calls queued behind their session's write
 
 	// Tenant pools.
 	tpState
