@@ -78,11 +78,7 @@ func liveFloor(ctx context.Context, o ScaleOptions, logf logFunc) (_ *LiveFloorR
 		return nil, err
 	}
 	logf("live-floor: %d members join the echo server (the member API with nothing behind it)", o.LiveMembers)
-	kss, ids := make([]string, o.LiveMembers), make([]string, o.LiveMembers)
-	for i := range ids {
-		kss[i] = fmt.Sprintf("scale-live-%03d", i%o.Keyspaces)
-		ids[i] = fmt.Sprintf("m%05d", i)
-	}
+	kss, ids := liveMembers(o)
 	start := time.Now()
 	if _, err := f.joinAll(mctx, kss, ids, 8, o.Budget, logf); err != nil {
 		return nil, err

@@ -1096,9 +1096,8 @@ type sessionConn struct {
 	ended   chan struct{}                    // closed when the stream ends
 	n       uint64                           // the last keep-alive's number (keep's)
 
-	sendMu    sync.Mutex  // serializes Send
-	closed    atomic.Bool // CloseRequest was called
-	closeOnce sync.Once
+	sendMu sync.Mutex  // serializes Send
+	closed atomic.Bool // CloseRequest was called
 }
 
 // close ends the sending side of c: when its follow goroutine is done,
@@ -1108,10 +1107,9 @@ type sessionConn struct {
 // at the body's io.Pipe, whose Close is safe alongside a Write, so close
 // does not wait for sendMu.
 func (c *sessionConn) close() {
-	c.closeOnce.Do(func() {
-		c.closed.Store(true)
+	if c.closed.CompareAndSwap(false, true) {
 		_ = c.st.CloseRequest()
-	})
+	}
 }
 
 func (c *sessionConn) send(msg *keyshardv1.SessionRequest) error {
@@ -1539,10 +1537,24 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 	return r, nil
 }
 
+// liveKeyspace names the live scenario's keyspace i.
+func liveKeyspace(i int) string { return fmt.Sprintf("scale-live-%03d", i) }
+
+// liveMembers names the live scenario's members (the live-floor's too):
+// member i of ids joins keyspace kss[i], the keyspaces taking turns.
+func liveMembers(o ScaleOptions) (kss, ids []string) {
+	kss, ids = make([]string, o.LiveMembers), make([]string, o.LiveMembers)
+	for i := range ids {
+		kss[i] = liveKeyspace(i % o.Keyspaces)
+		ids[i] = fmt.Sprintf("m%05d", i)
+	}
+	return kss, ids
+}
+
 func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*LiveReport, error) {
 	kss := make([]string, o.Keyspaces)
 	for i := range kss {
-		kss[i] = fmt.Sprintf("scale-live-%03d", i)
+		kss[i] = liveKeyspace(i)
 		if err := e.createKeyspace(ctx, kss[i], o.LiveBuckets, o.LeaseTTL); err != nil {
 			return nil, err
 		}
@@ -1555,12 +1567,9 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		return nil, fmt.Errorf("sample before the joins: %w", err)
 	}
 	logf("live: %d members join %d keyspaces of %d buckets", o.LiveMembers, o.Keyspaces, o.LiveBuckets)
-	memberKs := make([]string, o.LiveMembers)
-	ids := make([]string, o.LiveMembers)
+	memberKs, ids := liveMembers(o)
 	want := make([]int, o.Keyspaces)
 	for i := range ids {
-		memberKs[i] = kss[i%o.Keyspaces]
-		ids[i] = fmt.Sprintf("m%05d", i)
 		want[i%o.Keyspaces]++
 	}
 	start := time.Now()

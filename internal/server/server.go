@@ -41,15 +41,16 @@ type Server struct {
 	polls   *longPolls
 	// sessionHub wakes Session streams when their keyspace changes.
 	sessionHub sessionHub
+	view       *view
+	onTerm     func()          // Options.OnHotKeyTerm; never nil
+	onRound    func(time.Time) // Options.OnHotKeyRound; never nil
+	seams      seams           // nil fields: the store's
+	reach      reachability    // whether etcd answers this replica's probe
+	commits    commits         // Commit calls queued behind their session's write
+
 	// copyCheckOffUntil: checkRenewals leaves batches to etcd until then
 	// (unix nanoseconds), after its view missed a revision in time.
 	copyCheckOffUntil atomic.Int64
-	view              *view
-	onTerm            func()          // Options.OnHotKeyTerm; never nil
-	onRound           func(time.Time) // Options.OnHotKeyRound; never nil
-	seams             seams           // nil fields: the store's
-	reach             reachability    // whether etcd answers this replica's probe
-	commits           commits         // Commit calls queued behind their session's write
 
 	// Tenant pools.
 	tpState

@@ -243,46 +243,31 @@ func (v *view) keyspaceChanged(ks string) <-chan struct{} {
 // sees it: read-your-writes. It gives up quietly after a few seconds or
 // when ctx ends; the write has succeeded either way.
 func (v *view) waitRev(ctx context.Context, rev int64) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		var at int64
-		changed := v.read(func(s *store.Snapshot, _ map[string]*mapView) { at = s.Rev })
-		if at >= rev {
-			return
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return
-		}
-	}
+	v.reach(ctx, nil, rev, 5*time.Second)
 }
 
-// reach waits until the view has applied revision rev, asking st's
-// watch for its progress (which comes even when the view's keys did not
-// change up to rev, as when other applications write to the same etcd),
-// for at most wait. It reports whether the view reached rev.
+// reach waits until the view has applied revision rev, for at most wait,
+// and reports whether it did. With st, it asks st's watch for its
+// progress while it waits, which comes even when the view's keys did not
+// change up to rev (other applications' writes to the same etcd).
 func (v *view) reach(ctx context.Context, st progressRequester, rev int64, wait time.Duration) bool {
-	var t <-chan time.Time
-	for asked := false; ; asked = true {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
 		v.mu.RLock()
 		at, ch := v.snap.Rev, v.revCh
 		v.mu.RUnlock()
 		if at >= rev {
 			return true
 		}
-		if err := st.RequestWatchProgress(ctx); err != nil {
-			return false
-		}
-		if !asked {
-			timer := time.NewTimer(wait)
-			defer timer.Stop()
-			t = timer.C
+		if st != nil {
+			if err := st.RequestWatchProgress(ctx); err != nil {
+				return false
+			}
 		}
 		select {
 		case <-ch:
-		case <-t:
+		case <-timer.C:
 			return false
 		case <-ctx.Done():
 			return false

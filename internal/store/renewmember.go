@@ -25,8 +25,8 @@ import (
 // in etcd and reads the records only when a compare fails. With a
 // RenewCheck set (SetRenewCheck), a batch is first checked on a copy of
 // the store at etcd's revision, read after the renewals were answered;
-// the transaction checks what the copy cannot tell. Keep-alives that arrive while a batch is in flight
-// make the next one. A check is never answered by a read that started
+// the transaction checks what the copy cannot tell. Keep-alives that
+// arrive while a batch is in flight make the next one. A check is never answered by a read that started
 // before its renewal was answered. At thousands of members this turns a
 // keep-alive's two etcd round trips into a share of two per batch.
 //
@@ -231,6 +231,11 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 	// compares answer for all of them and etcd sends no record back; the
 	// reads run only when one has moved, to tell which.
 	resp, err := s.client.Txn(ctx).If(cmps...).Else(gets...).Commit()
+	if err == nil && !resp.Succeeded {
+		q.mu.Lock()
+		q.reads++
+		q.mu.Unlock()
+	}
 	for j, i := range checked {
 		c := batch[i]
 		if err != nil {
@@ -241,11 +246,6 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 		if resp.Succeeded {
 			c.done <- ttl
 			continue
-		}
-		if j == 0 {
-			q.mu.Lock()
-			q.reads++
-			q.mu.Unlock()
 		}
 		switch kvs := resp.Responses[j].GetResponseRange().Kvs; {
 		case len(kvs) == 0:
