@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -53,13 +52,9 @@ func TestServeMemoryUnderAbuse(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte("keyspaces: [{name: rooms, buckets: 16}]\nhotkey_pools: [{name: ingest, threshold: 100}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--data-dir", filepath.Join(dir, "data"), "--config", cfgFile,
+	// Port 0: serve chooses a free port and logs it. A port found free
+	// here and passed on may be taken by another test meanwhile.
+	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--config", cfgFile,
 		"--admin-token", abuseAdminToken, "--member-token", abuseMemberToken)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -79,8 +74,7 @@ func TestServeMemoryUnderAbuse(t *testing.T) {
 			<-exited
 		}
 	})
-	waitServing(t, stderr)
-	url := "http://" + addr
+	url := "http://" + waitServing(t, stderr)
 	mem := func(what string) (hwm, rss int) {
 		hwm, rss = procMemKB(t, cmd.Process.Pid)
 		t.Logf("%-40s VmHWM %4d MB, VmRSS %4d MB", what, hwm>>10, rss>>10)
@@ -171,21 +165,22 @@ func TestServeMemoryUnderAbuse(t *testing.T) {
 	}
 }
 
-// waitServing reads the server's log until it says it serves; the rest of
-// the log is discarded.
-func waitServing(t *testing.T, log io.Reader) {
+// waitServing reads the server's log until it says it serves, and
+// returns the address it listens on; the rest of the log is discarded.
+func waitServing(t *testing.T, log io.Reader) (addr string) {
 	t.Helper()
 	sc := bufio.NewScanner(log)
 	var tail []string
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.Contains(line, "keyshard serving") {
+		if m := chaos.ServingRE.FindStringSubmatch(line); m != nil {
 			go io.Copy(io.Discard, log) // exits when the process closes its stderr
-			return
+			return m[1]
 		}
 		tail = append(tail, line)
 	}
 	t.Fatalf("keyshard serve exited before serving:\n%s", strings.Join(tail, "\n"))
+	return ""
 }
 
 // procMemKB reads the peak and current resident set of process pid, in kB.

@@ -18,11 +18,13 @@ import (
 	"github.com/keyshard/keyshard/client"
 )
 
-// Log lines the cluster waits for.
-var (
-	servingRE   = regexp.MustCompile(`msg="keyshard serving" listen=(\S+)`)
-	etcdReadyRE = regexp.MustCompile(`msg="etcd member ready"`)
-)
+// ServingRE matches keyshard serve's log line once its API is up and its
+// view loaded; its group is the address it listens on (the port it was
+// given, or the one it chose for --listen host:0).
+var ServingRE = regexp.MustCompile(`msg="keyshard serving" listen=(\S+)`)
+
+// etcdReadyRE matches an etcd member process's line once it is ready.
+var etcdReadyRE = regexp.MustCompile(`msg="etcd member ready"`)
 
 // Keyspace is the keyspace the chaos workers join.
 const Keyspace = "chaos"
@@ -215,7 +217,7 @@ func (c *cluster) startReplica(ctx context.Context, r *replica) error {
 	c.setProc(&r.proc, pr)
 	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	_, err = pr.Await(actx, servingRE)
+	_, err = pr.Await(actx, ServingRE)
 	return err
 }
 

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -92,8 +91,6 @@ func chromium(t *testing.T) string {
 
 // ---- a keyshard serve process ----
 
-var servingRE = regexp.MustCompile(`msg="keyshard serving" listen=(\S+)`)
-
 type serve struct {
 	t      *testing.T
 	bin    string
@@ -139,7 +136,7 @@ func (s *serve) start() {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			if m := servingRE.FindStringSubmatch(line); m != nil {
+			if m := chaos.ServingRE.FindStringSubmatch(line); m != nil {
 				select {
 				case serving <- m[1]:
 				default:

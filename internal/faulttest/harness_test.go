@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -27,10 +26,6 @@ const (
 	// the lease (not the drain timeout) ended the old grants.
 	drainTimeout = 20 * time.Second
 )
-
-// servingRE matches serve's log line once the API is up and the view is
-// loaded.
-var servingRE = regexp.MustCompile(`msg="keyshard serving" listen=(\S+)`)
 
 // harness is one fault test's world: the sink, the child processes, and an
 // admin client and router on the server URL the workers use.
@@ -66,7 +61,7 @@ func (h *harness) serve(name string, args ...string) (*proc, string) {
 	h.replicas[name] = p
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
-	m, err := p.await(ctx, servingRE)
+	m, err := p.await(ctx, chaos.ServingRE)
 	if err != nil {
 		h.t.Fatal(err)
 	}
