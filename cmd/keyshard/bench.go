@@ -566,7 +566,7 @@ func newBenchEcho() *cobra.Command {
 			return bench.RunEcho(cmd.Context(), listen, ttl, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "", "host:port to serve on")
+	cmd.Flags().StringVar(&listen, "listen", "", "host:port to serve on (port 0: a free one, printed)")
 	cmd.Flags().DurationVar(&ttl, "lease-ttl", 10*time.Second, "lease TTL the sessions are given")
 	return cmd
 }

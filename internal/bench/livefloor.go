@@ -47,13 +47,10 @@ func liveFloor(ctx context.Context, o ScaleOptions, logf logFunc) (_ *LiveFloorR
 			logf("live-floor: stopping the echo server: %v", cerr)
 		}
 	}()
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
+	// Port 0: the echo server prints the port it chose.
 	var listening string
 	e.serve, listening, err = startChildSaying(ctx, "echo", o.Binary,
-		[]string{"bench", "echo", "--listen", addr, "--lease-ttl", o.LeaseTTL.String()}, logs, "listening ", 30*time.Second)
+		[]string{"bench", "echo", "--listen", "127.0.0.1:0", "--lease-ttl", o.LeaseTTL.String()}, logs, "listening ", 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
