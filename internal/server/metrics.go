@@ -50,6 +50,9 @@ type metrics struct {
 	// keepAliveChecks counts the checks after batches of renewals by what
 	// answered them (replica: this replica's view; etcd: a transaction).
 	keepAliveChecks *prometheus.CounterVec
+	// apiConns counts the API connections by the HTTP/2 server that
+	// serves them (grpcbridge.Split).
+	apiConns *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -151,7 +154,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		keepAliveChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_member_keepalive_checks_total", Help: "Checks after batches of keep-alive renewals (is every record still on its session?), by what answered (by: replica, this replica's copy of the store at a revision read from etcd; etcd, a transaction, when the copy did not reach that revision in time or showed a record elsewhere).",
 		}, []string{"by"}),
+		apiConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyshard_api_connections_total", Help: "API connections accepted, by the server that serves them (server: grpc, grpc-go's HTTP/2 server, for a connection without TLS whose first request is gRPC; http, net/http's, for every other).",
+		}, []string{"server"}),
 	}
+	m.apiConns.WithLabelValues("grpc")
+	m.apiConns.WithLabelValues("http")
 	m.keepAliveChecks.WithLabelValues("replica")
 	m.keepAliveChecks.WithLabelValues("etcd")
 	for _, via := range []string{"call", "stream"} {
@@ -169,6 +177,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.leader, m.storeReachable, m.epochs, m.moves, m.granted, m.reports, m.writeFailures, m.leaderPlan, m.leaderWatchLag, m.leaderWatchBehind, m.leaderWrite,
 		m.hotReports, m.overflowKeys, m.overflowVersion, m.hotKeyFailures, m.hotKeyLastRound, m.hotReportsPruned,
 		m.tpTenants, m.tpVersion, m.tpReports, m.tpForwarded, m.tpRound, m.tpBytes, m.tpRoundFailure, m.tpSizeChanges,
-		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused, m.keepAlives, m.keepAliveChecks)
+		m.commits, m.commitWrites, m.longPolls, m.longPollsRefused, m.keepAlives, m.keepAliveChecks, m.apiConns)
 	return m
 }

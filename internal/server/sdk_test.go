@@ -143,15 +143,26 @@ func TestSDKCluster(t *testing.T) {
 		c.Keyspaces = []server.KeyspaceConfig{{Name: "rooms", Buckets: 64, LeaseTTL: 3 * time.Second}}
 	})
 	r2 := startServer(t, func(c *server.Config) { c.Etcd.Endpoints, c.Replica = eps, "r2" })
-	dial := func(ts *testServer) *client.Client {
-		c, err := client.Dial(ts.url, client.Token(memberToken))
+	dial := func(ts *testServer, opts ...client.Option) *client.Client {
+		c, err := client.Dial(ts.url, append([]client.Option{client.Token(memberToken)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	c2 := dial(r2) // the workers talk to r2; r1 leads first, having started first
+	// The workers talk to r2; r1 leads first, having started first. Half
+	// of them speak gRPC (Session streams on grpc-go's server, through
+	// grpcbridge), half the Connect protocol over HTTP/1.1 (KeepAlive and
+	// WatchGrants calls).
+	c2 := dial(r2)
+	c2g := dial(r2, client.GRPC())
+	clientOf := func(name string) *client.Client {
+		if name == "w1" || name == "w3" {
+			return c2g
+		}
+		return c2
+	}
 	log := newGrantLog(t)
 
 	// Four workers join at once.
@@ -161,7 +172,7 @@ func TestSDKCluster(t *testing.T) {
 	for i := range 4 {
 		name := fmt.Sprintf("w%d", i)
 		g.Go(func() error {
-			w := startWorker(t, c2, log, name)
+			w := startWorker(t, clientOf(name), log, name)
 			mu.Lock()
 			workers[name] = w
 			mu.Unlock()
@@ -188,7 +199,7 @@ func TestSDKCluster(t *testing.T) {
 	// the old one is revoked and its buckets move after a quarantine.
 	workers["w2"].kill() // the old process stops acting (it fences itself)
 	<-workers["w2"].done
-	startWorker(t, c2, log, "w2", client.Replace(true))
+	startWorker(t, c2g, log, "w2", client.Replace(true)) // now over gRPC
 	log.waitHeld(ctx, 64, "w2", "w3")
 
 	// The leader replica stops while a new member joins.

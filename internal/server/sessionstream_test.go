@@ -12,10 +12,21 @@ import (
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 )
 
-// sessionStream opens a Session stream over HTTP/2 to ts and sends first.
-func sessionStream(t *testing.T, ctx context.Context, ts *testServer, first *v1.SessionRequest) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse] {
+// The protocols a Session stream is tested over: the Connect protocol over
+// HTTP/2 (net/http's server) and gRPC (grpc-go's, through grpcbridge).
+var streamProtocols = []struct {
+	name string
+	opts []connect.ClientOption
+}{
+	{"connect", nil},
+	{"grpc", []connect.ClientOption{connect.WithGRPC()}},
+}
+
+// sessionStream opens a Session stream over HTTP/2 to ts, in protocol p
+// (streamProtocols), and sends first.
+func sessionStream(t *testing.T, ctx context.Context, ts *testServer, p []connect.ClientOption, first *v1.SessionRequest) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse] {
 	t.Helper()
-	members := keyshardv1connect.NewMemberServiceClient(h2cClient(), ts.url, connect.WithInterceptors(bearerToken(memberToken)))
+	members := keyshardv1connect.NewMemberServiceClient(h2cClient(), ts.url, append([]connect.ClientOption{connect.WithInterceptors(bearerToken(memberToken))}, p...)...)
 	st := members.Session(ctx)
 	if err := st.Send(first); err != nil {
 		t.Fatalf("send the first message: %v", err)
@@ -43,15 +54,28 @@ func receiveUntil(t *testing.T, st *connect.BidiStreamForClient[v1.SessionReques
 // first keep-alive activates a pending session, whose grants then come on
 // the same stream; every keep-alive is answered with its number and the
 // TTL; a member that half-closes gets its last answer, then the stream
-// ends cleanly.
+// ends cleanly. Over both protocols; gRPC connections are served by
+// grpc-go's server (keyshard_api_connections_total{server="grpc"}).
 func TestSessionStream(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
-	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 8}})); err != nil {
-		t.Fatal(err)
+	for _, p := range streamProtocols {
+		t.Run(p.name, func(t *testing.T) {
+			ks := "rooms-" + p.name
+			if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: ks, Buckets: 8}})); err != nil {
+				t.Fatal(err)
+			}
+			sessionStreamOver(t, ctx, ts, p.opts, ks)
+		})
 	}
-	sess := rawJoin(t, ctx, ts, "rooms", "a", false)
-	st := sessionStream(t, ctx, ts, &v1.SessionRequest{Session: sess, KeepAlive: 1})
+	if got := metricLine(t, ts, `keyshard_api_connections_total{server="grpc"}`); got != 1 {
+		t.Errorf("gRPC connections served by grpc-go's server: %v; want 1", got)
+	}
+}
+
+func sessionStreamOver(t *testing.T, ctx context.Context, ts *testServer, p []connect.ClientOption, ks string) {
+	sess := rawJoin(t, ctx, ts, ks, "a", false)
+	st := sessionStream(t, ctx, ts, p, &v1.SessionRequest{Session: sess, KeepAlive: 1})
 
 	first, err := st.Receive()
 	if err != nil {
@@ -102,55 +126,68 @@ func TestSessionStream(t *testing.T) {
 // its next keep-alive, as KeepAlive answers; bad messages end the stream
 // INVALID_ARGUMENT naming the field; over HTTP/1.1 the call is
 // UNIMPLEMENTED, so a member knows to use WatchGrants and KeepAlive.
+// Over gRPC a stream the server ends while waiting for the member's next
+// message (here: the grants' sender learned of the replacement first)
+// ends CANCELED (grpcbridge); the member's next stream is then NOT_FOUND.
 func TestSessionStreamEnds(t *testing.T) {
 	ts := startServer(t, nil)
 	ctx := ctxT(t)
 	if _, err := ts.admin.CreateKeyspace(ctx, connect.NewRequest(&v1.CreateKeyspaceRequest{Keyspace: &v1.Keyspace{Name: "rooms", Buckets: 8}})); err != nil {
 		t.Fatal(err)
 	}
-	old := rawJoin(t, ctx, ts, "rooms", "a", false)
-	st := sessionStream(t, ctx, ts, &v1.SessionRequest{Session: old, KeepAlive: 1})
-	receiveUntil(t, st, "keep-alive 1's answer", func(m *v1.SessionResponse) bool { return m.GetKeepAlive().GetKeepAlive() == 1 })
-	rawJoin(t, ctx, ts, "rooms", "a", true) // a restarted process takes the id over
-	if err := st.Send(&v1.SessionRequest{KeepAlive: 2}); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		msg, err := st.Receive()
-		if err != nil {
-			if connect.CodeOf(err) != connect.CodeNotFound {
-				t.Fatalf("replaced session's stream ended with %v; want NOT_FOUND", err)
-			}
-			break
-		}
-		if a := msg.GetKeepAlive(); a != nil {
-			t.Fatalf("keep-alive of a replaced session answered %v; want the stream to end NOT_FOUND", a)
-		}
-	}
-
 	sess := rawJoin(t, ctx, ts, "rooms", "b", false)
-	for _, tc := range []struct {
-		name        string
-		first, next *v1.SessionRequest
-		want        string
-	}{
-		{"no session", &v1.SessionRequest{KeepAlive: 1}, nil, "session: missing"},
-		{"keep-alive 0 after the first", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{}, "keep_alive: 0"},
-		{"another session", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{Session: old, KeepAlive: 1}, "another session"},
-	} {
-		st := sessionStream(t, ctx, ts, tc.first)
-		if tc.next != nil {
-			if err := st.Send(tc.next); err != nil {
+	for _, p := range streamProtocols {
+		t.Run(p.name, func(t *testing.T) {
+			id := "a-" + p.name
+			old := rawJoin(t, ctx, ts, "rooms", id, false)
+			st := sessionStream(t, ctx, ts, p.opts, &v1.SessionRequest{Session: old, KeepAlive: 1})
+			receiveUntil(t, st, "keep-alive 1's answer", func(m *v1.SessionResponse) bool { return m.GetKeepAlive().GetKeepAlive() == 1 })
+			rawJoin(t, ctx, ts, "rooms", id, true) // a restarted process takes the id over
+			if err := st.Send(&v1.SessionRequest{KeepAlive: 2}); err != nil {
 				t.Fatal(err)
 			}
-		}
-		var err error
-		for err == nil {
-			_, err = st.Receive()
-		}
-		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: stream ended with %v; want INVALID_ARGUMENT naming %q", tc.name, err, tc.want)
-		}
+			for {
+				msg, err := st.Receive()
+				if err == nil {
+					if a := msg.GetKeepAlive(); a != nil {
+						t.Fatalf("keep-alive of a replaced session answered %v; want the stream to end NOT_FOUND", a)
+					}
+					continue
+				}
+				if p.name == "grpc" && connect.CodeOf(err) == connect.CodeCanceled {
+					st = sessionStream(t, ctx, ts, p.opts, &v1.SessionRequest{Session: old, KeepAlive: 3})
+					continue
+				}
+				if connect.CodeOf(err) != connect.CodeNotFound {
+					t.Fatalf("replaced session's stream ended with %v; want NOT_FOUND", err)
+				}
+				break
+			}
+
+			for _, tc := range []struct {
+				name        string
+				first, next *v1.SessionRequest
+				want        string
+			}{
+				{"no session", &v1.SessionRequest{KeepAlive: 1}, nil, "session: missing"},
+				{"keep-alive 0 after the first", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{}, "keep_alive: 0"},
+				{"another session", &v1.SessionRequest{Session: sess}, &v1.SessionRequest{Session: old, KeepAlive: 1}, "another session"},
+			} {
+				st := sessionStream(t, ctx, ts, p.opts, tc.first)
+				if tc.next != nil {
+					if err := st.Send(tc.next); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var err error
+				for err == nil {
+					_, err = st.Receive()
+				}
+				if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("%s: stream ended with %v; want INVALID_ARGUMENT naming %q", tc.name, err, tc.want)
+				}
+			}
+		})
 	}
 
 	http1 := keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: &http.Transport{}}, ts.url, connect.WithInterceptors(bearerToken(memberToken)))
