@@ -17,6 +17,7 @@ import (
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/grpcbridge"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -120,8 +121,10 @@ func (e *echoService) Session(ctx context.Context, st *connect.BidiStream[keysha
 }
 
 // RunEcho serves the member API with nothing behind it (see
-// echoService) on addr, as serve does (HTTP/1.1, and HTTP/2 with and
-// without TLS's negotiation), until ctx ends: `keyshard bench echo`.
+// echoService) on addr, as serve does (gRPC connections by grpc-go's
+// HTTP/2 server through grpcbridge, the others by net/http's: HTTP/1.1,
+// and HTTP/2 with and without TLS's negotiation), until ctx ends:
+// `keyshard bench echo`.
 // Sessions have lease TTL ttl. It prints "listening <addr>" on out once
 // it accepts connections.
 func RunEcho(ctx context.Context, addr string, ttl time.Duration, out io.Writer) error {
@@ -139,18 +142,27 @@ func RunEcho(ctx context.Context, addr string, ttl time.Duration, out io.Writer)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: protocols}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }() // exits when the server closes
-	if _, err := fmt.Fprintf(out, "listening %s\n", ln.Addr()); err != nil {
-		srv.Close()
-		return fmt.Errorf("bench echo: print the address: %w", err)
+	grpcLn, httpLn := grpcbridge.Split(ln, grpcbridge.SplitOptions{})
+	bridge := grpcbridge.New(mux, grpcbridge.Options{})
+	done := make(chan error, 2)
+	go func() { done <- bridge.Serve(grpcLn) }() // exits when the listener closes
+	go func() { done <- srv.Serve(httpLn) }()    // exits when the server closes
+	running := 2
+	err = nil
+	if _, perr := fmt.Fprintf(out, "listening %s\n", ln.Addr()); perr != nil {
+		err = fmt.Errorf("bench echo: print the address: %w", perr)
+	} else {
+		select {
+		case <-ctx.Done():
+		case serr := <-done:
+			running--
+			err = fmt.Errorf("bench echo: serve: %w", serr)
+		}
 	}
-	select {
-	case <-ctx.Done():
-		srv.Close()
+	srv.Close()
+	bridge.Stop()
+	for ; running > 0; running-- {
 		<-done
-		return nil
-	case err := <-done:
-		return fmt.Errorf("bench echo: serve: %w", err)
 	}
+	return err
 }

@@ -48,6 +48,12 @@ const (
 	EtcdCluster3 = "cluster3" // three etcd members on loopback, in one process
 )
 
+// The protocols the simulated members may speak (ScaleOptions.Protocol).
+const (
+	ProtocolGRPC    = "grpc"
+	ProtocolConnect = "connect"
+)
+
 // ScaleOptions selects what Scale measures. Zero sizes take the issue's
 // sizes (or, with Quick, small ones).
 type ScaleOptions struct {
@@ -95,6 +101,13 @@ type ScaleOptions struct {
 	// WatchGrants, as the Python and Node.js clients do; by default they
 	// use a Session stream for both, as the Go SDK does over HTTP/2.
 	UnaryKeepAlives bool
+	// Protocol the simulated members speak: ProtocolGRPC (the default),
+	// as the Go SDK does with client.GRPC() and as gRPC clients do, which
+	// serve answers with grpc-go's HTTP/2 server; or ProtocolConnect, the
+	// Connect protocol over HTTP/2, which net/http's serves. Routers and
+	// the bench's own calls speak the Connect protocol on connections of
+	// their own.
+	Protocol string
 	// Budget bounds each wait (for every bucket to be granted, for every
 	// router to see an epoch); a wait that runs out is reported as timed
 	// out, not as an error. Default 3 minutes (Quick: 60 s).
@@ -168,6 +181,13 @@ func (o *ScaleOptions) defaults() error {
 	if o.LeaseTTL < 2*time.Second {
 		return fmt.Errorf("bench scale: lease TTL %v; want at least 2s", o.LeaseTTL)
 	}
+	switch o.Protocol {
+	case "":
+		o.Protocol = ProtocolGRPC
+	case ProtocolGRPC, ProtocolConnect:
+	default:
+		return fmt.Errorf("bench scale: protocol %q; want %s or %s", o.Protocol, ProtocolGRPC, ProtocolConnect)
+	}
 	if o.MembersPerConn < 0 {
 		return fmt.Errorf("bench scale: members per connection %d; want 0 (all share one transport) or more", o.MembersPerConn)
 	}
@@ -197,6 +217,8 @@ type ScaleReport struct {
 	// KeepAlives is how the simulated members keep their sessions alive:
 	// "stream" (on their Session streams) or "unary" (KeepAlive calls).
 	KeepAlives string `json:"keepalives"`
+	// Protocol the simulated members speak (ScaleOptions.Protocol).
+	Protocol string `json:"protocol"`
 
 	JoinStorm *JoinStormReport `json:"join_storm,omitempty"`
 	Live      *LiveReport      `json:"live,omitempty"`
@@ -308,8 +330,15 @@ type LiveReport struct {
 	// ChecksOnReplicaPct is the share of the window's checks after
 	// batches of renewals that serve's view answered (the rest: a
 	// transaction in etcd).
-	ChecksOnReplicaPct float64      `json:"keepalive_checks_on_replica_pct"`
-	Health             MemberHealth `json:"members_health"`
+	ChecksOnReplicaPct float64 `json:"keepalive_checks_on_replica_pct"`
+	// ConnsGRPC and ConnsHTTP are the connections serve had accepted by
+	// the window's end, by the HTTP/2 server that served them
+	// (keyshard_api_connections_total): grpc-go's for gRPC, net/http's
+	// for the rest (the bench's own calls and the routers, and the
+	// members with --protocol connect).
+	ConnsGRPC int          `json:"serve_connections_grpc"`
+	ConnsHTTP int          `json:"serve_connections_http"`
+	Health    MemberHealth `json:"members_health"`
 	// CPU during the window as % of one core: in total, and per 1,000
 	// members.
 	ServeCPUPct             float64 `json:"serve_cpu_pct"`
@@ -391,7 +420,7 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 		return ScaleReport{}, err
 	}
 	start := time.Now()
-	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn, KeepAlives: "stream"}
+	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn, KeepAlives: "stream", Protocol: opts.Protocol}
 	if opts.UnaryKeepAlives {
 		rep.KeepAlives = "unary"
 	}
@@ -486,6 +515,8 @@ type scaleEnv struct {
 	endpoints []string
 	hc        *http.Client
 	tr        *http.Transport
+	grpc      bool // the simulated members speak gRPC
+	memberTr  *http.Transport
 	member    keyshardv1connect.MemberServiceClient
 	maps      keyshardv1connect.MapServiceClient
 	sdk       *client.Client
@@ -581,7 +612,7 @@ func startChildSaying(ctx context.Context, name, bin string, args []string, logs
 // newScaleEnv makes a scenario's temporary directory and the writer its
 // children log to (opts.Logs, or a file in the directory).
 func newScaleEnv(opts ScaleOptions) (_ *scaleEnv, logs io.Writer, err error) {
-	e := &scaleEnv{}
+	e := &scaleEnv{grpc: opts.Protocol != ProtocolConnect}
 	if e.dir, err = os.MkdirTemp("", "keyshard-scale-"); err != nil {
 		return nil, nil, fmt.Errorf("temporary directory: %w", err)
 	}
@@ -597,15 +628,30 @@ func newScaleEnv(opts ScaleOptions) (_ *scaleEnv, logs io.Writer, err error) {
 	return e, e.logFile, nil
 }
 
-// dialMembers makes the transport and the member API client of the
-// simulated members: one HTTP/2 (h2c) transport for every simulated member
-// and router, which opens another connection when one has as many streams
-// as the server allows.
+// dialMembers makes the transports and the member API client of the
+// simulated members: one HTTP/2 (h2c) transport for every simulated
+// member, which opens another connection when one has as many streams as
+// the server allows, and another for the routers and the bench's own
+// calls. A connection whose first request is gRPC serves only gRPC
+// (grpcbridge.Split), so members speaking gRPC and routers speaking the
+// Connect protocol do not share one.
 func (e *scaleEnv) dialMembers() {
-	e.tr = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 1024}
-	e.tr.Protocols.SetUnencryptedHTTP2(true)
+	h2c := func() *http.Transport {
+		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 1024}
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		return tr
+	}
+	e.tr, e.memberTr = h2c(), h2c()
 	e.hc = &http.Client{Transport: e.tr}
-	e.member = keyshardv1connect.NewMemberServiceClient(e.hc, e.url)
+	e.member = keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: e.memberTr}, e.url, e.memberOpts()...)
+}
+
+// memberOpts are the simulated members' client options.
+func (e *scaleEnv) memberOpts() []connect.ClientOption {
+	if e.grpc {
+		return []connect.ClientOption{connect.WithGRPC()}
+	}
+	return nil
 }
 
 func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *scaleEnv, err error) {
@@ -690,6 +736,7 @@ func (e *scaleEnv) close(keep bool) error {
 	}
 	if e.tr != nil {
 		e.tr.CloseIdleConnections()
+		e.memberTr.CloseIdleConnections()
 	}
 	if e.etcdCli != nil {
 		e.etcdCli.Close()
@@ -808,7 +855,7 @@ func (e *scaleEnv) sample(ctx context.Context) (sample, error) {
 }
 
 // keptSeries are series that scrape also keeps apart, by their labels.
-var keptSeries = map[string]bool{keepAlivesOnStream: true, keepAliveChecksOnReplica: true}
+var keptSeries = map[string]bool{keepAlivesOnStream: true, keepAliveChecksOnReplica: true, connsGRPC: true, connsHTTP: true}
 
 // keepAlivesOnStream is serve's count of keep-alives renewed on Session
 // streams.
@@ -817,6 +864,13 @@ const keepAlivesOnStream = `keyshard_member_keepalives_total{result="renewed",vi
 // keepAliveChecksOnReplica is serve's count of keep-alive batch checks
 // its view answered (the rest went to etcd).
 const keepAliveChecksOnReplica = `keyshard_member_keepalive_checks_total{by="replica"}`
+
+// connsGRPC and connsHTTP are serve's counts of API connections by the
+// HTTP/2 server that serves them.
+const (
+	connsGRPC = `keyshard_api_connections_total{server="grpc"}`
+	connsHTTP = `keyshard_api_connections_total{server="http"}`
+)
 
 // scrape reads serve's /metrics and sums each series over its labels
 // (keptSeries are also kept apart).
@@ -1174,7 +1228,7 @@ func (f *fleet) client() keyshardv1connect.MemberServiceClient {
 		tr := &http.Transport{Protocols: new(http.Protocols)}
 		tr.Protocols.SetUnencryptedHTTP2(true)
 		f.conns = append(f.conns, tr)
-		f.api = append(f.api, keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: tr}, f.e.url))
+		f.api = append(f.api, keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: tr}, f.e.url, f.e.memberOpts()...))
 	}
 	f.joined++
 	return f.api[len(f.api)-1]
@@ -1613,6 +1667,8 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 			b.metrics["keyshard_member_keepalives_total"]-a.metrics["keyshard_member_keepalives_total"]),
 		ChecksOnReplicaPct: pct(b.metrics[keepAliveChecksOnReplica]-a.metrics[keepAliveChecksOnReplica],
 			b.metrics["keyshard_member_keepalive_checks_total"]-a.metrics["keyshard_member_keepalive_checks_total"]),
+		ConnsGRPC:           int(b.metrics[connsGRPC]),
+		ConnsHTTP:           int(b.metrics[connsHTTP]),
 		Health:              f.health(),
 		ServeCPUPct:         100 * (b.serve.cpuS - a.serve.cpuS) / w,
 		EtcdCPUPct:          100 * (b.etcd.cpuS - a.etcd.cpuS) / w,

@@ -93,6 +93,10 @@ func TestScaleQuick(t *testing.T) {
 		if r.KeepAlivesOnStreamPct <= 50 || rep.KeepAlives != "stream" {
 			t.Errorf("live: %.1f%% of keep-alives on Session streams (keep-alives: %q); want most", r.KeepAlivesOnStreamPct, rep.KeepAlives)
 		}
+		// The members speak gRPC, which serve's grpc-go server serves.
+		if r.ConnsGRPC == 0 || rep.Protocol != ProtocolGRPC {
+			t.Errorf("live: serve served %d connections on grpc-go's server, members speaking %q; want the members' there", r.ConnsGRPC, rep.Protocol)
+		}
 		// etcd is the scenario's alone: its revision moves only with
 		// serve's writes, which serve's view has seen.
 		if r.ChecksOnReplicaPct <= 0 {
