@@ -404,3 +404,44 @@ func TestAckFilterDropsTheFirstSettingsAck(t *testing.T) {
 		t.Fatalf("filtered:\n%x\nwant:\n%x", got.Bytes(), want.Bytes())
 	}
 }
+
+// flakyListener fails its first Accept as a process out of file
+// descriptors would.
+type flakyListener struct {
+	net.Listener
+	failed atomic.Bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("accept: too many open files")
+	}
+	return l.Listener.Accept()
+}
+
+// TestSplitOutlivesAcceptErrors: a failed Accept does not close the
+// listener; Split goes on accepting, as net/http's server does.
+func TestSplitOutlivesAcceptErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: ln}
+	_, httpLn := Split(fl, SplitOptions{})
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(httpLn) }() // exits when the listener closes
+	defer func() {
+		hs.Close()
+		<-done
+	}()
+	res, err := http.Get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if string(body) != "ok" || !fl.failed.Load() {
+		t.Fatalf("answer %q after a failed Accept (failed: %v); want ok", body, fl.failed.Load())
+	}
+}

@@ -64,17 +64,27 @@ type splitter struct {
 	closeOnce  sync.Once
 }
 
+// accept hands every connection ln accepts to route. A failed Accept
+// other than a closed listener (out of file descriptors, say) is retried
+// after a pause growing from 5 ms to 1 s, as net/http's server does.
 func (sp *splitter) accept() {
+	var pause time.Duration
 	for {
 		c, err := sp.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				sp.close()
+				return
 			}
-			sp.close()
-			return
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(pause):
+				continue
+			case <-sp.done:
+				return
+			}
 		}
+		pause = 0
 		go sp.route(c) // exits once c is handed on, or closed
 	}
 }
