@@ -252,9 +252,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.campaign(gctx) })              // exits when gctx ends
 	g.Go(func() error { return s.advertise(gctx) })             // exits when gctx ends
 	// Without TLS, gRPC connections are served by grpc-go's HTTP/2
-	// server, handing each call to the same handler (grpcbridge): a third
-	// less CPU than net/http's for the keep-alives of a fleet of members
-	// on Session streams.
+	// server, handing each call to the same handler (grpcbridge): for a
+	// fleet of members on Session streams, serve takes a fifth less CPU
+	// than with net/http's.
 	var bridge *grpcbridge.Server
 	if s.cfg.TLS.CertFile == "" {
 		var grpcLis net.Listener
