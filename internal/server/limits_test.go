@@ -168,6 +168,22 @@ func TestRequestSizeLimits(t *testing.T) {
 	if status != http.StatusTooManyRequests || !strings.Contains(msg, "over 3000 bytes, the most this replica takes (--max-report-bytes, limits.max_report_bytes)") {
 		t.Fatalf("lookup of 4000 bytes: status %d %s", status, msg)
 	}
+
+	// Over gRPC (grpc-go's server, through grpcbridge) the same limits
+	// answer, naming the flag.
+	maps := keyshardv1connect.NewMapServiceClient(h2cClient(), ts.url, connect.WithGRPC(), connect.WithInterceptors(bearerToken(adminToken)))
+	keys := make([]string, 40)
+	for i := range keys {
+		keys[i] = strings.Repeat("k", 99)
+	}
+	_, err := maps.Lookup(ctxT(t), connect.NewRequest(&v1.LookupRequest{Keyspace: "none", Keys: keys}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "3000 (--max-report-bytes, limits.max_report_bytes)") {
+		t.Fatalf("gRPC lookup of 4,000 bytes: %v; want RESOURCE_EXHAUSTED naming the limit", err)
+	}
+	_, err = maps.GetMap(ctxT(t), connect.NewRequest(&v1.GetMapRequest{Keyspace: strings.Repeat("k", 2000)}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "(--max-request-bytes, limits.max_request_bytes)") {
+		t.Fatalf("gRPC GetMap of 2,000 bytes: %v; want RESOURCE_EXHAUSTED naming the limit", err)
+	}
 }
 
 // TestLookupLimits: too many keys is RESOURCE_EXHAUSTED naming the limit;

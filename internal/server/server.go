@@ -267,7 +267,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}})
 		bridge = grpcbridge.New(httpSrv.Handler, grpcbridge.Options{
 			BaseContext:    httpSrv.BaseContext(lis),
-			MaxRecvMsgSize: max(s.cfg.Limits.MaxRequestBytes, s.cfg.Limits.MaxReportBytes) + envelopeBytes,
+			// Twice the larger limit: a message up to that size reaches
+			// the handler, whose limits refuse it naming the flag; grpc-go
+			// refuses a larger one before reading it whole.
+			MaxRecvMsgSize: 2*max(s.cfg.Limits.MaxRequestBytes, s.cfg.Limits.MaxReportBytes) + envelopeBytes,
 			Log:            s.log,
 		})
 		g.Go(func() error { // exits when the listener closes
