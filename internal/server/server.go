@@ -266,7 +266,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}})
 		bridge = grpcbridge.New(httpSrv.Handler, grpcbridge.Options{
-			BaseContext:    httpSrv.BaseContext(lis),
+			BaseContext: httpSrv.BaseContext(lis),
 			// Twice the larger limit: a message up to that size reaches
 			// the handler, whose limits refuse it naming the flag; grpc-go
 			// refuses a larger one before reading it whole.
