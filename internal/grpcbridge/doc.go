@@ -9,8 +9,8 @@
 // scale`, live-floor), in about the same memory.
 //
 // Split divides one listener's connections between the bridge and an
-// http.Server: an HTTP/2 connection without TLS whose first request is
-// gRPC goes to the bridge, every other connection (HTTP/1.1, the Connect
-// protocol, gRPC-Web, a connection that sends no request in time) to the
-// http.Server, which serves all of them as before.
+// http.Server: an HTTP/2 connection (with or without TLS) whose first
+// request is gRPC goes to the bridge, every other connection (HTTP/1.1,
+// the Connect protocol, gRPC-Web, a connection that sends no request in
+// time) to the http.Server, which serves all of them as before.
 package grpcbridge

@@ -2,6 +2,7 @@ package grpcbridge
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -24,11 +25,24 @@ type SplitOptions struct {
 	RequestTimeout time.Duration
 	// OnRoute, when set, learns where each connection went.
 	OnRoute func(toGRPC bool)
+	// TLSConfig, when set, makes every connection TLS: Split does the
+	// handshake (within PrefaceTimeout) and sees the first request inside
+	// it. Its NextProtos should offer "h2" and "http/1.1". A connection
+	// that negotiated HTTP/1.1 goes to httpLn as the *tls.Conn itself; an
+	// HTTP/2 connection that is not gRPC goes wrapped, so the http.Server
+	// serves it as HTTP/2 with prior knowledge (its Protocols must allow
+	// unencrypted HTTP/2) and its requests' TLS field is nil. A plain
+	// HTTP request gets net/http's answer: 400, "Client sent an HTTP
+	// request to an HTTPS server".
+	TLSConfig *tls.Config
+	// OnTLSError, when set, learns of every failed TLS handshake.
+	OnTLSError func(remote net.Addr, err error)
 }
 
-// Split divides the connections ln accepts: an HTTP/2 connection
-// without TLS (prior knowledge, as gRPC clients open them) whose first
-// request has a gRPC content type goes to grpcLn, for a Server; every
+// Split divides the connections ln accepts: an HTTP/2 connection (with
+// prior knowledge, as gRPC clients open them without TLS, or negotiated
+// by TLS when SplitOptions.TLSConfig is set) whose first request has a
+// gRPC content type goes to grpcLn, for a Server; every
 // other connection goes to httpLn, for an http.Server that serves all of
 // them (HTTP/1.1, the Connect protocol, gRPC-Web, gRPC on a connection
 // whose first request was not gRPC). Every request on a connection goes
@@ -98,6 +112,17 @@ func (sp *splitter) close() {
 
 // route sees what c is and hands it to its listener.
 func (sp *splitter) route(c net.Conn) {
+	if sp.o.TLSConfig != nil {
+		tc, ok := sp.handshake(c)
+		if !ok {
+			return
+		}
+		if tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
+			sp.hand(sp.http, tc, false)
+			return
+		}
+		c = tc
+	}
 	toGRPC, seen, settingsSent := sp.sniff(c)
 	var rc net.Conn = &replayConn{Conn: c, buf: seen}
 	to := sp.http
@@ -107,14 +132,49 @@ func (sp *splitter) route(c net.Conn) {
 	case settingsSent:
 		rc = &replayConn{Conn: c, r: &ackFilter{r: &replayConn{Conn: c, buf: seen}, preface: len(http2.ClientPreface)}}
 	}
+	sp.hand(to, rc, toGRPC)
+}
+
+// hand gives c to listener to.
+func (sp *splitter) hand(to *subListener, c net.Conn, toGRPC bool) {
 	if sp.o.OnRoute != nil {
 		sp.o.OnRoute(toGRPC)
 	}
 	select {
-	case to.conns <- rc:
+	case to.conns <- c:
 	case <-sp.done:
 		c.Close()
 	}
+}
+
+// handshake does c's TLS handshake within PrefaceTimeout; false if it
+// failed, c then closed (with net/http's answer to a plain HTTP request).
+func (sp *splitter) handshake(c net.Conn) (*tls.Conn, bool) {
+	tc := tls.Server(c, sp.o.TLSConfig)
+	_ = c.SetDeadline(time.Now().Add(sp.o.PrefaceTimeout))
+	if err := tc.Handshake(); err != nil {
+		var re tls.RecordHeaderError
+		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
+			_, _ = io.WriteString(re.Conn, "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+		}
+		if sp.o.OnTLSError != nil {
+			sp.o.OnTLSError(c.RemoteAddr(), err)
+		}
+		c.Close()
+		return nil, false
+	}
+	_ = c.SetDeadline(time.Time{})
+	return tc, true
+}
+
+// looksLikeHTTP: a TLS record header that is the start of an HTTP/1
+// request, as net/http tells them apart.
+func looksLikeHTTP(h [5]byte) bool {
+	switch string(h[:]) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO":
+		return true
+	}
+	return false
 }
 
 // sniff reads c's first bytes (seen): the HTTP/2 client preface, frames

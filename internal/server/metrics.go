@@ -155,7 +155,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_member_keepalive_checks_total", Help: "Checks after batches of keep-alive renewals (is every record still on its session?), by what answered (by: replica, this replica's copy of the store at a revision read from etcd; etcd, a transaction, when the copy did not reach that revision in time or showed a record elsewhere).",
 		}, []string{"by"}),
 		apiConns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keyshard_api_connections_total", Help: "API connections accepted, by the server that serves them (server: grpc, grpc-go's HTTP/2 server, for a connection without TLS whose first request is gRPC; http, net/http's, for every other).",
+			Name: "keyshard_api_connections_total", Help: "API connections accepted, by the server that serves them (server: grpc, grpc-go's HTTP/2 server, for an HTTP/2 connection, with or without TLS, whose first request is gRPC; http, net/http's, for every other).",
 		}, []string{"server"}),
 	}
 	m.apiConns.WithLabelValues("grpc")
