@@ -2,20 +2,16 @@ package grpcbridge
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -23,33 +19,16 @@ import (
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 )
 
-// selfSigned is a certificate for 127.0.0.1 and a pool that trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+// testCert is net/http/httptest's certificate (for 127.0.0.1) and a
+// pool that trusts it.
+func testCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:         true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := httptest.NewUnstartedServer(nil)
+	srv.StartTLS()
+	defer srv.Close()
 	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+	pool.AddCert(srv.Certificate())
+	return srv.TLS.Certificates[0], pool
 }
 
 // TestTLS: with SplitOptions.TLSConfig, Split does the handshake and
@@ -57,7 +36,7 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 // over HTTP/2, and HTTP/1.1, to the http.Server; a plain HTTP request
 // gets net/http's 400.
 func TestTLS(t *testing.T) {
-	cert, pool := selfSigned(t)
+	cert, pool := testCert(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
