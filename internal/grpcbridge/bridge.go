@@ -2,7 +2,6 @@ package grpcbridge
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -203,7 +202,7 @@ func requestHeader(md metadata.MD) http.Header {
 		key := http.CanonicalHeaderKey(k)
 		if strings.HasSuffix(k, "-bin") { // grpc-go decoded them
 			for _, v := range vs {
-				h.Add(key, base64.RawStdEncoding.EncodeToString([]byte(v)))
+				h.Add(key, connect.EncodeBinaryHeader([]byte(v)))
 			}
 			continue
 		}

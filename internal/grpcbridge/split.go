@@ -206,13 +206,12 @@ func (sp *splitter) sniff(c net.Conn) (toGRPC bool, seen []byte, settingsSent bo
 		}
 		switch f := f.(type) {
 		case *http2.MetaHeadersFrame:
-			ct := f.PseudoValue("content-type")
 			for _, hf := range f.RegularFields() {
 				if hf.Name == "content-type" {
-					ct = hf.Value
+					return isGRPC(hf.Value), rec.buf, true
 				}
 			}
-			return isGRPC(ct), rec.buf, true
+			return false, rec.buf, true
 		case *http2.SettingsFrame, *http2.WindowUpdateFrame, *http2.PriorityFrame, *http2.PingFrame:
 		default:
 			return false, rec.buf, true
