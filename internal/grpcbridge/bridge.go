@@ -47,22 +47,32 @@ type Options struct {
 	MaxRecvMsgSize int
 	// Log gets a handler's panic. Nil: slog.Default().
 	Log *slog.Logger
+	// Streams serves the methods it names (full methods,
+	// "/package.Service/Method") on grpc-go's stream itself rather than
+	// through the http.Handler, when the call's messages are protobuf.
+	// For long-lived streams held by many clients at once: a call on the
+	// http.Handler keeps an http.Request and connect's stream state for
+	// as long as it lasts, and a deeper stack. The handler must then do
+	// what the http.Handler's middleware and interceptors do for the
+	// method (tokens, limits).
+	Streams map[string]StreamHandler
 }
 
 // Server serves gRPC calls with grpc-go's HTTP/2 server and hands each to
 // an http.Handler (see the package's doc).
 type Server struct {
-	h    http.Handler
-	base context.Context
-	log  *slog.Logger
-	g    *grpc.Server
+	h       http.Handler
+	base    context.Context
+	log     *slog.Logger
+	g       *grpc.Server
+	streams map[string]StreamHandler
 }
 
 // New returns a Server handing every gRPC call it serves to h, which must
 // speak the gRPC protocol (HTTP/2 framing of messages, grpc-status in the
 // trailers): connect's handlers do.
 func New(h http.Handler, o Options) *Server {
-	s := &Server{h: h, base: o.BaseContext, log: o.Log}
+	s := &Server{h: h, base: o.BaseContext, log: o.Log, streams: o.Streams}
 	if s.base == nil {
 		s.base = context.Background()
 	}
@@ -163,6 +173,9 @@ func (s *Server) handle(_ any, ss grpc.ServerStream) (err error) {
 		return status.Error(codes.Internal, "grpcbridge: a call without a method")
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
+	if err, ok := s.native(ss, c, method, md); ok {
+		return err
+	}
 	r, rerr := http.NewRequestWithContext(ctx, http.MethodPost, method, &body{ss: ss, c: c})
 	if rerr != nil {
 		return status.Errorf(codes.Unimplemented, "method %q: %v", method, rerr)

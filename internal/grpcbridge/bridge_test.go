@@ -110,6 +110,13 @@ type harness struct {
 // the gRPC connections, an http.Server (HTTP/1.1 and h2c) for the others.
 func start(t *testing.T) *harness {
 	t.Helper()
+	return startWith(t, nil)
+}
+
+// startWith is start with streams served on grpc-go's stream
+// (Options.Streams).
+func startWith(t *testing.T, streams map[string]StreamHandler) *harness {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +136,7 @@ func start(t *testing.T) *harness {
 			h.routed[0].Add(1)
 		}
 	}})
-	b := New(handler, Options{BaseContext: base})
+	b := New(handler, Options{BaseContext: base, Streams: streams})
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
