@@ -138,25 +138,32 @@ func (g reachGate) WrapStreamingClient(next connect.StreamingClientFunc) connect
 
 func (g reachGate) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if !gated(conn.Spec().Procedure) {
-			return next(ctx, conn)
-		}
-		down, lastOK, lost := g.s.reach.state()
-		if down {
-			return g.s.unreachableErr(lastOK)
-		}
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		// The stream ends when etcd becomes unreachable: a callback on
-		// lost, not a goroutine waiting for it (a replica holds a stream
-		// per member, and a goroutine's stack is most of what one costs).
-		stop := context.AfterFunc(lost, cancel)
-		err := next(ctx, conn)
-		stop()
-		if lost.Err() != nil {
-			_, lastOK, _ := g.s.reach.state()
-			return g.s.unreachableErr(lastOK)
-		}
-		return err
+		return g.s.gateStream(ctx, conn.Spec().Procedure, func(ctx context.Context) error { return next(ctx, conn) })
 	}
+}
+
+// gateStream runs stream, a streaming call of procedure, as reachGate
+// lets it: not at all while etcd is unreachable, and with a context that
+// ends when etcd becomes so.
+func (s *Server) gateStream(ctx context.Context, procedure string, stream func(context.Context) error) error {
+	if !gated(procedure) {
+		return stream(ctx)
+	}
+	down, lastOK, lost := s.reach.state()
+	if down {
+		return s.unreachableErr(lastOK)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The stream ends when etcd becomes unreachable: a callback on
+	// lost, not a goroutine waiting for it (a replica holds a stream
+	// per member, and a goroutine's stack is most of what one costs).
+	stop := context.AfterFunc(lost, cancel)
+	err := stream(ctx)
+	stop()
+	if lost.Err() != nil {
+		_, lastOK, _ := s.reach.state()
+		return s.unreachableErr(lastOK)
+	}
+	return err
 }

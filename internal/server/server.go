@@ -275,6 +275,10 @@ func (s *Server) Run(ctx context.Context) error {
 		// refuses a larger one before reading it whole.
 		MaxRecvMsgSize: 2*max(s.cfg.Limits.MaxRequestBytes, s.cfg.Limits.MaxReportBytes) + envelopeBytes,
 		Log:            s.log,
+		// The one stream every live member holds, on grpc-go's stream.
+		Streams: map[string]grpcbridge.StreamHandler{
+			keyshardv1connect.MemberServiceSessionProcedure: s.grpcSession,
+		},
 	})
 	g.Go(func() error { // exits when the listener closes
 		if err := bridge.Serve(grpcLis); err != nil && !errors.Is(err, net.ErrClosed) {

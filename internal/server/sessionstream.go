@@ -29,8 +29,28 @@ import (
 // for every change of the keyspace and checks each of its streams. A
 // stream that must end while its handler waits for the member's next
 // message (the session ended, shutdown, etcd unreachable) ends that wait
-// through the response's read deadline.
+// through the response's read deadline (on grpc-go's stream, through
+// grpcbridge.Stream.Cut).
 func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {
+	var cut func()
+	if w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter); ok {
+		rc := http.NewResponseController(w)
+		cut = func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) } // in the past: at once
+	}
+	return m.session(ctx, stream, cut)
+}
+
+// sessionConn is a Session stream as its handler uses it: connect's
+// stream (the Connect protocol, gRPC-Web, gRPC in JSON) or grpc-go's
+// (gRPC in protobuf, see grpcSession).
+type sessionConn interface {
+	Receive() (*v1.SessionRequest, error)
+	Send(*v1.SessionResponse) error
+}
+
+// session serves a Session stream on conn. cut ends the handler's wait
+// for the member's next message (nil: the stream cannot be cut short).
+func (m *memberService) session(ctx context.Context, stream sessionConn, cut func()) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
 		return invalid("no message: open a Session stream with {\"session\": ...} from Join")
@@ -48,10 +68,7 @@ func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[
 	}
 	defer release()
 
-	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream}
-	if w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter); ok {
-		st.rc = http.NewResponseController(w)
-	}
+	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream, cut: cut}
 	defer st.close() // first of the deferred: nothing sends on the stream after the handler
 	stop := context.AfterFunc(ctx, st.unblock)
 	defer stop()
@@ -95,8 +112,8 @@ type sessionStream struct {
 	m      *memberService
 	ctx    context.Context
 	sess   session
-	stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]
-	rc     *http.ResponseController // nil: the stream cannot be cut short
+	stream sessionConn
+	cut    func() // ends the handler's wait for a message; nil: it cannot
 
 	sendMu sync.Mutex // serializes Send; guards closed, err and news
 	closed bool       // the handler is returning: nothing may send
@@ -110,7 +127,7 @@ type sessionStream struct {
 	// changed since it looked.
 	sending, dirty atomic.Bool
 
-	endMu sync.Mutex // guards ended and every use of rc
+	endMu sync.Mutex // guards ended and every call of cut
 	ended bool       // the handler has returned
 }
 
@@ -202,8 +219,8 @@ func (st *sessionStream) sendGrants() bool {
 func (st *sessionStream) unblock() {
 	st.endMu.Lock()
 	defer st.endMu.Unlock()
-	if !st.ended && st.rc != nil {
-		_ = st.rc.SetReadDeadline(time.Unix(1, 0)) // in the past: at once
+	if !st.ended && st.cut != nil {
+		st.cut()
 	}
 }
 

@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -10,10 +12,12 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/server"
 )
 
 // The protocols a Session stream is tested over: the Connect protocol over
-// HTTP/2 (net/http's server) and gRPC (grpc-go's, through grpcbridge).
+// HTTP/2 (net/http's server and connect's handler) and gRPC (grpc-go's
+// server, and grpc-go's stream: grpcSession).
 var streamProtocols = []struct {
 	name string
 	opts []connect.ClientOption
@@ -199,4 +203,44 @@ func TestSessionStreamEnds(t *testing.T) {
 	}
 	_ = st1.CloseRequest()
 	_ = st1.CloseResponse()
+}
+
+// TestSessionStreamGates: a Session stream passes the gates every call
+// passes, in both protocols (over gRPC in protobuf, served on grpc-go's
+// stream without connect's handler): the member token, and the request
+// limit on each message, which over gRPC names its flag.
+func TestSessionStreamGates(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) { c.Limits.MaxRequestBytes = 1000 })
+	ctx := ctxT(t)
+	open := func(p []connect.ClientOption, token string, first *v1.SessionRequest) error {
+		t.Helper()
+		opts := p
+		if token != "" {
+			opts = append([]connect.ClientOption{connect.WithInterceptors(bearerToken(token))}, p...)
+		}
+		st := keyshardv1connect.NewMemberServiceClient(h2cClient(), ts.url, opts...).Session(ctx)
+		defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+		if err := st.Send(first); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		msg, err := st.Receive()
+		if err == nil {
+			t.Fatalf("the stream answered %v; want it refused", msg)
+		}
+		return err
+	}
+	small := &v1.SessionRequest{Session: "s", KeepAlive: 1}
+	for _, p := range streamProtocols {
+		t.Run(p.name, func(t *testing.T) {
+			wantCode(t, open(p.opts, "", small), connect.CodeUnauthenticated, "missing bearer token")
+			wantCode(t, open(p.opts, "not-a-real-token-at-all", small), connect.CodeUnauthenticated, "unknown bearer token")
+			wantCode(t, open(p.opts, adminToken, small), connect.CodePermissionDenied, "needs a member token")
+			big := &v1.SessionRequest{Session: strings.Repeat("s", 2000), KeepAlive: 1}
+			msg := "" // connect's own limit, over the Connect protocol
+			if p.name == "grpc" {
+				msg = "this replica takes at most 1000 (--max-request-bytes, limits.max_request_bytes)"
+			}
+			wantCode(t, open(p.opts, memberToken, big), connect.CodeResourceExhausted, msg)
+		})
+	}
 }
