@@ -95,6 +95,35 @@ func (e *echoService) WatchGrants(ctx context.Context, req *connect.Request[keys
 }
 
 func (e *echoService) Session(ctx context.Context, st *connect.BidiStream[keyshardv1.SessionRequest, keyshardv1.SessionResponse]) error {
+	return e.session(ctx, st)
+}
+
+// grpcSession serves a Session stream over gRPC in protobuf on grpc-go's
+// stream, as serve does (grpcbridge.Options.Streams).
+func (e *echoService) grpcSession(gs *grpcbridge.Stream) error {
+	return e.session(gs.Context(), grpcEchoStream{gs})
+}
+
+// echoStream is a Session stream as the echo server uses it: connect's
+// or grpc-go's.
+type echoStream interface {
+	Receive() (*keyshardv1.SessionRequest, error)
+	Send(*keyshardv1.SessionResponse) error
+}
+
+type grpcEchoStream struct{ gs *grpcbridge.Stream }
+
+func (s grpcEchoStream) Receive() (*keyshardv1.SessionRequest, error) {
+	m := new(keyshardv1.SessionRequest)
+	if err := s.gs.Receive(m, 0); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (s grpcEchoStream) Send(m *keyshardv1.SessionResponse) error { return s.gs.Send(m) }
+
+func (e *echoService) session(ctx context.Context, st echoStream) error {
 	first, err := st.Receive()
 	if err != nil {
 		return err
@@ -122,8 +151,9 @@ func (e *echoService) Session(ctx context.Context, st *connect.BidiStream[keysha
 
 // RunEcho serves the member API with nothing behind it (see
 // echoService) on addr, as serve does (gRPC connections by grpc-go's
-// HTTP/2 server through grpcbridge, the others by net/http's: HTTP/1.1,
-// and HTTP/2 with and without TLS's negotiation), until ctx ends:
+// HTTP/2 server through grpcbridge, Session streams in protobuf on
+// grpc-go's stream, the other connections by net/http's: HTTP/1.1, and
+// HTTP/2 with and without TLS's negotiation), until ctx ends:
 // `keyshard bench echo`.
 // Sessions have lease TTL ttl. It prints "listening <addr>" on out once
 // it accepts connections.
@@ -136,14 +166,17 @@ func RunEcho(ctx context.Context, addr string, ttl time.Duration, out io.Writer)
 		return fmt.Errorf("bench echo: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(keyshardv1connect.NewMemberServiceHandler(&echoService{ttl: durationpb.New(ttl)}))
+	echo := &echoService{ttl: durationpb.New(ttl)}
+	mux.Handle(keyshardv1connect.NewMemberServiceHandler(echo))
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: protocols}
 	grpcLn, httpLn := grpcbridge.Split(ln, grpcbridge.SplitOptions{})
-	bridge := grpcbridge.New(mux, grpcbridge.Options{})
+	bridge := grpcbridge.New(mux, grpcbridge.Options{Streams: map[string]grpcbridge.StreamHandler{
+		keyshardv1connect.MemberServiceSessionProcedure: echo.grpcSession,
+	}})
 	done := make(chan error, 2)
 	go func() { done <- bridge.Serve(grpcLn) }() // exits when the listener closes
 	go func() { done <- srv.Serve(httpLn) }()    // exits when the server closes
