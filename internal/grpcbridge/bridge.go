@@ -172,10 +172,10 @@ func (s *Server) handle(_ any, ss grpc.ServerStream) (err error) {
 	if !ok {
 		return status.Error(codes.Internal, "grpcbridge: a call without a method")
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	if err, ok := s.native(ss, c, method, md); ok {
-		return err
+	if h := s.streams[method]; h != nil && protoCodec(ctx) {
+		return s.native(h, &Stream{ss: ss, c: c, method: method})
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
 	r, rerr := http.NewRequestWithContext(ctx, http.MethodPost, method, &body{ss: ss, c: c})
 	if rerr != nil {
 		return status.Errorf(codes.Unimplemented, "method %q: %v", method, rerr)

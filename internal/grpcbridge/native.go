@@ -32,7 +32,6 @@ type Stream struct {
 	ss     grpc.ServerStream
 	c      *call
 	method string
-	md     metadata.MD
 }
 
 // Context is the call's: it ends when the call does, when Cut is called,
@@ -44,8 +43,12 @@ func (s *Stream) Method() string { return s.method }
 
 // Header is the call's request metadata as the bridge hands it to an
 // http.Handler: canonical keys, binary values base64-encoded as connect
-// encodes them.
-func (s *Stream) Header() http.Header { return requestHeader(s.md) }
+// encodes them. Each call builds it anew: a long-lived stream keeps
+// no copy.
+func (s *Stream) Header() http.Header {
+	md, _ := metadata.FromIncomingContext(s.ss.Context())
+	return requestHeader(md)
+}
 
 // Receive reads the client's next message into m. It returns io.EOF once
 // the client has closed its side, os.ErrDeadlineExceeded once Cut ended
@@ -98,35 +101,30 @@ func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("a message of %d bytes, over the limit of %d", e.Size, e.Most)
 }
 
-// native serves a call with the StreamHandler registered for its method,
-// when it has one and the call's messages are protobuf (gRPC's default
-// codec); ok is false otherwise, and the call goes to the http.Handler,
-// which serves every codec connect knows.
-func (s *Server) native(ss grpc.ServerStream, c *call, method string, md metadata.MD) (err error, ok bool) {
-	h := s.streams[method]
-	if h == nil || !protoCodec(md) {
-		return nil, false
-	}
+// native serves a call with its StreamHandler h.
+func (s *Server) native(h StreamHandler, st *Stream) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("grpcbridge: the stream handler panicked", "method", method, "panic", fmt.Sprint(p))
-			err, ok = status.Error(codes.Internal, "the server failed serving the call"), true
+			s.log.Error("grpcbridge: the stream handler panicked", "method", st.method, "panic", fmt.Sprint(p))
+			err = status.Error(codes.Internal, "the server failed serving the call")
 		}
 	}()
-	err = h(&Stream{ss: ss, c: c, method: method, md: md})
+	err = h(st)
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		if md := responseMD(ce.Meta()); len(md) > 0 {
-			ss.SetTrailer(md)
+			st.ss.SetTrailer(md)
 		}
 	}
-	return statusOf(err), true
+	return statusOf(err)
 }
 
-// protoCodec reports whether the call's content type names protobuf:
-// application/grpc, or application/grpc+proto.
-func protoCodec(md metadata.MD) bool {
-	ct := md["content-type"]
+// protoCodec reports whether the call's content type names protobuf
+// (application/grpc, or application/grpc+proto): the calls a
+// StreamHandler serves. Others go to the http.Handler, which serves
+// every codec connect knows.
+func protoCodec(ctx context.Context) bool {
+	ct := metadata.ValueFromIncomingContext(ctx, "content-type")
 	if len(ct) == 0 {
 		return true
 	}
