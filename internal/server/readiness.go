@@ -138,14 +138,15 @@ func (g reachGate) WrapStreamingClient(next connect.StreamingClientFunc) connect
 
 func (g reachGate) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return g.s.gateStream(ctx, conn.Spec().Procedure, func(ctx context.Context) error { return next(ctx, conn) })
+		return g.s.gateStream(ctx, conn.Spec().Procedure, nil, func(ctx context.Context) error { return next(ctx, conn) })
 	}
 }
 
 // gateStream runs stream, a streaming call of procedure, as reachGate
-// lets it: not at all while etcd is unreachable, and with a context that
-// ends when etcd becomes so.
-func (s *Server) gateStream(ctx context.Context, procedure string, stream func(context.Context) error) error {
+// lets it: not at all while etcd is unreachable, and ended by end when
+// etcd becomes so. A nil end ends it through its context: a child of ctx
+// that gateStream cancels.
+func (s *Server) gateStream(ctx context.Context, procedure string, end func(), stream func(context.Context) error) error {
 	if !gated(procedure) {
 		return stream(ctx)
 	}
@@ -153,12 +154,16 @@ func (s *Server) gateStream(ctx context.Context, procedure string, stream func(c
 	if down {
 		return s.unreachableErr(lastOK)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	if end == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		end = cancel
+	}
 	// The stream ends when etcd becomes unreachable: a callback on
 	// lost, not a goroutine waiting for it (a replica holds a stream
 	// per member, and a goroutine's stack is most of what one costs).
-	stop := context.AfterFunc(lost, cancel)
+	stop := context.AfterFunc(lost, end)
 	err := stream(ctx)
 	stop()
 	if lost.Err() != nil {

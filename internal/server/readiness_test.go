@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
+	"github.com/keyshard/keyshard/internal/grpcbridge"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -133,5 +135,60 @@ func TestUnreachableStore(t *testing.T) {
 	}
 	if _, err := maps.GetMap(ctx, connect.NewRequest(&v1.GetMapRequest{Keyspace: "rooms"})); err != nil {
 		t.Fatalf("GetMap once etcd is reachable again: %v", err)
+	}
+}
+
+// TestUnreachableStoreEndsGRPCSession: a Session stream over gRPC in
+// protobuf (served on grpc-go's stream, grpcSession) ends when etcd
+// becomes unreachable, as connect's streams do through reachGate, and a
+// new one is refused UNAVAILABLE naming etcd.
+func TestUnreachableStoreEndsGRPCSession(t *testing.T) {
+	ctx, s, clk := fakeReplica(t)
+	withStore(t, s)
+	failing := failingProbe(s)
+	s.view.apply(store.Update{Resync: &store.Resync{Snapshot: store.NewSnapshot(0)}})
+	apply(s, 5, roomsChanges()...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := grpcbridge.New(http.NotFoundHandler(), grpcbridge.Options{Streams: map[string]grpcbridge.StreamHandler{
+		keyshardv1connect.MemberServiceSessionProcedure: s.grpcSession,
+	}})
+	done := make(chan error, 1)
+	go func() { done <- b.Serve(ln) }() // exits at Stop
+	t.Cleanup(func() { b.Stop(); <-done })
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	members := keyshardv1connect.NewMemberServiceClient(&http.Client{Transport: tr}, "http://"+ln.Addr().String(), connect.WithGRPC())
+	token := s.sessions.token("rooms", "a", testLease)
+
+	s.checkStore(ctx) // reachable at start
+	st := members.Session(ctx)
+	defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+	if err := st.Send(&v1.SessionRequest{Session: token}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.Receive()
+	if err != nil || len(first.GetGrants().GetGrants()) != 4 {
+		t.Fatalf("first message %v, %v; want a's 4 grants", first, err)
+	}
+	failing.Store(true)
+	for range 3 {
+		clk.Advance(time.Second)
+		s.checkStore(ctx)
+	}
+	// grpc-go ends a stream cut while it waits for the member's next
+	// message CANCELED, whatever the reason (see grpcbridge.Stream.Cut).
+	if msg, err := st.Receive(); connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("the open stream went on (%v, %v) after etcd became unreachable; want it ended", msg, err)
+	}
+	again := members.Session(ctx)
+	defer func() { _ = again.CloseRequest(); _ = again.CloseResponse() }()
+	if err := again.Send(&v1.SessionRequest{Session: token}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Receive(); connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "cannot reach etcd") {
+		t.Fatalf("a new stream while etcd is unreachable: %v; want UNAVAILABLE naming etcd", err)
 	}
 }

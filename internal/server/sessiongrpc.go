@@ -23,8 +23,12 @@ func (s *Server) grpcSession(gs *grpcbridge.Stream) error {
 	}
 	most, lim := s.cfg.Limits.readMax(procedure)
 	conn := grpcSessionConn{gs: gs, most: most, lim: lim}
-	return s.gateStream(gs.Context(), procedure, func(ctx context.Context) error {
-		return (&memberService{s: s}).session(ctx, conn, gs.Cut)
+	// The call's context ends the wait for the member's next message
+	// itself; etcd becoming unreachable cuts it (a context of the
+	// stream's own, and a callback on it, would cost each member's
+	// stream about 0.6 KB).
+	return s.gateStream(gs.Context(), procedure, gs.Cut, func(ctx context.Context) error {
+		return (&memberService{s: s}).session(ctx, conn, gs.Cut, true)
 	})
 }
 

@@ -37,7 +37,7 @@ func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[
 		rc := http.NewResponseController(w)
 		cut = func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) } // in the past: at once
 	}
-	return m.session(ctx, stream, cut)
+	return m.session(ctx, stream, cut, false)
 }
 
 // sessionConn is a Session stream as its handler uses it: connect's
@@ -49,8 +49,10 @@ type sessionConn interface {
 }
 
 // session serves a Session stream on conn. cut ends the handler's wait
-// for the member's next message (nil: the stream cannot be cut short).
-func (m *memberService) session(ctx context.Context, stream sessionConn, cut func()) error {
+// for the member's next message (nil: the stream cannot be cut short);
+// ctxCuts says that ctx ending ends that wait already (grpc-go's
+// stream), else the end of ctx calls cut.
+func (m *memberService) session(ctx context.Context, stream sessionConn, cut func(), ctxCuts bool) error {
 	first, err := stream.Receive()
 	if errors.Is(err, io.EOF) {
 		return invalid("no message: open a Session stream with {\"session\": ...} from Join")
@@ -70,8 +72,10 @@ func (m *memberService) session(ctx context.Context, stream sessionConn, cut fun
 
 	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream, cut: cut}
 	defer st.close() // first of the deferred: nothing sends on the stream after the handler
-	stop := context.AfterFunc(ctx, st.unblock)
-	defer stop()
+	if !ctxCuts {
+		stop := context.AfterFunc(ctx, st.unblock)
+		defer stop()
+	}
 	// The first keep-alive is answered before the grants go: it activates
 	// the session, and the grants sent next then show it.
 	if n := first.GetKeepAlive(); n != 0 {
