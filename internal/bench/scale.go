@@ -356,6 +356,15 @@ type LiveReport struct {
 	EtcdRSSBytes           int64   `json:"etcd_rss_bytes"`
 	EtcdDBSizeBytes        int64   `json:"etcd_db_size_bytes"`
 	EtcdDBInUseBytes       int64   `json:"etcd_db_in_use_bytes"`
+	// Where serve's memory per member went, from its Go runtime's
+	// figures (go_memstats_*) at the same two samples: goroutine
+	// stacks; the heap's spans in use (live objects and garbage not yet
+	// collected, so it swings with the collector's cycle); goroutines.
+	// Go lets the heap grow past the live objects by as much again, and
+	// by the stacks' used part, before it collects (GOGC=100).
+	ServeStackBytesPerMember     float64 `json:"serve_stack_bytes_per_member"`
+	ServeHeapInUseBytesPerMember float64 `json:"serve_heap_in_use_bytes_per_member"`
+	ServeGoroutinesPerMember     float64 `json:"serve_goroutines_per_member"`
 	// EtcdWritesPerS is etcd's revisions per second during the window.
 	EtcdWritesPerS float64   `json:"etcd_writes_per_s"`
 	Where          TimeSplit `json:"where"`
@@ -1680,11 +1689,15 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		EtcdWritesPerS: float64(b.rev-a.rev) / w,
 		Where:          split(a, b),
 	}
+	perMember := func(name string) float64 { return (b.metrics[name] - base.metrics[name]) / float64(o.LiveMembers) }
+	r.ServeStackBytesPerMember = perMember("go_memstats_stack_inuse_bytes")
+	r.ServeHeapInUseBytesPerMember = perMember("go_memstats_heap_inuse_bytes")
+	r.ServeGoroutinesPerMember = perMember("go_goroutines")
 	r.ServeCPUPctPer1000 = r.ServeCPUPct / per
 	r.EtcdCPUPctPer1000 = r.EtcdCPUPct / per
 	r.ServePlusEtcdPctPer1000 = r.ServeCPUPctPer1000 + r.EtcdCPUPctPer1000
-	logf("live: serve %.1f%% + etcd %.1f%% of a core for %d members; serve RSS %.0f bytes/member; etcd db %d bytes",
-		r.ServeCPUPct, r.EtcdCPUPct, o.LiveMembers, r.ServeRSSBytesPerMember, r.EtcdDBSizeBytes)
+	logf("live: serve %.1f%% + etcd %.1f%% of a core for %d members; serve RSS %.0f bytes/member (goroutine stacks %.0f, heap in use %.0f); etcd db %d bytes",
+		r.ServeCPUPct, r.EtcdCPUPct, o.LiveMembers, r.ServeRSSBytesPerMember, r.ServeStackBytesPerMember, r.ServeHeapInUseBytesPerMember, r.EtcdDBSizeBytes)
 	return r, nil
 }
 

@@ -105,6 +105,11 @@ func TestScaleQuick(t *testing.T) {
 		if r.Health.SessionsLost != r.Health.Rejoins {
 			t.Errorf("live: %d sessions lost, %d re-joined; want every lost session re-joined", r.Health.SessionsLost, r.Health.Rejoins)
 		}
+		// Each member's Session stream holds a goroutine of serve's, and
+		// its stack. (The heap's figure swings with the collector.)
+		if r.ServeGoroutinesPerMember < 0.9 || r.ServeStackBytesPerMember <= 0 {
+			t.Errorf("live: serve's goroutines %.2f, stacks %.0f bytes per member; want a goroutine and its stack per member", r.ServeGoroutinesPerMember, r.ServeStackBytesPerMember)
+		}
 		if r.ServeRSSAfterBytes <= 0 || r.EtcdRSSBytes <= 0 || r.EtcdDBSizeBytes <= 0 || r.WindowS < opts.Window.Seconds() {
 			t.Errorf("live: serve RSS %d, etcd RSS %d, db %d bytes, window %.2fs; want all measured", r.ServeRSSAfterBytes, r.EtcdRSSBytes, r.EtcdDBSizeBytes, r.WindowS)
 		}
