@@ -41,6 +41,27 @@ func (s *Server) within(ctx context.Context, d time.Duration, cause error, f fun
 // the call answers Unavailable, and the member retries, through another
 // replica if it has several.
 func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Context) error) error {
+	return s.memberAttempts(ctx, ks, func(d time.Duration) (bool, error) {
+		return s.within(ctx, d, errStoreDeadline, f)
+	})
+}
+
+// memberStoreWithin is memberStore for an f that bounds its own wait: it
+// answers within the time it is given, with an error that wraps
+// context.DeadlineExceeded if the store has not answered by then (as
+// store.RenewMember does), so that no context and timer are made per
+// attempt. The keep-alive of an active member, thousands a second at
+// scale, goes this way.
+func (s *Server) memberStoreWithin(ctx context.Context, ks string, f func(within time.Duration) error) error {
+	return s.memberAttempts(ctx, ks, func(d time.Duration) (bool, error) {
+		err := f(d)
+		return err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded), err
+	})
+}
+
+// memberAttempts runs the attempts of memberStore's operation: attempt is
+// given its share d of the deadline and reports whether that ended it.
+func (s *Server) memberAttempts(ctx context.Context, ks string, attempt func(d time.Duration) (timedOut bool, err error)) error {
 	ttl := time.Duration(0)
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		if k := snap.Keyspaces[ks]; k != nil && k.Config.Exists() {
@@ -58,7 +79,7 @@ func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Cont
 			break
 		}
 		// This attempt gets an equal share of what is left.
-		timedOut, err := s.within(ctx, left/time.Duration(n), errStoreDeadline, f)
+		timedOut, err := attempt(left / time.Duration(n))
 		if !timedOut {
 			return err
 		}

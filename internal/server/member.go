@@ -186,18 +186,16 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 	var (
 		ttl time.Duration
 		rev int64
+		err error
 	)
-	err := m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
-		if active {
-			ttl, err = m.s.store.RenewMember(ctx, sess.keyspace, sess.member, sess.lease)
+	if active {
+		err = m.s.memberStoreWithin(ctx, sess.keyspace, func(within time.Duration) (err error) {
+			ttl, err = m.s.store.RenewMember(ctx, sess.keyspace, sess.member, sess.lease, within)
 			return err
-		}
-		if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
-			return err
-		}
-		rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
-		return err
-	})
+		})
+	} else {
+		err = m.s.memberStore(ctx, sess.keyspace, m.activate(sess, &ttl, &rev))
+	}
 	if errors.Is(err, store.ErrLeaseNotFound) {
 		return 0, sessionEnded(sess)
 	}
@@ -213,6 +211,20 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 		m.s.view.waitRev(ctx, rev)
 	}
 	return ttl, nil
+}
+
+// activate is the store operation of a keep-alive whose member this
+// replica's view does not show active on the session yet: renew, then
+// activate the record (which checks it is on the session). It sets ttl,
+// and rev to the activation's revision (0 if the record was active).
+func (m *memberService) activate(sess session, ttl *time.Duration, rev *int64) func(context.Context) error {
+	return func(ctx context.Context) (err error) {
+		if *ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
+			return err
+		}
+		*rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
+		return err
+	}
 }
 
 // checkRenewals is the store's RenewCheck: after a batch of keep-alives

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -353,6 +354,52 @@ func TestMemberStoreDeadline(t *testing.T) {
 	clk.Advance(2 * time.Second / 3)
 	if err := <-second; err != nil || n.Load() != 2 {
 		t.Fatalf("after a stuck attempt: %v after %d attempts; want success on the second", err, n.Load())
+	}
+}
+
+// TestMemberStoreWithin: an operation that bounds its own wait (the
+// keep-alive of an active member, store.RenewMember) gets the same three
+// shares of the deadline as memberStore's, and is tried again when it
+// reports that its share passed (an error wrapping
+// context.DeadlineExceeded), not when its caller has gone.
+func TestMemberStoreWithin(t *testing.T) {
+	clk := clocktest.NewFake(time.Unix(0, 0))
+	s := detached(t, clk)
+	apply(s, 5, roomsChanges()...) // rooms: a deadline of 2s
+	timedOut := fmt.Errorf("store: keep member alive: %w: %w", store.ErrUnavailable, context.DeadlineExceeded)
+	var shares []time.Duration
+	err := s.memberStoreWithin(t.Context(), "rooms", func(within time.Duration) error {
+		shares = append(shares, within)
+		clk.Advance(within) // etcd never answers
+		return timedOut
+	})
+	a1 := 2 * time.Second / 3
+	a2 := (2*time.Second - a1) / 2
+	if want := []time.Duration{a1, a2, 2*time.Second - a1 - a2}; !slices.Equal(shares, want) {
+		t.Errorf("shares %v; want %v", shares, want)
+	}
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "no answer within 2s") {
+		t.Fatalf("%v; want Unavailable after 2s", err)
+	}
+
+	n := 0
+	if err := s.memberStoreWithin(t.Context(), "rooms", func(time.Duration) error {
+		if n++; n == 1 {
+			return timedOut
+		}
+		return nil
+	}); err != nil || n != 2 {
+		t.Fatalf("after an attempt that timed out: %v after %d attempts; want success on the second", err, n)
+	}
+	n = 0
+	if err := s.memberStoreWithin(t.Context(), "rooms", func(time.Duration) error { n++; return store.ErrFenced }); !errors.Is(err, store.ErrFenced) || n != 1 {
+		t.Fatalf("an error of its own: %v after %d attempts", err, n)
+	}
+	gone, cancel := context.WithCancel(t.Context())
+	cancel()
+	n = 0
+	if err := s.memberStoreWithin(gone, "rooms", func(time.Duration) error { n++; return timedOut }); !errors.Is(err, context.DeadlineExceeded) || n != 1 {
+		t.Fatalf("the caller gone: %v after %d attempts; want the attempt's error, not retried", err, n)
 	}
 }
 

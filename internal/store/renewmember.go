@@ -30,10 +30,19 @@ import (
 // before its renewal was answered. At thousands of members this turns a
 // keep-alive's two etcd round trips into a share of two per batch.
 //
+// within, when not 0, bounds the wait for etcd without a context of its
+// own: RenewMember answers within it (plus the batch window), with an
+// ErrUnavailable that wraps context.DeadlineExceeded if etcd has not. At
+// thousands of keep-alives a second, a cancellable context and a timer
+// for each one's deadline cost more than the renewal itself; a batch
+// carries its callers' deadlines instead, and ends at the earliest (its
+// renewals share one stream to one etcd endpoint: when that hangs, it
+// hangs for all of them, and each moves on to its next attempt).
+//
 // Errors: ErrLeaseNotFound (the session expired or was revoked),
 // ErrNotFound (no member record), ErrFenced (the id is held by another
 // session), ErrInvalidName, ErrUnavailable, ctx's error.
-func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.LeaseID) (time.Duration, error) {
+func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.LeaseID, within time.Duration) (time.Duration, error) {
 	if s.closed() {
 		return 0, errClosed("keep member alive")
 	}
@@ -42,6 +51,12 @@ func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.Leas
 	}
 	c := &renewal{key: MemberKey(ks, id), ks: ks, id: id, lease: lease, done: make(chan renewResult, 1)}
 	c.deadline, _ = ctx.Deadline()
+	if within > 0 {
+		c.by = time.Now().Add(within)
+		if c.deadline.IsZero() || c.by.Before(c.deadline) {
+			c.deadline = c.by
+		}
+	}
 	s.renewals.add(s, c)
 	select {
 	case r := <-c.done:
@@ -98,7 +113,8 @@ type renewals struct {
 type renewal struct {
 	key, ks, id string
 	lease       shard.LeaseID
-	deadline    time.Time        // the caller's; zero: none
+	deadline    time.Time        // when the caller stops waiting; zero: never
+	by          time.Time        // when it must have its answer (within); zero: no promise
 	done        chan renewResult // buffered: answered once, read or not
 }
 
@@ -131,11 +147,49 @@ type renewResult struct {
 }
 
 // renewBatchTimeout bounds one batch. A batch also ends when the last of
-// its callers' deadlines passes: nobody waits for it then, and an etcd
+// its callers' deadlines passes (nobody waits for it then), or when the
+// first of their promised answers (RenewMember's within) is due: an etcd
 // endpoint that hangs must not hold up the keep-alives queued behind it,
 // whose next attempts make a batch of their own (on a new stream: the
 // renewer drops one that let a deadline pass).
 const renewBatchTimeout = 10 * time.Second
+
+// batchEnd is when a batch of calls, started at now, ends: at the first
+// answer due, or when its last caller stops waiting, or renewBatchTimeout
+// after now, whichever comes first.
+func batchEnd(now time.Time, batch []*renewal) time.Time {
+	end := now.Add(renewBatchTimeout)
+	waited := time.Time{} // when the last caller stops waiting
+	for _, c := range batch {
+		if !c.by.IsZero() && c.by.Before(end) {
+			end = c.by
+		}
+		switch {
+		case c.deadline.IsZero():
+			waited = end.Add(renewBatchTimeout) // past any end
+		case c.deadline.After(waited):
+			waited = c.deadline
+		}
+	}
+	if waited.Before(end) {
+		return waited
+	}
+	return end
+}
+
+// due answers the calls of batch whose deadline has passed at now, with
+// the error a batch that ended at it gives, and returns the others.
+func (s *Store) due(now time.Time, batch []*renewal) []*renewal {
+	live := batch[:0]
+	for _, c := range batch {
+		if !c.deadline.IsZero() && !now.Before(c.deadline) {
+			c.done <- renewResult{err: s.err(c.op(), context.DeadlineExceeded)}
+			continue
+		}
+		live = append(live, c)
+	}
+	return live
+}
 
 func (q *renewals) add(s *Store, c *renewal) {
 	q.mu.Lock()
@@ -179,21 +233,11 @@ func (q *renewals) run(s *Store) {
 }
 
 func (q *renewals) renew(s *Store, batch []*renewal) {
-	end := time.Now().Add(renewBatchTimeout)
-	last := time.Time{}
-	for _, c := range batch {
-		if c.deadline.IsZero() {
-			last = end
-			break
-		}
-		if c.deadline.After(last) {
-			last = c.deadline
-		}
+	now := time.Now()
+	if batch = s.due(now, batch); len(batch) == 0 {
+		return
 	}
-	if last.Before(end) {
-		end = last
-	}
-	ctx, cancel := context.WithDeadline(s.client.Ctx(), end)
+	ctx, cancel := context.WithDeadline(s.client.Ctx(), batchEnd(now, batch))
 	defer cancel()
 	ids := make([]shard.LeaseID, len(batch))
 	for i, c := range batch {
