@@ -41,9 +41,22 @@ func (s *Server) within(ctx context.Context, d time.Duration, cause error, f fun
 // the call answers Unavailable, and the member retries, through another
 // replica if it has several.
 func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Context) error) error {
-	return s.memberAttempts(ctx, ks, func(d time.Duration) (bool, error) {
+	var d time.Duration
+	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
+		d = memberDeadline(snap.Keyspaces[ks])
+	})
+	return s.memberAttempts(ctx, d, func(d time.Duration) (bool, error) {
 		return s.within(ctx, d, errStoreDeadline, f)
 	})
+}
+
+// memberDeadline is the deadline of a member call's store operations in
+// keyspace k (nil: unknown).
+func memberDeadline(k *store.KeyspaceState) time.Duration {
+	if k != nil && k.Config.Exists() && k.Config.Value.LeaseTTL > 0 {
+		return writeDeadline(k.Config.Value.LeaseTTL)
+	}
+	return maxWriteDeadline
 }
 
 // memberStoreWithin is memberStore for an f that bounds its own wait: it
@@ -51,27 +64,17 @@ func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Cont
 // context.DeadlineExceeded if the store has not answered by then (as
 // store.RenewMember does), so that no context and timer are made per
 // attempt. The keep-alive of an active member, thousands a second at
-// scale, goes this way.
-func (s *Server) memberStoreWithin(ctx context.Context, ks string, f func(within time.Duration) error) error {
-	return s.memberAttempts(ctx, ks, func(d time.Duration) (bool, error) {
+// scale, goes this way. d is the whole deadline (memberDeadline).
+func (s *Server) memberStoreWithin(ctx context.Context, d time.Duration, f func(within time.Duration) error) error {
+	return s.memberAttempts(ctx, d, func(d time.Duration) (bool, error) {
 		err := f(d)
 		return err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded), err
 	})
 }
 
-// memberAttempts runs the attempts of memberStore's operation: attempt is
-// given its share d of the deadline and reports whether that ended it.
-func (s *Server) memberAttempts(ctx context.Context, ks string, attempt func(d time.Duration) (timedOut bool, err error)) error {
-	ttl := time.Duration(0)
-	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
-		if k := snap.Keyspaces[ks]; k != nil && k.Config.Exists() {
-			ttl = k.Config.Value.LeaseTTL
-		}
-	})
-	d := maxWriteDeadline
-	if ttl > 0 {
-		d = writeDeadline(ttl)
-	}
+// memberAttempts runs the attempts of memberStore's operation within d:
+// attempt is given its share of it and reports whether that ended it.
+func (s *Server) memberAttempts(ctx context.Context, d time.Duration, attempt func(share time.Duration) (timedOut bool, err error)) error {
 	start := s.clock.Now()
 	for n := memberAttempts; n > 0; n-- {
 		left := d - s.clock.Since(start)

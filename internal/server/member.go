@@ -170,7 +170,7 @@ func keepAliveResult(err error) string {
 func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Duration, error) {
 	// A session this replica knows was replaced is not renewed: the
 	// leader may have put its quarantine on its lease (see revoke).
-	replaced, active := m.s.sessionState(sess)
+	replaced, active, deadline := m.s.sessionState(sess)
 	if replaced {
 		return 0, sessionReplaced(sess)
 	}
@@ -189,7 +189,7 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 		err error
 	)
 	if active {
-		err = m.s.memberStoreWithin(ctx, sess.keyspace, func(within time.Duration) (err error) {
+		err = m.s.memberStoreWithin(ctx, deadline, func(within time.Duration) (err error) {
 			ttl, err = m.s.store.RenewMember(ctx, sess.keyspace, sess.member, sess.lease, within)
 			return err
 		})
@@ -283,7 +283,7 @@ const renewCheckOff = time.Second
 // replaced reports whether this replica's view has session sess replaced
 // (see sessionState).
 func (s *Server) replaced(sess session) bool {
-	r, _ := s.sessionState(sess)
+	r, _, _ := s.sessionState(sess)
 	return r
 }
 
@@ -292,10 +292,12 @@ func (s *Server) replaced(sess session) bool {
 // the member's quarantine on sess's lease (which only a replaced session
 // carries); active, when it has the member on sess and no longer
 // pending. (A view that is behind says neither; the check after the
-// renewal catches a replacement.)
-func (s *Server) sessionState(sess session) (replaced, active bool) {
+// renewal catches a replacement.) And the deadline of the member's store
+// operations (memberDeadline), from the same read.
+func (s *Server) sessionState(sess session) (replaced, active bool, deadline time.Duration) {
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		ks := snap.Keyspaces[sess.keyspace]
+		deadline = memberDeadline(ks)
 		if ks == nil {
 			return
 		}
@@ -307,7 +309,7 @@ func (s *Server) sessionState(sess session) (replaced, active bool) {
 			replaced = true
 		}
 	})
-	return replaced, active && !replaced
+	return replaced, active && !replaced, deadline
 }
 
 func sessionEnded(sess session) error {

@@ -367,8 +367,15 @@ func TestMemberStoreWithin(t *testing.T) {
 	s := detached(t, clk)
 	apply(s, 5, roomsChanges()...) // rooms: a deadline of 2s
 	timedOut := fmt.Errorf("store: keep member alive: %w: %w", store.ErrUnavailable, context.DeadlineExceeded)
+	if _, _, d := s.sessionState(session{keyspace: "unknown", member: "a"}); d != maxWriteDeadline {
+		t.Errorf("the deadline of an unknown keyspace's keep-alive: %v; want %v", d, maxWriteDeadline)
+	}
+	_, _, d := s.sessionState(session{keyspace: "rooms", member: "a"})
+	if d != 2*time.Second {
+		t.Fatalf("the deadline of a keep-alive in rooms: %v; want 2s", d)
+	}
 	var shares []time.Duration
-	err := s.memberStoreWithin(t.Context(), "rooms", func(within time.Duration) error {
+	err := s.memberStoreWithin(t.Context(), d, func(within time.Duration) error {
 		shares = append(shares, within)
 		clk.Advance(within) // etcd never answers
 		return timedOut
@@ -383,7 +390,7 @@ func TestMemberStoreWithin(t *testing.T) {
 	}
 
 	n := 0
-	if err := s.memberStoreWithin(t.Context(), "rooms", func(time.Duration) error {
+	if err := s.memberStoreWithin(t.Context(), d, func(time.Duration) error {
 		if n++; n == 1 {
 			return timedOut
 		}
@@ -392,13 +399,13 @@ func TestMemberStoreWithin(t *testing.T) {
 		t.Fatalf("after an attempt that timed out: %v after %d attempts; want success on the second", err, n)
 	}
 	n = 0
-	if err := s.memberStoreWithin(t.Context(), "rooms", func(time.Duration) error { n++; return store.ErrFenced }); !errors.Is(err, store.ErrFenced) || n != 1 {
+	if err := s.memberStoreWithin(t.Context(), d, func(time.Duration) error { n++; return store.ErrFenced }); !errors.Is(err, store.ErrFenced) || n != 1 {
 		t.Fatalf("an error of its own: %v after %d attempts", err, n)
 	}
 	gone, cancel := context.WithCancel(t.Context())
 	cancel()
 	n = 0
-	if err := s.memberStoreWithin(gone, "rooms", func(time.Duration) error { n++; return timedOut }); !errors.Is(err, context.DeadlineExceeded) || n != 1 {
+	if err := s.memberStoreWithin(gone, d, func(time.Duration) error { n++; return timedOut }); !errors.Is(err, context.DeadlineExceeded) || n != 1 {
 		t.Fatalf("the caller gone: %v after %d attempts; want the attempt's error, not retried", err, n)
 	}
 }

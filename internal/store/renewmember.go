@@ -50,12 +50,14 @@ func (s *Store) RenewMember(ctx context.Context, ks, id string, lease shard.Leas
 		return 0, err
 	}
 	c := &renewal{key: MemberKey(ks, id), ks: ks, id: id, lease: lease, done: make(chan renewResult, 1)}
-	c.deadline, _ = ctx.Deadline()
 	if within > 0 {
+		// The caller waits no longer than that. (Not ctx.Deadline(): on a
+		// stream's context, that walks a chain of a dozen contexts, 2 %
+		// of serve's CPU at 10,000 members.)
 		c.by = time.Now().Add(within)
-		if c.deadline.IsZero() || c.by.Before(c.deadline) {
-			c.deadline = c.by
-		}
+		c.deadline = c.by
+	} else {
+		c.deadline, _ = ctx.Deadline()
 	}
 	s.renewals.add(s, c)
 	select {
@@ -244,11 +246,7 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 		ids[i] = c.lease
 	}
 	ttls, errs := s.renewer.renewMany(ctx, ids)
-	var (
-		cmps    []clientv3.Cmp
-		gets    []clientv3.Op
-		checked []int
-	)
+	checked := make([]int, 0, len(batch))
 	for i, c := range batch {
 		switch {
 		case errs[i] != nil:
@@ -256,9 +254,6 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 		case ttls[i] <= 0:
 			c.done <- renewResult{err: s.err(c.op(), rpctypes.ErrLeaseNotFound)}
 		default:
-			cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(c.key), "=", int64(c.lease)))
-			// Not WithKeysOnly: etcd then leaves the lease out.
-			gets = append(gets, clientv3.OpGet(c.key))
 			checked = append(checked, i)
 		}
 	}
@@ -270,6 +265,14 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 			batch[i].done <- renewResult{ttl: time.Duration(ttls[i]) * time.Second}
 		}
 		return
+	}
+	cmps := make([]clientv3.Cmp, len(checked))
+	gets := make([]clientv3.Op, len(checked))
+	for j, i := range checked {
+		c := batch[i]
+		cmps[j] = clientv3.Compare(clientv3.LeaseValue(c.key), "=", int64(c.lease))
+		// Not WithKeysOnly: etcd then leaves the lease out.
+		gets[j] = clientv3.OpGet(c.key)
 	}
 	// When every record is still on its session, as nearly always, the
 	// compares answer for all of them and etcd sends no record back; the
