@@ -164,11 +164,15 @@ func TestRenewMemberWithin(t *testing.T) {
 	})
 	holdBatch(s) // one batch for both
 	errs := make(chan error, 2)
+	// The callers would give up at 5 s, with their context's own error,
+	// if the batch did not end at the first keep-alive's time (300 ms).
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	go func() {
-		_, err := s.RenewMember(ctx, "renew-within", "w1", a.LeaseID(), 300*time.Millisecond)
+		_, err := s.RenewMember(wait, "renew-within", "w1", a.LeaseID(), 300*time.Millisecond)
 		errs <- err
 	}()
-	go func() { _, err := s.RenewMember(ctx, "renew-within", "w2", a.LeaseID(), time.Hour); errs <- err }()
+	go func() { _, err := s.RenewMember(wait, "renew-within", "w2", a.LeaseID(), time.Hour); errs <- err }()
 	waitQueued(ctx, t, s, 2)
 	go s.renewals.run(s)
 	for range 2 {
