@@ -45,8 +45,8 @@ func (s *Server) memberStore(ctx context.Context, ks string, f func(context.Cont
 	s.view.read(func(snap *store.Snapshot, _ map[string]*mapView) {
 		d = memberDeadline(snap.Keyspaces[ks])
 	})
-	return s.memberAttempts(ctx, d, func(d time.Duration) (bool, error) {
-		return s.within(ctx, d, errStoreDeadline, f)
+	return s.memberAttempts(ctx, d, func(share time.Duration) (bool, error) {
+		return s.within(ctx, share, errStoreDeadline, f)
 	})
 }
 
@@ -66,8 +66,8 @@ func memberDeadline(k *store.KeyspaceState) time.Duration {
 // attempt. The keep-alive of an active member, thousands a second at
 // scale, goes this way. d is the whole deadline (memberDeadline).
 func (s *Server) memberStoreWithin(ctx context.Context, d time.Duration, f func(within time.Duration) error) error {
-	return s.memberAttempts(ctx, d, func(d time.Duration) (bool, error) {
-		err := f(d)
+	return s.memberAttempts(ctx, d, func(share time.Duration) (bool, error) {
+		err := f(share)
 		return err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded), err
 	})
 }

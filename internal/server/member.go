@@ -194,7 +194,13 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 			return err
 		})
 	} else {
-		err = m.s.memberStore(ctx, sess.keyspace, m.activate(sess, &ttl, &rev))
+		err = m.s.memberStore(ctx, sess.keyspace, func(ctx context.Context) (err error) {
+			if ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
+				return err
+			}
+			rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
+			return err
+		})
 	}
 	if errors.Is(err, store.ErrLeaseNotFound) {
 		return 0, sessionEnded(sess)
@@ -211,20 +217,6 @@ func (m *memberService) keepAlive(ctx context.Context, sess session) (time.Durat
 		m.s.view.waitRev(ctx, rev)
 	}
 	return ttl, nil
-}
-
-// activate is the store operation of a keep-alive whose member this
-// replica's view does not show active on the session yet: renew, then
-// activate the record (which checks it is on the session). It sets ttl,
-// and rev to the activation's revision (0 if the record was active).
-func (m *memberService) activate(sess session, ttl *time.Duration, rev *int64) func(context.Context) error {
-	return func(ctx context.Context) (err error) {
-		if *ttl, err = m.s.store.KeepAliveOnce(ctx, sess.lease); err != nil {
-			return err
-		}
-		*rev, err = m.s.store.Activate(ctx, sess.keyspace, sess.member, sess.lease)
-		return err
-	}
 }
 
 // checkRenewals is the store's RenewCheck: after a batch of keep-alives

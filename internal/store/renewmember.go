@@ -161,19 +161,19 @@ const renewBatchTimeout = 10 * time.Second
 // after now, whichever comes first.
 func batchEnd(now time.Time, batch []*renewal) time.Time {
 	end := now.Add(renewBatchTimeout)
-	waited := time.Time{} // when the last caller stops waiting
+	var waited time.Time // when the last caller stops waiting
+	forever := false     // some caller waits without a deadline
 	for _, c := range batch {
 		if !c.by.IsZero() && c.by.Before(end) {
 			end = c.by
 		}
-		switch {
-		case c.deadline.IsZero():
-			waited = end.Add(renewBatchTimeout) // past any end
-		case c.deadline.After(waited):
+		if c.deadline.IsZero() {
+			forever = true
+		} else if c.deadline.After(waited) {
 			waited = c.deadline
 		}
 	}
-	if waited.Before(end) {
+	if !forever && waited.Before(end) {
 		return waited
 	}
 	return end
