@@ -71,8 +71,9 @@ func newBenchControl() *cobra.Command {
 		Short: "The control plane end to end: router lookups, handoffs, scale-out, crash takeover, map fan-out",
 		Long: `Start an embedded etcd and Keyshard server on loopback and drive them with
 in-process SDK workers and routers: the cost of a router lookup, the time of
-a graceful handoff next to etcd's own floor for one (two fenced writes, each
-seen on a watch, measured on the same etcd in between), a 4th worker joining 3 on 16384 buckets (time and etcd
+graceful handoffs (a third of a keyspace at once, and one bucket alone)
+next to etcd's own floor for one (two fenced writes, each seen on a watch,
+measured on the same etcd in between), a 4th worker joining 3 on 16384 buckets (time and etcd
 writes), the takeover of a crashed worker's buckets, and 100 routers
 following new maps. Takes under two minutes.`,
 		Args: cobra.NoArgs,
@@ -97,6 +98,8 @@ following new maps. Takes under two minutes.`,
 			fmt.Fprintf(tw, "graceful handoff, release → acquire (%d)\tp50 %.1f ms, p99 %.1f ms\tp99 ≤ 50 ms\n", rep.Handoffs, rep.HandoffP50Ms, rep.HandoffP99Ms)
 			fmt.Fprintf(tw, "store floor: 2 fenced writes, each seen on a watch (%d)\tp50 %.1f ms, p99 %.1f ms\t—\n", rep.FloorPairs, rep.FloorP50Ms, rep.FloorP99Ms)
 			fmt.Fprintf(tw, "handoff / floor\tp50 %.2f×, p99 %.2f×\tp99 ≤ 2×, handoff p50 ≤ 5 ms\n", rep.HandoffP50OverFloorP50, rep.HandoffP99OverFloorP99)
+			fmt.Fprintf(tw, "one bucket's handoff alone, release → acquire (%d)\tp50 %.1f ms, p99 %.1f ms\tp50 ≤ 5 ms\n", rep.SingleHandoffs, rep.SingleHandoffP50Ms, rep.SingleHandoffP99Ms)
+			fmt.Fprintf(tw, "one bucket's handoff / floor\tp50 %.2f×, p99 %.2f×\tp99 ≤ 2×\n", rep.SingleHandoffP50OverFloorP50, rep.SingleHandoffP99OverFloorP99)
 			fmt.Fprintf(tw, "scale-out 3 → 4 workers, %d buckets\t%.3f s, %d moved, %d etcd writes\t≤ 2 s, writes O(members)\n", rep.ScaleoutBuckets, rep.ScaleoutS, rep.ScaleoutMovedBuckets, rep.ScaleoutEtcdWrites)
 			fmt.Fprintf(tw, "crash takeover\t%.3f s (lease TTL %.0f s)\t≤ TTL + 1 s\n", rep.CrashTakeoverS, rep.LeaseTTLS)
 			fmt.Fprintf(tw, "map fan-out to %d routers (%d epochs)\tp50 %.1f ms, p99 %.1f ms, %d missed\tp99 ≤ 200 ms\n", rep.WatchRouters, rep.WatchEpochs, rep.WatchFanoutP50Ms, rep.WatchFanoutP99Ms, rep.WatchMissed)

@@ -72,10 +72,29 @@ type ControlReport struct {
 	// HandoffStagesMs splits the handoffs whose etcd writes were traced.
 	HandoffStagesMs HandoffStages `json:"handoff_stages_ms"`
 
+	// SingleHandoffs counts graceful handoffs of one bucket alone, the
+	// handoff the floor below measures: a keyspace of two buckets held by
+	// one worker, which a second joins and leaves SingleCycles times (each
+	// join and each leave moves one bucket, so the old owner releases it
+	// in a call of its own and the leader grants it in a round of its
+	// own). The percentiles, stages and ratios are as for the handoffs
+	// above, where a join or leave moves about a third of the keyspace at
+	// once.
+	SingleCycles                 int           `json:"single_cycles"`
+	SingleHandoffs               int           `json:"single_handoffs"`
+	SingleHandoffP50Ms           float64       `json:"single_handoff_p50_ms"`
+	SingleHandoffP99Ms           float64       `json:"single_handoff_p99_ms"`
+	SingleHandoffMaxMs           float64       `json:"single_handoff_max_ms"`
+	SingleHandoffStagesMs        HandoffStages `json:"single_handoff_stages_ms"`
+	SingleHandoffP99OverFloorP99 float64       `json:"single_handoff_p99_over_floor_p99"`
+	SingleHandoffP50OverFloorP50 float64       `json:"single_handoff_p50_over_floor_p50"`
+
 	// FloorPairs is how many times the store's own floor for a handoff was
 	// measured on the same etcd, interleaved with the handoffs (a share
-	// before each join and after the last leave): two sequential fenced
-	// writes, each seen through an etcd watch, as a handoff needs them.
+	// before each join and after the last leave of the handoffs above, and
+	// one pair before each join and each leave of the single ones): two
+	// sequential fenced writes, each seen through an etcd watch, as a
+	// handoff needs them.
 	// The first is a member's release record written by store.Release (the
 	// compare-and-write transaction of the server's Release), the second
 	// the grant written by store.Commit (fenced by an election key, with
@@ -179,7 +198,8 @@ func stageOf(ds []time.Duration) StageMs {
 type controlSizes struct {
 	routerBuckets, routerMembers  int
 	handoffBuckets, handoffCycles int
-	floorPairs                    int
+	singleCycles                  int
+	floorPairs                    int // besides the single handoffs' own
 	scaleoutBuckets               int
 	crashBuckets                  int
 	watchBuckets, watchRouters    int
@@ -191,6 +211,7 @@ func sizesFor(quick bool) controlSizes {
 		return controlSizes{
 			routerBuckets: 1024, routerMembers: 10,
 			handoffBuckets: 64, handoffCycles: 2,
+			singleCycles:    3,
 			floorPairs:      60,
 			scaleoutBuckets: 1024,
 			crashBuckets:    64,
@@ -200,6 +221,7 @@ func sizesFor(quick bool) controlSizes {
 	return controlSizes{
 		routerBuckets: 16384, routerMembers: 10,
 		handoffBuckets: 256, handoffCycles: 5,
+		singleCycles:    50,
 		floorPairs:      500,
 		scaleoutBuckets: 16384,
 		crashBuckets:    256,
@@ -211,6 +233,7 @@ func sizesFor(quick bool) controlSizes {
 const (
 	ksRouter   = "bench-router"
 	ksHandoff  = "bench-handoff"
+	ksSingle   = "bench-single"
 	ksScaleout = "bench-scaleout"
 	ksCrash    = "bench-crash"
 	ksWatch    = "bench-watch"
@@ -344,6 +367,7 @@ func startControlEnv(ctx context.Context, log *slog.Logger, sz controlSizes, run
 		Keyspaces: []client.KeyspaceConfig{
 			ks(ksRouter, sz.routerBuckets, benchLeaseTTL),
 			ks(ksHandoff, sz.handoffBuckets, benchLeaseTTL),
+			ks(ksSingle, singleBuckets, benchLeaseTTL),
 			ks(ksScaleout, sz.scaleoutBuckets, benchLeaseTTL),
 			ks(ksCrash, sz.crashBuckets, crashLeaseTTL),
 			ks(ksWatch, sz.watchBuckets, benchLeaseTTL),
@@ -778,35 +802,111 @@ func (e *controlEnv) handoffs(ctx context.Context, rep *ControlReport) error {
 	if len(hs) == 0 {
 		return errors.New("no graceful handoff was recorded")
 	}
-	var times, toRecord, toGrant, toAcquire []time.Duration
-	for _, h := range hs {
-		times = append(times, h.acquired.Sub(h.released))
-		if rw, gw, ok := e.obs.handoffWrites(ksHandoff, h); ok {
-			toRecord = append(toRecord, rw.Sub(h.released))
-			toGrant = append(toGrant, gw.Sub(rw))
-			toAcquire = append(toAcquire, h.acquired.Sub(gw))
-		}
-	}
+	times, stages := e.handoffFigures(ksHandoff, hs)
 	rep.HandoffBuckets, rep.HandoffCycles, rep.Handoffs = sz.handoffBuckets, sz.handoffCycles, len(times)
 	rep.HandoffP50Ms, rep.HandoffP99Ms, rep.HandoffMaxMs = percentileMs(times, 50), percentileMs(times, 99), percentileMs(times, 100)
-	rep.HandoffStagesMs = HandoffStages{Traced: len(toRecord), ReleaseToRecord: stageOf(toRecord), RecordToGrant: stageOf(toGrant), GrantToAcquire: stageOf(toAcquire)}
+	rep.HandoffStagesMs = stages
 	e.say("handoff: %d graceful handoffs (%d buckets, a third worker joined and left %d times): release → acquire p50 %.1f ms, p99 %.1f ms, max %.1f ms",
 		rep.Handoffs, sz.handoffBuckets, sz.handoffCycles, rep.HandoffP50Ms, rep.HandoffP99Ms, rep.HandoffMaxMs)
+
+	singles, err := e.singleHandoffs(ctx, floor)
+	if err != nil {
+		return err
+	}
+	times, stages = e.handoffFigures(ksSingle, singles)
+	rep.SingleCycles, rep.SingleHandoffs = sz.singleCycles, len(times)
+	rep.SingleHandoffP50Ms, rep.SingleHandoffP99Ms, rep.SingleHandoffMaxMs = percentileMs(times, 50), percentileMs(times, 99), percentileMs(times, 100)
+	rep.SingleHandoffStagesMs = stages
+	e.say("single handoffs: %d of one bucket alone (2 buckets, a second worker joined and left %d times): release → acquire p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+		rep.SingleHandoffs, sz.singleCycles, rep.SingleHandoffP50Ms, rep.SingleHandoffP99Ms, rep.SingleHandoffMaxMs)
+
 	total, release, grant := floor.pairs()
 	rep.FloorPairs = len(total)
 	rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs = percentileMs(total, 50), percentileMs(total, 99), percentileMs(total, 100)
 	rep.FloorStagesMs = FloorStages{Release: stageOf(release), Grant: stageOf(grant)}
 	rep.HandoffP99OverFloorP99 = ratio(rep.HandoffP99Ms, rep.FloorP99Ms)
 	rep.HandoffP50OverFloorP50 = ratio(rep.HandoffP50Ms, rep.FloorP50Ms)
-	e.say("floor: %d pairs of fenced writes on the same etcd, each seen on a watch (interleaved with the handoffs): p50 %.1f ms, p99 %.1f ms, max %.1f ms; handoff/floor p50 %.2f×, p99 %.2f×",
-		rep.FloorPairs, rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs, rep.HandoffP50OverFloorP50, rep.HandoffP99OverFloorP99)
+	rep.SingleHandoffP99OverFloorP99 = ratio(rep.SingleHandoffP99Ms, rep.FloorP99Ms)
+	rep.SingleHandoffP50OverFloorP50 = ratio(rep.SingleHandoffP50Ms, rep.FloorP50Ms)
+	e.say("floor: %d pairs of fenced writes on the same etcd, each seen on a watch (interleaved with the handoffs): p50 %.1f ms, p99 %.1f ms, max %.1f ms; handoff/floor p50 %.2f×, p99 %.2f×; single handoff/floor p50 %.2f×, p99 %.2f×",
+		rep.FloorPairs, rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs, rep.HandoffP50OverFloorP50, rep.HandoffP99OverFloorP99, rep.SingleHandoffP50OverFloorP50, rep.SingleHandoffP99OverFloorP99)
 	fs := rep.FloorStagesMs
 	e.say("floor stages (p50/p99 ms): release record written → seen %.1f/%.1f, → grant written and seen %.1f/%.1f",
 		fs.Release.P50, fs.Release.P99, fs.Grant.P50, fs.Grant.P99)
-	st := rep.HandoffStagesMs
-	e.say("handoff stages (p50/p99 ms, %d traced): release → release record in etcd %.1f/%.1f, → leader's grant write %.1f/%.1f, → Acquire %.1f/%.1f",
-		st.Traced, st.ReleaseToRecord.P50, st.ReleaseToRecord.P99, st.RecordToGrant.P50, st.RecordToGrant.P99, st.GrantToAcquire.P50, st.GrantToAcquire.P99)
+	for _, c := range []struct {
+		what string
+		st   HandoffStages
+	}{{"handoff", rep.HandoffStagesMs}, {"single handoff", rep.SingleHandoffStagesMs}} {
+		st := c.st
+		e.say("%s stages (p50/p99 ms, %d traced): release → release record in etcd %.1f/%.1f, → leader's grant write %.1f/%.1f, → Acquire %.1f/%.1f",
+			c.what, st.Traced, st.ReleaseToRecord.P50, st.ReleaseToRecord.P99, st.RecordToGrant.P50, st.RecordToGrant.P99, st.GrantToAcquire.P50, st.GrantToAcquire.P99)
+	}
 	return nil
+}
+
+// singleBuckets is the size of the single handoffs' keyspace: with one
+// worker holding both buckets, a second one's join moves one bucket to
+// it and its leave moves that one back.
+const singleBuckets = 2
+
+// singleHandoffs measures handoffs of one bucket alone: worker s1 holds
+// the keyspace of singleBuckets, a second one joins and leaves
+// singleCycles times, with one floor pair before each join and each
+// leave. Every join and leave must hand exactly one bucket over.
+func (e *controlEnv) singleHandoffs(ctx context.Context, floor *floorRig) ([]handoff, error) {
+	rt, err := e.router(ctx, ksSingle)
+	if err != nil {
+		return nil, err
+	}
+	rec := newRecorder(singleBuckets)
+	if _, err := e.startWorker(ksSingle, "s1", rec); err != nil {
+		return nil, err
+	}
+	if err := e.settle(ctx, rt, rec, "s1"); err != nil {
+		return nil, err
+	}
+	rec.resetHandoffs()
+	for i := range e.sz.singleCycles {
+		if err := floor.run(ctx, 1); err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("s2-%d", i+1)
+		w, err := e.startWorker(ksSingle, name, rec)
+		if err != nil {
+			return nil, err
+		}
+		if err := e.settle(ctx, rt, rec, "s1", name); err != nil {
+			return nil, fmt.Errorf("%s joining: %w", name, err)
+		}
+		if err := floor.run(ctx, 1); err != nil {
+			return nil, err
+		}
+		if err := e.leave(ctx, w); err != nil {
+			return nil, err
+		}
+		if err := e.settle(ctx, rt, rec, "s1"); err != nil {
+			return nil, fmt.Errorf("%s leaving: %w", name, err)
+		}
+		if n, want := len(rec.handoffList()), 2*(i+1); n != want {
+			return nil, fmt.Errorf("%s joined and left: %d graceful handoffs of one bucket recorded so far, want %d (one per join and per leave)", name, n, want)
+		}
+	}
+	return rec.handoffList(), nil
+}
+
+// handoffFigures returns how long each of hs took and its stages, split
+// at the etcd writes the observer saw for it in keyspace ks.
+func (e *controlEnv) handoffFigures(ks string, hs []handoff) ([]time.Duration, HandoffStages) {
+	var times, toRecord, toGrant, toAcquire []time.Duration
+	for _, h := range hs {
+		times = append(times, h.acquired.Sub(h.released))
+		if rw, gw, ok := e.obs.handoffWrites(ks, h); ok {
+			toRecord = append(toRecord, rw.Sub(h.released))
+			toGrant = append(toGrant, gw.Sub(rw))
+			toAcquire = append(toAcquire, h.acquired.Sub(gw))
+		}
+	}
+	return times, HandoffStages{Traced: len(toRecord), ReleaseToRecord: stageOf(toRecord), RecordToGrant: stageOf(toGrant), GrantToAcquire: stageOf(toAcquire)}
 }
 
 // scaleout measures a fourth worker joining three, e.runs times; between

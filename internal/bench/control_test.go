@@ -50,9 +50,21 @@ func TestControlQuick(t *testing.T) {
 	if st := rep.HandoffStagesMs; st.Traced == 0 || st.Traced > rep.Handoffs {
 		t.Errorf("%d handoffs traced through etcd, of %d", st.Traced, rep.Handoffs)
 	}
-	// The floor, measured next to the handoffs on the same etcd.
-	if rep.FloorPairs != 60 {
-		t.Errorf("%d floor pairs, want 60 with Quick", rep.FloorPairs)
+	// One bucket at a time: each join and each leave hands one over.
+	if rep.SingleCycles != 3 || rep.SingleHandoffs != 6 {
+		t.Errorf("%d single handoffs in %d cycles, want 6 in 3 with Quick", rep.SingleHandoffs, rep.SingleCycles)
+	}
+	if !(0 < rep.SingleHandoffP50Ms && rep.SingleHandoffP50Ms <= rep.SingleHandoffP99Ms && rep.SingleHandoffP99Ms <= rep.SingleHandoffMaxMs) {
+		t.Errorf("single handoff p50 %v, p99 %v, max %v ms: want 0 < p50 <= p99 <= max", rep.SingleHandoffP50Ms, rep.SingleHandoffP99Ms, rep.SingleHandoffMaxMs)
+	}
+	if st := rep.SingleHandoffStagesMs; st.Traced == 0 || st.Traced > rep.SingleHandoffs {
+		t.Errorf("%d single handoffs traced through etcd, of %d", st.Traced, rep.SingleHandoffs)
+	}
+	// The floor, measured next to the handoffs on the same etcd: the
+	// shares around the bursts, and a pair before each single join and
+	// leave.
+	if want := 60 + 2*3; rep.FloorPairs != want {
+		t.Errorf("%d floor pairs, want %d with Quick", rep.FloorPairs, want)
 	}
 	if !(0 < rep.FloorP50Ms && rep.FloorP50Ms <= rep.FloorP99Ms && rep.FloorP99Ms <= rep.FloorMaxMs) {
 		t.Errorf("floor p50 %v, p99 %v, max %v ms: want 0 < p50 <= p99 <= max", rep.FloorP50Ms, rep.FloorP99Ms, rep.FloorMaxMs)
@@ -65,6 +77,12 @@ func TestControlQuick(t *testing.T) {
 	}
 	if want := ratio(rep.HandoffP50Ms, rep.FloorP50Ms); rep.HandoffP50OverFloorP50 != want || want <= 0 {
 		t.Errorf("handoff_p50_over_floor_p50 %v, want %v (> 0)", rep.HandoffP50OverFloorP50, want)
+	}
+	if want := ratio(rep.SingleHandoffP99Ms, rep.FloorP99Ms); rep.SingleHandoffP99OverFloorP99 != want || want <= 0 {
+		t.Errorf("single_handoff_p99_over_floor_p99 %v, want %v (> 0)", rep.SingleHandoffP99OverFloorP99, want)
+	}
+	if want := ratio(rep.SingleHandoffP50Ms, rep.FloorP50Ms); rep.SingleHandoffP50OverFloorP50 != want || want <= 0 {
+		t.Errorf("single_handoff_p50_over_floor_p50 %v, want %v (> 0)", rep.SingleHandoffP50OverFloorP50, want)
 	}
 	if rep.ScaleoutMovedBuckets <= 0 || rep.ScaleoutMovedBuckets > rep.ScaleoutBuckets {
 		t.Errorf("scale-out moved %d of %d buckets", rep.ScaleoutMovedBuckets, rep.ScaleoutBuckets)
@@ -108,7 +126,8 @@ func TestControlQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"router_owner_ns", "router_owner_allocs", "handoff_p50_ms", "handoff_p99_ms", "floor_p50_ms", "floor_p99_ms", "floor_stages_ms",
-		"handoff_p99_over_floor_p99", "handoff_p50_over_floor_p50", "scaleout_16384_s",
+		"handoff_p99_over_floor_p99", "handoff_p50_over_floor_p50",
+		"single_handoffs", "single_handoff_p50_ms", "single_handoff_p99_ms", "single_handoff_stages_ms", "single_handoff_p99_over_floor_p99", "single_handoff_p50_over_floor_p50", "scaleout_16384_s",
 		"scaleout_etcd_writes", "scaleout_moved_buckets", "crash_takeover_s", "lease_ttl_s", "watch_fanout_100_p99_ms", "lost_releases", "runs"} {
 		if _, ok := fields[f]; !ok {
 			t.Errorf("JSON has no %q: %s", f, raw)
