@@ -93,12 +93,36 @@ func New(h http.Handler, o Options) *Server {
 		grpc.InTapHandle(s.tap),
 		grpc.MaxConcurrentStreams(streams),
 		grpc.MaxRecvMsgSize(most),
+		grpc.ReadBufferSize(readBufferSize),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 		// net/http answers every ping; a client's keep-alive pings are
 		// answered here too, down to one a second.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 	)
 	return s
 }
+
+// readBufferSize is how much of a connection grpc-go reads at most in one
+// read: its default, 32 KB, is held by every connection for its whole
+// life, about half of serve's memory for a member on a connection of its
+// own (a fleet of separate processes). A member's messages are a few
+// dozen bytes (keep-alives) to a few KB (a Release of many buckets); a
+// longer frame's payload is read past the buffer, straight into the
+// frame.
+const readBufferSize = 4 << 10
+
+// Flow-control windows of what a client sends, fixed. Left to grpc-go,
+// they follow its estimate of the connection's bandwidth-delay product,
+// which sends a window update and a ping each time data arrives after the
+// previous ping's answer: about one per keep-alive, so that a keep-alive
+// cost three reads and writes instead of one. What a client sends is
+// small; a 1 MB window per stream still lets a Release of 65,536 buckets
+// through in one round trip.
+const (
+	streamWindow = 1 << 20
+	connWindow   = 4 << 20
+)
 
 // Serve serves the connections ln accepts until ln closes or Stop.
 func (s *Server) Serve(ln net.Listener) error {

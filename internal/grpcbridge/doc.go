@@ -6,7 +6,12 @@
 // the streams of a connection without net/http's hand-offs between
 // goroutines per frame: for 10,000 members' Session streams and their
 // keep-alives it takes 40 % less CPU than net/http's (`keyshard bench
-// scale`, live-floor), in about the same memory.
+// scale`, live-floor), in about the same memory. Two of grpc-go's
+// defaults are changed for connections that carry little but are many
+// (a fleet of members, each a process with a connection of its own): a
+// read buffer of 4 KB instead of 32 KB held per connection, and fixed
+// flow-control windows, so that grpc-go does not ping the client to
+// estimate the bandwidth each time a message arrives.
 //
 // Split divides one listener's connections between the bridge and an
 // http.Server: an HTTP/2 connection (with or without TLS) whose first
