@@ -2,6 +2,7 @@ package grpcbridge
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -9,6 +10,9 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -99,5 +103,35 @@ func TestFixedWindowsSendNoPings(t *testing.T) {
 		case *http2.GoAwayFrame:
 			t.Fatalf("GOAWAY %v before the call's trailers", f.ErrCode)
 		}
+	}
+}
+
+// TestMessagesPastTheWindows sends messages larger than the stream's
+// window, and together larger than the connection's, at once: flow
+// control lets them through as the handlers read.
+func TestMessagesPastTheWindows(t *testing.T) {
+	h := start(t)
+	cc, err := grpc.NewClient(strings.TrimPrefix(h.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	var g errgroup.Group
+	for i := range 3 {
+		g.Go(func() error {
+			id := fmt.Sprintf("big-%d", i)
+			req := &keyshardv1.JoinRequest{Keyspace: "ks", Member: &keyshardv1.Member{Id: id, Address: strings.Repeat("a", 3*streamWindow)}}
+			out := new(keyshardv1.JoinResponse)
+			if err := cc.Invoke(t.Context(), keyshardv1connect.MemberServiceJoinProcedure, req, out); err != nil {
+				return fmt.Errorf("call %d: %w", i, err)
+			}
+			if want := "bridge:" + id; out.GetSession() != want {
+				return fmt.Errorf("call %d: session %q, want %q", i, out.GetSession(), want)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }
