@@ -158,6 +158,17 @@ func startWith(t *testing.T, streams map[string]StreamHandler) *harness {
 	return h
 }
 
+// grpcGoClient is a grpc-go client of h, closed when the test ends.
+func (h *harness) grpcGoClient(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(strings.TrimPrefix(h.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
 func h2cClient() *http.Client {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
@@ -224,11 +235,7 @@ func TestEachProtocolGoesToItsServer(t *testing.T) {
 // before its first request; Split sends them.
 func TestGRPCGoClient(t *testing.T) {
 	h := start(t)
-	cc, err := grpc.NewClient(strings.TrimPrefix(h.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := h.grpcGoClient(t)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-token", "abc", "x-raw-bin", string([]byte{0, 1, 2}))
 	var header, trailer metadata.MD
 	out := new(keyshardv1.JoinResponse)
@@ -244,7 +251,7 @@ func TestGRPCGoClient(t *testing.T) {
 	if got := trailer.Get("x-raw-len-bin"); len(got) != 1 || got[0] != "\x03" {
 		t.Errorf("trailer x-raw-len-bin %q; want one byte, 3", got)
 	}
-	err = cc.Invoke(context.Background(), keyshardv1connect.MemberServiceJoinProcedure, &keyshardv1.JoinRequest{Keyspace: "fail"}, out)
+	err := cc.Invoke(context.Background(), keyshardv1connect.MemberServiceJoinProcedure, &keyshardv1.JoinRequest{Keyspace: "fail"}, out)
 	st, _ := status.FromError(err)
 	if st.Code() != codes.FailedPrecondition || st.Message() != "keyspace fail: refused, 100% on purpose" {
 		t.Fatalf("status %v; want FailedPrecondition with the handler's message", st)

@@ -11,8 +11,6 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -111,11 +109,7 @@ func TestFixedWindowsSendNoPings(t *testing.T) {
 // control lets them through as the handlers read.
 func TestMessagesPastTheWindows(t *testing.T) {
 	h := start(t)
-	cc, err := grpc.NewClient(strings.TrimPrefix(h.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := h.grpcGoClient(t)
 	var g errgroup.Group
 	for i := range 3 {
 		g.Go(func() error {
