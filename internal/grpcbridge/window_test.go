@@ -24,21 +24,20 @@ import (
 // after each ping's answer: about one per keep-alive).
 func TestFixedWindowsSendNoPings(t *testing.T) {
 	h := start(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(err)
 	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
+	must(conn.SetDeadline(time.Now().Add(10 * time.Second)))
+	_, err = conn.Write([]byte(http2.ClientPreface))
+	must(err)
 	fr := http2.NewFramer(conn, conn)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
+	must(fr.WriteSettings())
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{
@@ -46,21 +45,12 @@ func TestFixedWindowsSendNoPings(t *testing.T) {
 		{":path", keyshardv1connect.MemberServiceJoinProcedure},
 		{"content-type", "application/grpc"}, {"te", "trailers"},
 	} {
-		if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
-			t.Fatal(err)
-		}
+		must(enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
 	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	must(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}))
 	msg, err := proto.Marshal(&keyshardv1.JoinRequest{Keyspace: "ks", Member: &keyshardv1.Member{Id: "w"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
-	if err := fr.WriteData(1, true, body); err != nil {
-		t.Fatal(err)
-	}
+	must(err)
+	must(fr.WriteData(1, true, append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)))
 
 	var streamWin, connOpened uint32
 	for {
@@ -76,9 +66,7 @@ func TestFixedWindowsSendNoPings(t *testing.T) {
 			if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
 				streamWin = v
 			}
-			if err := fr.WriteSettingsAck(); err != nil {
-				t.Fatal(err)
-			}
+			must(fr.WriteSettingsAck())
 		case *http2.WindowUpdateFrame:
 			if f.StreamID == 0 {
 				connOpened += f.Increment
