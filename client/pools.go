@@ -596,6 +596,15 @@ type poolSnap struct {
 type poolTenant struct {
 	spans  []poolSpan // sorted by from; the first from is math.MinInt64 if unset
 	serves []string   // members and removed members, sorted
+	// removed are the removed members with when they left (unix ns): one
+	// that no span reads is served for the lookback from then on, for
+	// clients a version behind.
+	removed []poolRemoval
+}
+
+type poolRemoval struct {
+	member string
+	at     int64 // unix ns
 }
 
 type poolSpan struct {
@@ -608,6 +617,7 @@ type poolSpan struct {
 type poolPolicy struct {
 	min, max  int
 	zoneAware bool
+	lookback  time.Duration
 	overrides map[string]*keyshardv1.TenantOverride
 }
 
@@ -648,12 +658,15 @@ func (s *poolSnap) drained(member string) bool {
 }
 
 // readUntil is when the last tenant that lists member stops reading it,
-// by the snapshot's spans; zero if one reads it with no end (it is in a
-// subset) or none reads it.
+// by the snapshot's spans, or by the lookback for a removed member no
+// span reads (removed before it was read: clients a version behind may
+// still read it); zero if one reads it with no end (it is in a subset) or
+// none reads it. The control plane's LeavePool answers the same.
 func (s *poolSnap) readUntil(member string) time.Time {
 	var end int64 = math.MinInt64
 	for _, id := range s.byMem[member] {
-		spans := s.tenants[id].spans
+		t := s.tenants[id]
+		spans := t.spans
 		last := -1
 		for i, sp := range spans {
 			if _, ok := slices.BinarySearch(sp.targets, member); ok {
@@ -662,6 +675,11 @@ func (s *poolSnap) readUntil(member string) time.Time {
 		}
 		switch {
 		case last < 0:
+			for _, r := range t.removed {
+				if r.member == member {
+					end = max(end, r.at+int64(s.policy.lookback))
+				}
+			}
 		case last == len(spans)-1:
 			return time.Time{}
 		default:
@@ -718,7 +736,7 @@ func (p poolPolicy) initialSize(tenant string, zones int) int {
 func buildPoolSnap(prev *poolSnap, m *keyshardv1.PoolSnapshot) (*poolSnap, error) {
 	s := &poolSnap{version: m.GetVersion(), next: make(chan struct{}), policy: prev.policy}
 	if pp := m.GetPolicy(); pp != nil {
-		s.policy = poolPolicy{min: int(pp.GetMinSize()), max: int(pp.GetMaxSize()), zoneAware: pp.GetZoneAware(), overrides: pp.GetOverrides()}
+		s.policy = poolPolicy{min: int(pp.GetMinSize()), max: int(pp.GetMaxSize()), zoneAware: pp.GetZoneAware(), lookback: pp.GetLookback().AsDuration(), overrides: pp.GetOverrides()}
 	}
 	s.raw = slices.Clone(m.GetMembers())
 	slices.SortFunc(s.raw, func(a, b *keyshardv1.Member) int { return strings.Compare(a.GetId(), b.GetId()) })
@@ -822,6 +840,9 @@ func tenantFromProto(a *keyshardv1.TenantAssignment) *poolTenant {
 	}
 	for _, r := range a.GetRemoved() {
 		t.serves = append(t.serves, r.GetMember())
+		if r.GetAt() != nil {
+			t.removed = append(t.removed, poolRemoval{r.GetMember(), r.GetAt().AsTime().UnixNano()})
+		}
 	}
 	slices.Sort(t.serves)
 	t.serves = slices.Compact(t.serves)

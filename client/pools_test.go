@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
@@ -235,6 +236,52 @@ func TestPoolTargetsOverTime(t *testing.T) {
 	}
 	if got := f.Tenants("m0"); !slices.Equal(got, []string{"a"}) {
 		t.Errorf("Tenants(m0) = %v; a removed member within the lookback serves", got)
+	}
+}
+
+// TestPoolRemovedBeforeRead: a member removed from a subset before it was
+// read (m3, warming) is no target, but serves the tenant for the lookback
+// (clients a version behind start reading it when its warm-up ends), and
+// a draining member's read-until counts it: the later of its lookback and
+// the end of a read removal's span.
+func TestPoolRemovedBeforeRead(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := &keyshardv1.TenantAssignment{
+		Tenant: "a", Size: 2,
+		Members: []*keyshardv1.TenantPlacement{{Member: "m1"}, {Member: "m2"}, {Member: "m3"}},
+		Removed: []*keyshardv1.TenantRemoval{{Member: "m3", At: timestamppb.New(t0)}},
+		Targets: []*keyshardv1.TargetSpan{{Members: []string{"m1", "m2"}}},
+	}
+	b := &keyshardv1.TenantAssignment{
+		Tenant: "b", Size: 2,
+		Members: []*keyshardv1.TenantPlacement{{Member: "m1"}, {Member: "m2"}, {Member: "m3"}},
+		Removed: []*keyshardv1.TenantRemoval{{Member: "m3", At: timestamppb.New(t0.Add(-time.Second))}},
+		Targets: []*keyshardv1.TargetSpan{
+			{Members: []string{"m1", "m2", "m3"}},
+			{From: timestamppb.New(t0.Add(9 * time.Second)), Members: []string{"m1", "m2"}},
+		},
+	}
+	ms := poolMembers(4, 1)
+	ms[3].Weight = 0
+	snap, err := buildPoolSnap(&poolSnap{}, &keyshardv1.PoolSnapshot{
+		Pool: "gw", Version: 1, Full: true, Members: ms, Tenants: []*keyshardv1.TenantAssignment{a, b},
+		Policy: &keyshardv1.TenantPoolPolicy{MinSize: 2, Lookback: durationpb.New(10 * time.Second)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.serves("m3", "a") || slices.Contains(snap.targets("a", t0.Add(5*time.Second)), "m3") {
+		t.Errorf("m3 on a: serves %v, targets %v; want serving and no target", snap.serves("m3", "a"), snap.targets("a", t0.Add(5*time.Second)))
+	}
+	if got, want := snap.readUntil("m3"), t0.Add(10*time.Second); !got.Equal(want) {
+		t.Errorf("readUntil(m3) = %v, want %v: a's lookback outlasts b's span", got, want)
+	}
+	b.Targets[1].From = timestamppb.New(t0.Add(12 * time.Second))
+	if snap, err = buildPoolSnap(snap, &keyshardv1.PoolSnapshot{Pool: "gw", Version: 2, Members: ms, Tenants: []*keyshardv1.TenantAssignment{b}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := snap.readUntil("m3"), t0.Add(12*time.Second); !got.Equal(want) {
+		t.Errorf("readUntil(m3) = %v, want %v: b's span outlasts a's lookback", got, want)
 	}
 }
 

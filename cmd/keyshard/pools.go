@@ -141,7 +141,7 @@ version.`,
 		Use:   "tenants POOL",
 		Short: "Show a pool's busiest tenants: rate, size, members and why the size last changed",
 		Long: `Show a pool's tenants, busiest first: the rate the leader measures, the size,
-the members (+ joined and not read yet, - removed and read for the lookback)
+the members (+ joined and not read yet, - removed and served for the lookback)
 and why the size last changed. With --watch, print again at every new
 snapshot version until interrupted.`,
 		Args: cobra.ExactArgs(1),
@@ -287,7 +287,8 @@ func rateString(t client.TenantStatus) string {
 }
 
 // memberList marks members: + joined and not a read target yet,
-// - removed and still a read target.
+// - removed (a read target for the lookback, or, removed before it was
+// read, still serving for clients a version behind).
 func memberList(t client.TenantStatus) string {
 	target := make(map[string]bool, len(t.Targets))
 	for _, m := range t.Targets {
@@ -346,6 +347,9 @@ func printTenant(out io.Writer, version uint64, t client.TenantStatus) {
 		switch {
 		case !m.Removed.IsZero():
 			state = "removed, read for the lookback"
+			if !target[m.ID] {
+				state = "removed, no read target; serves for the lookback (clients a version behind may read it)"
+			}
 		case !target[m.ID]:
 			state = "warming up (not read yet)"
 		case m.Ready:

@@ -469,8 +469,10 @@ type placementWire struct {
 }
 
 type removalWire struct {
-	ID string `json:"id"`
-	At int64  `json:"at"`
+	ID        string `json:"id"`
+	At        int64  `json:"at"`
+	ServeOnly bool   `json:"so,omitempty"`
+	ReadUntil int64  `json:"ru,omitempty"`
 }
 
 type tenantStateWire struct {
@@ -491,7 +493,7 @@ func tenantToWire(ts tenantpool.TenantState) tenantStateWire {
 		w.Members[i] = placementWire{ID: m.ID, Added: nanos(m.Added), Ready: m.Ready}
 	}
 	for _, r := range ts.Removed {
-		w.Removed = append(w.Removed, removalWire{ID: r.ID, At: nanos(r.At)})
+		w.Removed = append(w.Removed, removalWire{ID: r.ID, At: nanos(r.At), ServeOnly: r.ServeOnly, ReadUntil: nanos(r.ReadUntil)})
 	}
 	return w
 }
@@ -506,7 +508,7 @@ func tenantFromWire(w tenantStateWire) tenantpool.TenantState {
 		ts.Members[i] = tenantpool.Placement{ID: m.ID, Added: fromNanos(m.Added), Ready: m.Ready}
 	}
 	for _, r := range w.Removed {
-		ts.Removed = append(ts.Removed, tenantpool.Removal{ID: r.ID, At: fromNanos(r.At)})
+		ts.Removed = append(ts.Removed, tenantpool.Removal{ID: r.ID, At: fromNanos(r.At), ServeOnly: r.ServeOnly, ReadUntil: fromNanos(r.ReadUntil)})
 	}
 	return ts
 }

@@ -22,7 +22,7 @@ func tpState(n int) tenantpool.State {
 		st.Tenants[fmt.Sprintf("tenant-%05d", i)] = tenantpool.TenantState{
 			Size:    placement.SizeState{Size: 2, Wanted: 1, BelowSince: tpAt},
 			Members: []tenantpool.Placement{{ID: "m1"}, {ID: "m2", Added: tpAt, Ready: true}},
-			Removed: []tenantpool.Removal{{ID: "m3", At: tpAt.Add(time.Second)}},
+			Removed: []tenantpool.Removal{{ID: "m3", At: tpAt.Add(time.Second), ReadUntil: tpAt.Add(time.Minute)}, {ID: "m4", At: tpAt, ServeOnly: true}},
 			Why:     "rate 12/s", When: tpAt,
 		}
 	}

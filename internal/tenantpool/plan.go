@@ -66,6 +66,19 @@ type Placement struct {
 type Removal struct {
 	ID string
 	At time.Time
+	// ServeOnly marks a member that is no read target of this State but
+	// that clients still holding the previous State read within the
+	// lookback: one removed before its warm-up ended (they start reading
+	// it when the warm-up ends), or one read only while a member that
+	// replaced it warmed up and that has left the subset too. It keeps
+	// serving the tenant until At + Lookback.
+	ServeOnly bool
+	// ReadUntil is set while a read removal stays a read target past its
+	// lookback because a member that replaced it warms up: the latest end
+	// of that warm-up a round saw. A later MarkReady ends the reading
+	// earlier in the State it makes, but clients still holding an earlier
+	// State read the member until then, so it keeps serving until then.
+	ReadUntil time.Time
 }
 
 // SizeChange is one tenant's size change in a round.
@@ -575,23 +588,65 @@ func nextPlacements(ts TenantState, subset []string, pool poolView, p Policy, no
 			removed = append(removed, Removal{ID: m.ID, At: now})
 		}
 	}
-	// A removed member stays while within the lookback, or while a member
-	// of the subset is not read yet.
+	// A removed member stays while within the lookback, or (if this State
+	// reads it) while a member of the subset is not read yet.
 	var pending time.Time
 	for _, m := range members {
 		if at := m.readAt(p.WarmUp); at.After(pending) {
 			pending = at
 		}
 	}
+	for i, r := range removed {
+		if !r.ServeOnly && pending.After(r.At.Add(p.Lookback)) && pending.After(r.ReadUntil) {
+			removed[i].ReadUntil = pending
+		}
+	}
 	removed = slices.DeleteFunc(removed, func(r Removal) bool {
-		return !now.Before(r.At.Add(p.Lookback)) && !now.Before(pending)
+		return !now.Before(r.At.Add(p.Lookback)) && (r.ServeOnly || !now.Before(pending) && !now.Before(r.ReadUntil))
 	})
+	removed = keepStaleTargets(ts, subset, removed, pool, p, now)
 	slices.SortFunc(removed, func(a, b Removal) int { return strings.Compare(a.ID, b.ID) })
-	removed = slices.CompactFunc(removed, func(a, b Removal) bool { return a.ID == b.ID })
 	if len(removed) == 0 {
 		removed = nil
 	}
 	return members, removed
+}
+
+// keepStaleTargets adds to removed the members that the previous State
+// ts reads at some time within the lookback from now but that the new
+// State would neither place nor keep: a member removed before its
+// warm-up ended (clients a version behind start reading it then), or a
+// removed member kept only while a member it was replaced by warmed up,
+// which the new subset no longer has. Each keeps serving the tenant
+// until now + Lookback, as a ServeOnly removal: no read target of the
+// new State.
+func keepStaleTargets(ts TenantState, subset []string, removed []Removal, pool poolView, p Policy, now time.Time) []Removal {
+	kept := func(id string) bool {
+		return slices.Contains(subset, id) || slices.ContainsFunc(removed, func(r Removal) bool { return r.ID == id })
+	}
+	dropped := false
+	for _, m := range ts.Members {
+		dropped = dropped || (pool.alive[m.ID] && !kept(m.ID))
+	}
+	for _, r := range ts.Removed {
+		dropped = dropped || (pool.alive[r.ID] && !kept(r.ID))
+	}
+	if !dropped || p.Lookback <= 0 {
+		return removed // the common case: the previous State's view is not needed
+	}
+	from, to := now.UnixNano(), now.Add(p.Lookback).UnixNano()
+	vs := buildView(ts, p).views
+	for i, v := range vs {
+		if v.from >= to || (i+1 < len(vs) && vs[i+1].from <= from) {
+			continue // the span ends before now or begins after the lookback
+		}
+		for _, id := range v.targets {
+			if pool.alive[id] && !kept(id) {
+				removed = append(removed, Removal{ID: id, At: now, ServeOnly: true})
+			}
+		}
+	}
+	return removed
 }
 
 // visiblyEqual reports whether a client or server reads the same from
@@ -604,7 +659,9 @@ func (ts TenantState) visiblyEqual(o TenantState) bool {
 		return true // a round that did not touch the tenant keeps its slices
 	}
 	return slices.EqualFunc(ts.Members, o.Members, func(a, b Placement) bool { return a.ID == b.ID && a.Added.Equal(b.Added) && a.Ready == b.Ready }) &&
-		slices.EqualFunc(ts.Removed, o.Removed, func(a, b Removal) bool { return a.ID == b.ID && a.At.Equal(b.At) })
+		slices.EqualFunc(ts.Removed, o.Removed, func(a, b Removal) bool {
+			return a.ID == b.ID && a.At.Equal(b.At) && a.ServeOnly == b.ServeOnly && a.ReadUntil.Equal(b.ReadUntil)
+		})
 }
 
 // same reports whether a and b are the same slice: same length, same

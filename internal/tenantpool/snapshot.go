@@ -28,6 +28,14 @@ type Snapshot struct {
 type tenantView struct {
 	views  []targetView // sorted by from; the first from is math.MinInt64
 	serves []string     // members and removed members, sorted
+	// serveOnly are the ServeOnly removals: served, read by no view, until
+	// when clients a version behind may read them.
+	serveOnly []servedUntil
+}
+
+type servedUntil struct {
+	member string
+	until  int64 // unix ns
 }
 
 type targetView struct {
@@ -180,7 +188,11 @@ func buildView(ts TenantState, p Policy) *tenantView {
 	}
 	for _, r := range ts.Removed {
 		v.serves = append(v.serves, r.ID)
-		times = append(times, r.At.Add(p.Lookback).UnixNano())
+		if r.ServeOnly {
+			v.serveOnly = append(v.serveOnly, servedUntil{r.ID, r.At.Add(p.Lookback).UnixNano()})
+		} else {
+			times = append(times, r.At.Add(p.Lookback).UnixNano())
+		}
 	}
 	slices.Sort(v.serves)
 	v.serves = slices.Compact(v.serves)
@@ -194,7 +206,7 @@ func buildView(ts TenantState, p Policy) *tenantView {
 			}
 		}
 		for _, r := range ts.Removed {
-			if t < r.At.Add(p.Lookback).UnixNano() || t < pending {
+			if !r.ServeOnly && (t < r.At.Add(p.Lookback).UnixNano() || t < pending) {
 				targets = append(targets, r.ID)
 			}
 		}
@@ -285,7 +297,8 @@ func (s *Snapshot) Known(tenant string) bool { _, ok := s.tenants[tenant]; retur
 // ReadUntil returns, for a member that is in no tenant's current subset,
 // the time from which no tenant of the snapshot has it among its read
 // targets (zero if none has it now; ok true), by the removals' lookback
-// and the warm-up of the members that replaced it. ok is false while a
+// and the warm-up of the members that replaced it, or (a ServeOnly
+// removal) clients a version behind may still read it. ok is false while a
 // tenant still has member in its subset: it is read with no end. A later
 // State may move the time (a replacement's readiness, a change of the
 // subset). Tenants the snapshot does not know are not looked at: a member
@@ -293,7 +306,8 @@ func (s *Snapshot) Known(tenant string) bool { _, ok := s.tenants[tenant]; retur
 func (s *Snapshot) ReadUntil(member string) (until time.Time, ok bool) {
 	var end int64 = math.MinInt64
 	for _, id := range s.byMem[member] {
-		vs := s.tenants[id].views
+		tv := s.tenants[id]
+		vs := tv.views
 		last := -1
 		for i, v := range vs {
 			if _, found := slices.BinarySearch(v.targets, member); found {
@@ -302,6 +316,11 @@ func (s *Snapshot) ReadUntil(member string) (until time.Time, ok bool) {
 		}
 		switch {
 		case last < 0:
+			for _, so := range tv.serveOnly {
+				if so.member == member {
+					end = max(end, so.until)
+				}
+			}
 		case last == len(vs)-1:
 			return time.Time{}, false
 		default:

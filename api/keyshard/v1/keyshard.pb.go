@@ -5969,10 +5969,12 @@ func (x *PoolKeepAliveResponse) GetTtl() *durationpb.Duration {
 // leaves every stateless subset. Of each tenant it was a read target of,
 // it stays a read target (TenantAssignment.removed) for the lookback, and
 // for as long as the member that took its place is not a read target yet
-// (neither ready nor warmed up); a member that was not read yet is
-// dropped at once. Call LeavePool again (it is idempotent) or follow the
-// snapshot to see the drain progress; once done, end the session with
-// end_session. A leaving member whose session expires (a crash) is
+// (neither ready nor warmed up). A tenant that had not read it yet does
+// not read it, but lists it in removed (serving, in no target span) until
+// the lookback ends if its warm-up would have ended by then: clients a
+// version behind start reading it then. Call LeavePool again (it is
+// idempotent) or follow the snapshot to see the drain progress; once
+// done, end the session with end_session. A leaving member whose session expires (a crash) is
 // dropped from every subset and read target at the next round, as any
 // crashed member: a process that is gone serves no reads. A re-join with
 // replace starts a new session, which is not leaving. Marking a session
@@ -6621,7 +6623,12 @@ type TenantAssignment struct {
 	// The subset, sorted by member: the members that serve (prefetch) the
 	// tenant, with removed members still within the lookback.
 	Members []*TenantPlacement `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	Removed []*TenantRemoval   `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"`
+	// The members removed from the subset that still serve the tenant: a
+	// read target (in targets) for the lookback from at, longer while a
+	// member that replaced it warms up; or, removed before it was read, in
+	// no target span but serving until at + lookback, because clients a
+	// version behind start reading it when its warm-up ends.
+	Removed []*TenantRemoval `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"`
 	// Read targets over time, sorted by from: the last span whose from is
 	// <= now. Clients read from these; a member is a target once it is
 	// ready or warm, and a removed one until the lookback ends.
