@@ -163,11 +163,47 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 // tenant returns one tenant's status as r serves it.
 func (e *tpEnv) tenant(r *tpReplica, pool, tenant string) *v1.TenantStatus {
 	e.t.Helper()
+	e.caughtUp(r, pool)
 	resp, err := r.member.GetTenants(e.ctx, connect.NewRequest(&v1.GetTenantsRequest{Pool: pool, Tenants: []string{tenant}}))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return resp.Msg.Tenants[0]
+}
+
+// caughtUp waits until r's view, and the view of the replica that wrote
+// pool's state last (the leader, which answers GetTenants), have the
+// version of that write: a round's write reaches a view through etcd's
+// watch, in real time, while the test's clock moves on at once.
+func (e *tpEnv) caughtUp(r *tpReplica, pool string) {
+	e.t.Helper()
+	var v uint64
+	var writer *tpReplica
+	for _, x := range e.rs {
+		if x.srv == nil {
+			continue
+		}
+		if w := x.srv.LastTenantPoolWrite(pool); w.Version > v {
+			v, writer = w.Version, x
+		}
+	}
+	if v == 0 {
+		return
+	}
+	for _, x := range []*tpReplica{r, writer} {
+		for {
+			resp, err := x.member.GetPoolSnapshot(e.ctx, connect.NewRequest(&v1.GetPoolSnapshotRequest{Pool: pool, SinceVersion: v - 1, Wait: durationpb.New(time.Minute)}))
+			if err != nil && x != r {
+				break // a writer that stopped since: r's view is what is read
+			}
+			if err != nil {
+				e.t.Fatalf("pool %s never reached version %d, the leader's last write: %v", pool, v, err)
+			}
+			if resp.Msg.Snapshot.GetVersion() >= v {
+				break
+			}
+		}
+	}
 }
 
 // waitTenant waits until r serves tenant as cond wants: the leader's
