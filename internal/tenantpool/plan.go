@@ -605,7 +605,21 @@ func nextPlacements(ts TenantState, subset []string, pool poolView, p Policy, no
 		return !now.Before(r.At.Add(p.Lookback)) && (r.ServeOnly || !now.Before(pending) && !now.Before(r.ReadUntil))
 	})
 	removed = keepStaleTargets(ts, subset, removed, pool, p, now)
-	slices.SortFunc(removed, func(a, b Removal) int { return strings.Compare(a.ID, b.ID) })
+	// One removal per member; of two (a State stored with both), the one
+	// read keeps it a target.
+	slices.SortFunc(removed, func(a, b Removal) int {
+		if c := strings.Compare(a.ID, b.ID); c != 0 {
+			return c
+		}
+		switch {
+		case a.ServeOnly == b.ServeOnly:
+			return 0
+		case b.ServeOnly:
+			return -1
+		}
+		return 1
+	})
+	removed = slices.CompactFunc(removed, func(a, b Removal) bool { return a.ID == b.ID })
 	if len(removed) == 0 {
 		removed = nil
 	}
