@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/internal/server"
@@ -56,11 +55,11 @@ func newPublishEnv(t *testing.T) *publishEnv {
 // returns its snapshot.
 func (e *publishEnv) waitVersion(r *tpReplica, v uint64) *v1.PoolSnapshot {
 	e.t.Helper()
-	resp, err := r.member.GetPoolSnapshot(e.ctx, connect.NewRequest(&v1.GetPoolSnapshotRequest{Pool: "gw", SinceVersion: v - 1, Wait: durationpb.New(time.Minute)}))
-	if err != nil || resp.Msg.Snapshot.Version < v {
-		e.t.Fatalf("waiting for version %d: %v, %v", v, resp, err)
+	snap, err := e.snapshotAt(r, "gw", v)
+	if err != nil || snap.GetVersion() < v {
+		e.t.Fatalf("waiting for version %d: %v, %v", v, snap, err)
 	}
-	return resp.Msg.Snapshot
+	return snap
 }
 
 // snapshot is r's current full snapshot.

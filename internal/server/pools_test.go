@@ -190,20 +190,22 @@ func (e *tpEnv) caughtUp(r *tpReplica, pool string) {
 	if v == 0 {
 		return
 	}
-	for _, x := range []*tpReplica{r, writer} {
-		for {
-			resp, err := x.member.GetPoolSnapshot(e.ctx, connect.NewRequest(&v1.GetPoolSnapshotRequest{Pool: pool, SinceVersion: v - 1, Wait: durationpb.New(time.Minute)}))
-			if err != nil && x != r {
-				break // a writer that stopped since: r's view is what is read
-			}
-			if err != nil {
-				e.t.Fatalf("pool %s never reached version %d, the leader's last write: %v", pool, v, err)
-			}
-			if resp.Msg.Snapshot.GetVersion() >= v {
-				break
-			}
-		}
+	if snap, err := e.snapshotAt(r, pool, v); err != nil || snap.GetVersion() < v {
+		e.t.Fatalf("pool %s never reached version %d, the leader's last write: %v", pool, v, err)
 	}
+	if writer != r {
+		_, _ = e.snapshotAt(writer, pool, v) // a writer that stopped since fails: r's view is what is read
+	}
+}
+
+// snapshotAt long-polls r until it serves pool at version v or above and
+// returns its snapshot (the fake clock never ends the wait; ctx does).
+func (e *tpEnv) snapshotAt(r *tpReplica, pool string, v uint64) (*v1.PoolSnapshot, error) {
+	resp, err := r.member.GetPoolSnapshot(e.ctx, connect.NewRequest(&v1.GetPoolSnapshotRequest{Pool: pool, SinceVersion: v - 1, Wait: durationpb.New(time.Minute)}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Snapshot, nil
 }
 
 // waitTenant waits until r serves tenant as cond wants: the leader's
