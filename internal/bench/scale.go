@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	keyshardv1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/freeport"
 	"github.com/keyshard/keyshard/internal/store"
 )
 
@@ -683,10 +683,11 @@ func startScaleEnv(ctx context.Context, opts ScaleOptions, etcdMembers int) (_ *
 	e.endpoints = strings.Split(eps, ",")
 
 	// serve, on a free loopback port.
-	addr, err := freeAddr()
+	addrs, err := freeport.Addrs(1)
 	if err != nil {
 		return nil, err
 	}
+	addr := addrs[0]
 	e.url = "http://" + addr
 	e.serve, err = startChild("serve", opts.Binary, []string{"serve", "--listen", addr, "--replica", "bench-scale",
 		"--etcd-endpoints", strings.Join(e.endpoints, ","), "--data-dir", filepath.Join(e.dir, "serve"),
@@ -761,15 +762,6 @@ func (e *scaleEnv) close(keep bool) error {
 		return nil
 	}
 	return os.RemoveAll(e.dir)
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("pick a free port for serve: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func (e *scaleEnv) createKeyspace(ctx context.Context, name string, buckets int, ttl time.Duration) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keyshard/keyshard/client"
+	"github.com/keyshard/keyshard/internal/freeport"
 )
 
 // ServingRE matches keyshard serve's log line once its API is up and its
@@ -71,28 +71,6 @@ type cluster struct {
 	mu sync.Mutex // guards the procs fields against the teardown
 }
 
-// freeAddrs returns n loopback host:port addresses that were free a
-// moment ago; the listeners are held until all n are chosen so that the
-// ports differ.
-func freeAddrs(n int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pick a free loopback port: %w", err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	return out, nil
-}
-
 // start brings the cluster up: etcd, replicas, keyspace, workers, and
 // waits until every bucket is served.
 func (c *cluster) start(ctx context.Context, p *progress, netns bool) error {
@@ -103,7 +81,10 @@ func (c *cluster) start(ctx context.Context, p *progress, netns bool) error {
 	// The first record starts the record's clock, by which the analysis
 	// says when each fault happened.
 	c.sink.Mark(Note, "chaos", "starting the cluster")
-	addrs, err := freeAddrs(2*c.cfg.Members + len(replicaNames))
+	// Ports below the ephemeral range: a member or replica restarted by a
+	// fault comes back on its port, which no outgoing connection took
+	// while it was down.
+	addrs, err := freeport.Addrs(2*c.cfg.Members + len(replicaNames))
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +16,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/keyshard/keyshard/internal/freeport"
 )
 
 // Server limits. The embedded etcd is started with them; an external etcd
@@ -262,24 +262,15 @@ func (e *Embedded) Close() {
 }
 
 // freeLoopbackURLs returns n distinct http://127.0.0.1:<port> URLs whose
-// ports were free a moment ago. The listeners are held until all n are
-// chosen so that the ports differ.
+// ports were free a moment ago, below the kernel's ephemeral range.
 func freeLoopbackURLs(n int) ([]string, error) {
-	urls := make([]string, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pick a free loopback port: %w", err)
-		}
-		ls = append(ls, l)
-		port := l.Addr().(*net.TCPAddr).Port
-		urls = append(urls, "http://127.0.0.1:"+strconv.Itoa(port))
+	addrs, err := freeport.Addrs(n)
+	if err != nil {
+		return nil, err
+	}
+	urls := make([]string, n)
+	for i, a := range addrs {
+		urls[i] = "http://" + a
 	}
 	return urls, nil
 }
