@@ -88,19 +88,40 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, ti
 
 // KeepAliveOnce renews lease id once and returns its new TTL. It returns
 // ErrLeaseNotFound if the lease has expired or was revoked. Renewals from
-// every caller share one LeaseKeepAlive stream (see renewer).
+// every caller share one LeaseKeepAlive stream (see renewer); each is
+// confirmed by a linearizable read at the same raft term (see
+// confirmTerm), else it fails with ErrUnavailable.
 func (s *Store) KeepAliveOnce(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.closed() {
 		return 0, errClosed("keep lease alive")
 	}
-	ttl, err := s.renewer.renew(ctx, id)
-	if err == nil && ttl <= 0 {
+	op := fmt.Sprintf("keep lease %v alive", id)
+	a, err := s.renewer.renew(ctx, id)
+	if err == nil && a.ttl <= 0 {
 		err = rpctypes.ErrLeaseNotFound
 	}
 	if err != nil {
-		return 0, s.err(fmt.Sprintf("keep lease %v alive", id), err)
+		return 0, s.err(op, err)
 	}
-	return time.Duration(ttl) * time.Second, nil
+	term, err := s.confirmingTerm(ctx)
+	if err != nil {
+		return 0, s.err(op, err)
+	}
+	if err := confirmTerm(a.term, term); err != nil {
+		return 0, fmt.Errorf("store: %s: %w", op, err)
+	}
+	return time.Duration(a.ttl) * time.Second, nil
+}
+
+// confirmingTerm reads etcd's raft term with a linearizable read of one
+// key that is never written: a read the leader of that term confirms with
+// a quorum before it answers.
+func (s *Store) confirmingTerm(ctx context.Context) (uint64, error) {
+	resp, err := s.client.Get(ctx, Prefix+"term", clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.GetRaftTerm(), nil
 }
 
 // LeaseInfo is what TimeToLive reports about a lease.

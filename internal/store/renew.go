@@ -53,8 +53,9 @@ type renewWaiter struct {
 }
 
 type renewAnswer struct {
-	ttl int64 // etcd's TTL in seconds; <= 0: the lease is gone
-	err error
+	ttl  int64  // etcd's TTL in seconds; <= 0: the lease is gone
+	term uint64 // the raft term of the etcd member that answered
+	err  error
 }
 
 // errRenewStream is the cause a waiter sees when its stream broke before
@@ -67,22 +68,23 @@ func newRenewer(s *Store) *renewer {
 
 // renew renews lease id once and returns etcd's answer, retrying on a new
 // stream when one breaks, until ctx ends or the Store closes: the way
-// clientv3's KeepAliveOnce retries.
-func (r *renewer) renew(ctx context.Context, id shard.LeaseID) (int64, error) {
+// clientv3's KeepAliveOnce retries. The answer is not confirmed yet: see
+// confirmTerm.
+func (r *renewer) renew(ctx context.Context, id shard.LeaseID) (renewAnswer, error) {
 	for failures := 0; ; failures++ {
 		if failures > 0 && !sleepCtx(ctx, backoff(failures)) {
-			return 0, ctx.Err()
+			return renewAnswer{}, ctx.Err()
 		}
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return renewAnswer{}, err
 		}
 		if r.s.closed() {
-			return 0, ErrClosed
+			return renewAnswer{}, ErrClosed
 		}
 		rs, err := r.stream()
 		if err != nil {
 			if ctx.Err() != nil || r.s.closed() {
-				return 0, err
+				return renewAnswer{}, err
 			}
 			continue
 		}
@@ -97,7 +99,7 @@ func (r *renewer) renew(ctx context.Context, id shard.LeaseID) (int64, error) {
 				r.drop(rs)
 				continue
 			}
-			return a.ttl, a.err
+			return a, a.err
 		case <-ctx.Done():
 			// Our own deadline passed with no answer: the stream may hang
 			// (a stuck connection), so the next caller starts a new one.
@@ -105,7 +107,7 @@ func (r *renewer) renew(ctx context.Context, id shard.LeaseID) (int64, error) {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				r.drop(rs)
 			}
-			return 0, ctx.Err()
+			return renewAnswer{}, ctx.Err()
 		}
 	}
 }
@@ -179,7 +181,7 @@ func (rs *renewStream) receive() {
 		rs.pending[0] = renewWaiter{}
 		rs.pending = rs.pending[1:]
 		rs.mu.Unlock()
-		w.ch <- renewAnswer{ttl: resp.TTL}
+		w.ch <- renewAnswer{ttl: resp.TTL, term: resp.GetHeader().GetRaftTerm()}
 	}
 }
 
@@ -194,11 +196,12 @@ func (rs *renewStream) failLocked(err error) {
 }
 
 // renewMany renews each of ids, sending them back to back on the shared
-// stream before waiting for any answer, and returns etcd's TTL for each
-// (<= 0: the lease is gone) or why it has none. A renewal whose stream
-// broke is retried on its own, the way renew does.
-func (r *renewer) renewMany(ctx context.Context, ids []shard.LeaseID) ([]int64, []error) {
-	ttls, errs := make([]int64, len(ids)), make([]error, len(ids))
+// stream before waiting for any answer, and returns etcd's answer for each
+// (ttl <= 0: the lease is gone) or why it has none. A renewal whose stream
+// broke is retried on its own, the way renew does. The answers are not
+// confirmed yet: see confirmTerm.
+func (r *renewer) renewMany(ctx context.Context, ids []shard.LeaseID) ([]renewAnswer, []error) {
+	answers, errs := make([]renewAnswer, len(ids)), make([]error, len(ids))
 	chs := make([]<-chan renewAnswer, len(ids))
 	rs, err := r.stream()
 	if err == nil {
@@ -214,7 +217,7 @@ func (r *renewer) renewMany(ctx context.Context, ids []shard.LeaseID) ([]int64, 
 			select {
 			case a := <-chs[i]:
 				if !errors.Is(a.err, errRenewStream) {
-					ttls[i], errs[i] = a.ttl, a.err
+					answers[i], errs[i] = a, a.err
 					continue
 				}
 				r.drop(rs)
@@ -226,7 +229,28 @@ func (r *renewer) renewMany(ctx context.Context, ids []shard.LeaseID) ([]int64, 
 				continue
 			}
 		}
-		ttls[i], errs[i] = r.renew(ctx, id)
+		answers[i], errs[i] = r.renew(ctx, id)
 	}
-	return ttls, errs
+	return answers, errs
+}
+
+// confirmTerm says whether a renewal that etcd answered at raft term
+// renewed stands, given confirmed: the term of a linearizable request
+// answered after it. It stands when the terms are equal: the term's one
+// leader was still confirmed by a quorum after it renewed the lease.
+//
+// Without this, an etcd leader that was paused (SIGSTOP, a VM stall) and
+// resumes answers the keep-alives queued for it from its own lessor, for
+// a moment, before it learns that the others elected a new leader: it
+// sees itself active (a raft tick came just now), so it does not check
+// its leadership first. The lease it renewed is not renewed on the new
+// leader, which may expire it while the member believes it has a TTL
+// left, and hand its buckets on while it still acts on them. A renewal
+// that fails this check is answered ErrUnavailable, and the member
+// renews again.
+func confirmTerm(renewed, confirmed uint64) error {
+	if renewed == confirmed {
+		return nil
+	}
+	return fmt.Errorf("%w: etcd's leader changed while it renewed the lease (renewed at raft term %d, confirmed at %d), so the renewal may not have reached the new leader; renew again", ErrUnavailable, renewed, confirmed)
 }

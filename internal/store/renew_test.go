@@ -1,11 +1,16 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
 
 	"github.com/keyshard/keyshard/internal/shard"
 )
@@ -83,5 +88,80 @@ func TestRenewStreamDropped(t *testing.T) {
 	s.Close()
 	if _, err := s.KeepAliveOnce(ctx, id); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v; want ErrClosed", err)
+	}
+}
+
+// staleTermLeases answers every keep-alive as from the raft term before
+// the one etcd is in: what an etcd leader that was paused answers from its
+// own lessor when it resumes, before it learns that the others elected a
+// new leader meanwhile.
+type staleTermLeases struct{ pb.LeaseClient }
+
+func (c staleTermLeases) LeaseKeepAlive(ctx context.Context, opts ...grpc.CallOption) (pb.Lease_LeaseKeepAliveClient, error) {
+	st, err := c.LeaseClient.LeaseKeepAlive(ctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return staleTermStream{st}, nil
+}
+
+type staleTermStream struct{ pb.Lease_LeaseKeepAliveClient }
+
+func (s staleTermStream) Recv() (*pb.LeaseKeepAliveResponse, error) {
+	resp, err := s.Lease_LeaseKeepAliveClient.Recv()
+	if resp != nil && resp.Header != nil {
+		resp.Header.RaftTerm--
+	}
+	return resp, err
+}
+
+// A renewal answered at another raft term than the read after it is not
+// taken as a renewal (ErrUnavailable: renew again), on every path: the
+// renewal of a lease, a member's renewal checked in etcd, and one checked
+// by the caller's copy. The same renewals at the term the read confirms
+// stand.
+func TestRenewalAtAnotherTermFails(t *testing.T) {
+	s := sharedStore(t)
+	ctx := ctxFor(t, 20*time.Second)
+	createKeyspace(t, s, "renew-term")
+	sess := newSession(t, s, 10*time.Second)
+	if _, _, err := s.Join(ctx, "renew-term", member("w1"), sess.LeaseID(), false); err != nil {
+		t.Fatal(err)
+	}
+	copyChecks := func(on bool) {
+		if on {
+			s.SetRenewCheck(func(context.Context, int64, []MemberLease) bool { return true })
+		} else {
+			s.SetRenewCheck(nil)
+		}
+	}
+	paths := map[string]func() (time.Duration, error){
+		"KeepAliveOnce": func() (time.Duration, error) { return s.KeepAliveOnce(ctx, sess.LeaseID()) },
+		"RenewMember checked in etcd": func() (time.Duration, error) {
+			copyChecks(false)
+			return s.RenewMember(ctx, "renew-term", "w1", sess.LeaseID(), 0)
+		},
+		"RenewMember checked by the copy": func() (time.Duration, error) {
+			copyChecks(true)
+			return s.RenewMember(ctx, "renew-term", "w1", sess.LeaseID(), 0)
+		},
+	}
+	real := s.renewer.remote
+	s.renewer.remote = staleTermLeases{real}
+	for name, renew := range paths {
+		ttl, err := renew()
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "leader changed") {
+			t.Errorf("%s answered at the term before: %v, %v; want ErrUnavailable, the leader changed", name, ttl, err)
+		}
+	}
+	s.renewer.remote = real
+	s.renewer.mu.Lock()
+	cur := s.renewer.cur
+	s.renewer.mu.Unlock()
+	s.renewer.drop(cur)
+	for name, renew := range paths {
+		if ttl, err := renew(); err != nil || ttl != sess.TTL() {
+			t.Errorf("%s at etcd's term: %v, %v; want %v", name, ttl, err, sess.TTL())
+		}
 	}
 }

@@ -121,23 +121,26 @@ type renewal struct {
 }
 
 // checkCopy asks the RenewCheck whether the checked renewals of batch
-// hold, at a revision read from etcd now, after they were answered.
-func (q *renewals) checkCopy(ctx context.Context, s *Store, batch []*renewal, checked []int) bool {
+// hold, at a revision read from etcd now, after they were answered. It
+// returns the raft term of that read (0 if it failed), which confirms
+// the renewals made at the same term (confirmTerm).
+func (q *renewals) checkCopy(ctx context.Context, s *Store, batch []*renewal, checked []int) (ok bool, term uint64) {
 	resp, err := s.client.Get(ctx, batch[checked[0]].key, clientv3.WithCountOnly())
 	if err != nil {
-		return false // the transaction tries, and reports what fails
+		return false, 0 // the transaction tries, and reports what fails
 	}
+	term = resp.Header.GetRaftTerm()
 	ms := make([]MemberLease, len(checked))
 	for j, i := range checked {
 		ms[j] = MemberLease{Keyspace: batch[i].ks, ID: batch[i].id, Lease: batch[i].lease}
 	}
 	if !s.renewCheck(ctx, resp.Header.Revision, ms) {
-		return false
+		return false, term
 	}
 	q.mu.Lock()
 	q.copyOKs++
 	q.mu.Unlock()
-	return true
+	return true, term
 }
 
 // op names the keep-alive in its errors.
@@ -245,13 +248,13 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 	for i, c := range batch {
 		ids[i] = c.lease
 	}
-	ttls, errs := s.renewer.renewMany(ctx, ids)
+	answers, errs := s.renewer.renewMany(ctx, ids)
 	checked := make([]int, 0, len(batch))
 	for i, c := range batch {
 		switch {
 		case errs[i] != nil:
 			c.done <- renewResult{err: s.err(c.op(), errs[i])}
-		case ttls[i] <= 0:
+		case answers[i].ttl <= 0:
 			c.done <- renewResult{err: s.err(c.op(), rpctypes.ErrLeaseNotFound)}
 		default:
 			checked = append(checked, i)
@@ -260,11 +263,23 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 	if len(checked) == 0 {
 		return
 	}
-	if s.renewCheck != nil && q.checkCopy(ctx, s, batch, checked) {
-		for _, i := range checked {
-			batch[i].done <- renewResult{ttl: time.Duration(ttls[i]) * time.Second}
+	// answer answers renewal i, which the check at raft term term found
+	// standing, if that term confirms it.
+	answer := func(i int, term uint64) {
+		c := batch[i]
+		if err := confirmTerm(answers[i].term, term); err != nil {
+			c.done <- renewResult{err: fmt.Errorf("store: %s: %w", c.op(), err)}
+			return
 		}
-		return
+		c.done <- renewResult{ttl: time.Duration(answers[i].ttl) * time.Second}
+	}
+	if s.renewCheck != nil {
+		if ok, term := q.checkCopy(ctx, s, batch, checked); ok {
+			for _, i := range checked {
+				answer(i, term)
+			}
+			return
+		}
 	}
 	cmps := make([]clientv3.Cmp, len(checked))
 	gets := make([]clientv3.Op, len(checked))
@@ -289,9 +304,8 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 			c.done <- renewResult{err: s.err(c.op(), err)}
 			continue
 		}
-		ttl := renewResult{ttl: time.Duration(ttls[i]) * time.Second}
 		if resp.Succeeded {
-			c.done <- ttl
+			answer(i, resp.Header.GetRaftTerm())
 			continue
 		}
 		switch kvs := resp.Responses[j].GetResponseRange().Kvs; {
@@ -301,7 +315,7 @@ func (q *renewals) renew(s *Store, batch []*renewal) {
 			if held := shard.LeaseID(kvs[0].Lease); held != c.lease {
 				c.done <- renewResult{err: fmt.Errorf("store: %s: %w: member id %q is now held by session %v, not %v", c.op(), ErrFenced, c.id, held, c.lease)}
 			} else {
-				c.done <- ttl
+				answer(i, resp.Header.GetRaftTerm())
 			}
 		}
 	}
