@@ -77,8 +77,8 @@
 // SetHotKeysUnavailable does that to the hot-key service alone;
 // EndStreams ends the streams open now, as a proxy that cuts them does.
 // The keep-alive faults answer a keep-alive whether it comes as a
-// KeepAlive call or on a Session stream (a failure there is answered on
-// the stream). Fail and
+// KeepAlive call, on a Session stream or, one session at a time, on a
+// Sessions stream (a failure there is answered on the stream). Fail and
 // FailNext make the calls of any procedure fail with any error (a
 // stream unimplemented, a refused admin call). A Replica can Pause (hold
 // new calls) or Refuse (answer unavailable).
@@ -86,11 +86,12 @@
 // # Observations
 //
 // Joins, KeepAlives, Releases, Commits, Leaves, GrantPolls, MapPolls, MapWatches,
-// SessionStreams, Reports, SetPolls and SetWatches record the requests
-// received, in order, for the test to take with Next (or Wait); nothing
-// is dropped. CallCount counts any procedure's calls; StreamKeepAlives
-// counts the keep-alives of Session streams, which KeepAlives records
-// with the KeepAlive calls. Delays says when a delayed
+// SessionStreams, SessionsStreams, SessionsMessages, Reports, SetPolls
+// and SetWatches record the requests received, in order, for the test to
+// take with Next (or Wait); nothing is dropped. CallCount counts any
+// procedure's calls; StreamKeepAlives counts the keep-alives of Session
+// streams and the renewals of Sessions streams (one per session a
+// keep-alive lists), which KeepAlives records with the KeepAlive calls. Delays says when a delayed
 // answer's timer is set, and WaitFor waits for a condition on the fake's
 // state. Together with the fake clock's BlockUntilContext and
 // MustBlockUntil they replace every sleep: a test waits for what it

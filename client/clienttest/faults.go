@@ -159,8 +159,8 @@ func (s *Server) SetHotKeysUnavailable(down bool) {
 }
 
 // EndStreams ends every stream open now (grant, map, overflow-set and
-// pool-snapshot watches, and Session streams, a keep-alive held on one
-// included) with code unavailable, as a proxy that cuts them or a
+// pool-snapshot watches, and Session and Sessions streams, a keep-alive
+// held on one included) with code unavailable, as a proxy that cuts them or a
 // restarting replica does; the fake serves the streams and calls that
 // come next. A client reconnects, and a worker makes the keep-alive the
 // stream cut off again at once.

@@ -100,6 +100,12 @@ type observations struct {
 	readies        *Requests[*keyshardv1.MarkReadyRequest]
 	poolPolls      *Requests[*keyshardv1.GetPoolSnapshotRequest]
 	poolWatches    *Requests[*keyshardv1.WatchPoolSnapshotRequest]
+
+	// sessionsStreams are the first messages of Sessions streams (the
+	// interceptor records them); sessionsMessages all of their messages
+	// (their readers record them).
+	sessionsStreams  *Requests[*keyshardv1.SessionsRequest]
+	sessionsMessages *Requests[*keyshardv1.SessionsRequest]
 }
 
 // init makes the queues and returns, by procedure, the function that
@@ -114,6 +120,8 @@ func (o *observations) init() map[string]func(any) {
 	o.mapPolls = newRequests[*keyshardv1.GetMapRequest]()
 	o.mapWatches = newRequests[*keyshardv1.WatchMapRequest]()
 	o.sessionStreams = newRequests[*keyshardv1.SessionRequest]()
+	o.sessionsStreams = newRequests[*keyshardv1.SessionsRequest]()
+	o.sessionsMessages = newRequests[*keyshardv1.SessionsRequest]()
 	o.reports = newRequests[*keyshardv1.ReportHotKeysRequest]()
 	o.setPolls = newRequests[*keyshardv1.GetOverflowSetRequest]()
 	o.setWatches = newRequests[*keyshardv1.WatchOverflowSetRequest]()
@@ -132,6 +140,7 @@ func (o *observations) init() map[string]func(any) {
 		keyshardv1connect.MemberServiceLeaveProcedure:                 recorder(o.leaves),
 		keyshardv1connect.MemberServiceGetGrantsProcedure:             recorder(o.grantPolls),
 		keyshardv1connect.MemberServiceSessionProcedure:               recorder(o.sessionStreams),
+		keyshardv1connect.MemberServiceSessionsProcedure:              recorder(o.sessionsStreams),
 		keyshardv1connect.MapServiceGetMapProcedure:                   recorder(o.mapPolls),
 		keyshardv1connect.MapServiceWatchMapProcedure:                 recorder(o.mapWatches),
 		keyshardv1connect.HotKeyServiceReportHotKeysProcedure:         recorder(o.reports),
@@ -151,12 +160,14 @@ func recorder[T any](r *Requests[T]) func(any) { return func(m any) { r.add(m.(T
 // Joins are the Join requests received.
 func (s *Server) Joins() *Requests[*keyshardv1.JoinRequest] { return s.obs.joins }
 
-// KeepAlives are the keep-alives received: KeepAlive calls, and the
+// KeepAlives are the keep-alives received: KeepAlive calls, the
 // keep-alives of Session streams, each recorded as the KeepAliveRequest
-// of its stream's session. Both take the keep-alive faults (SetKeepAlives,
-// DelayKeepAlives, HoldKeepAlives, and Fail or FailNext of
-// MemberServiceKeepAliveProcedure); CallCount of that procedure counts the
-// calls, StreamKeepAlives the others.
+// of its stream's session, and the renewals of Sessions streams'
+// keep-alives, one for each session a keep-alive lists. All take the
+// keep-alive faults (SetKeepAlives, DelayKeepAlives, HoldKeepAlives, and
+// Fail or FailNext of MemberServiceKeepAliveProcedure), each on its own;
+// CallCount of that procedure counts the calls, StreamKeepAlives the
+// others.
 func (s *Server) KeepAlives() *Requests[*keyshardv1.KeepAliveRequest] { return s.obs.keepAlives }
 
 // SessionStreams are the first messages of the Session streams received
@@ -206,8 +217,9 @@ func (s *Server) SetWatches() *Requests[*keyshardv1.WatchOverflowSetRequest] {
 // Delays are the procedures of the calls that DelayJoins or
 // DelayKeepAlives delayed, each recorded once its fake-clock timer is
 // set: advancing the clock after taking one answers that call. A
-// keep-alive of a Session stream is recorded as
-// MemberServiceKeepAliveProcedure, as a KeepAlive call is.
+// keep-alive of a Session stream, and each renewal of a Sessions
+// stream's keep-alive, is recorded as MemberServiceKeepAliveProcedure, as
+// a KeepAlive call is.
 func (s *Server) Delays() *Requests[string] { return s.obs.delays }
 
 // PoolJoins are the JoinPool requests received.

@@ -34,7 +34,7 @@ type Options struct {
 // Server is a fake keyshard serve: the five services of keyshard.v1
 // (admin, member, map, hot keys, tenant pools) over a real HTTP server on loopback
 // (HTTP/1.1 and h2c, so the Connect protocol and gRPC both work; Session
-// streams over HTTP/2 only, as keyshard serve), whose state the test
+// and Sessions streams over HTTP/2 only, as keyshard serve), whose state the test
 // scripts and whose faults the test switches on and off.
 // It names sessions s1, s2, ... in the order it serves Joins. Its methods
 // are safe for concurrent use.
@@ -59,7 +59,7 @@ type Server struct {
 	psessions        map[string]*poolSession
 	nextPoolSession  int
 	calls            map[string]int
-	streamKeepAlives int // keep-alives that arrived on Session streams
+	streamKeepAlives int // keep-alives that arrived on Session streams, and renewals on Sessions streams
 	replicas         []*Replica
 	faults           faults
 
@@ -189,8 +189,9 @@ func (s *Server) CallCount(procedure string) int {
 }
 
 // StreamKeepAlives returns how many keep-alives arrived on Session
-// streams, through any replica: a worker's keep-alives go there while its
-// Session stream is open (over HTTP/2), and are KeepAlive calls
+// streams and Sessions streams (one for each session a Sessions stream's
+// keep-alive lists), through any replica: a worker's keep-alives go there
+// while its stream is open (over HTTP/2), and are KeepAlive calls
 // otherwise, which CallCount(keyshardv1connect.MemberServiceKeepAliveProcedure)
 // counts. KeepAlives records both.
 func (s *Server) StreamKeepAlives() int {

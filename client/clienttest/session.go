@@ -172,12 +172,7 @@ func (s *Server) answerKeepAlive(ctx context.Context, id string, k streamKeepAli
 	case connect.CodeOf(err) == connect.CodeNotFound, ctx.Err() != nil, isClosed(s.quit):
 		return nil, err
 	}
-	msg := err.Error()
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		msg = ce.Message()
-	}
-	return &keyshardv1.KeepAliveAnswer{KeepAlive: k.n, ErrorCode: connect.CodeOf(err).String(), ErrorMessage: msg}, nil
+	return &keyshardv1.KeepAliveAnswer{KeepAlive: k.n, ErrorCode: connect.CodeOf(err).String(), ErrorMessage: errorMessage(err)}, nil
 }
 
 // endedBy returns what a Session stream whose handler stops with err
@@ -199,16 +194,16 @@ func errStreamsEnded() error {
 	return connect.NewError(connect.CodeUnavailable, errors.New("the stream was cut (clienttest EndStreams)"))
 }
 
-// http2Only answers a Session stream over HTTP/1.1 UNIMPLEMENTED, as
-// keyshard serve does, so that a member knows to use WatchGrants and
-// KeepAlive instead (connect's own answer, HTTP 505, reaches clients as
-// UNKNOWN). Such a call is counted (CallCount) but not admitted: its
-// token is not checked.
+// http2Only answers a Session or Sessions stream over HTTP/1.1
+// UNIMPLEMENTED, as keyshard serve does, so that a member knows to use
+// WatchGrants and KeepAlive instead (connect's own answer, HTTP 505,
+// reaches clients as UNKNOWN). Such a call is counted (CallCount) but not
+// admitted: its token is not checked.
 func (s *Server) http2Only(next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		const p = keyshardv1connect.MemberServiceSessionProcedure
-		if r.URL.Path != p || r.ProtoMajor >= 2 || !errs.IsSupported(r) {
+		p := r.URL.Path
+		if p != keyshardv1connect.MemberServiceSessionProcedure && p != sessionsProcedure || r.ProtoMajor >= 2 || !errs.IsSupported(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -216,6 +211,6 @@ func (s *Server) http2Only(next http.Handler) http.Handler {
 		s.calls[p]++
 		s.mu.Unlock()
 		w.Header().Set("Connection", "close") // not waiting for the rest of a body that may never end
-		_ = errs.Write(w, r, connect.NewError(connect.CodeUnimplemented, errors.New("Session streams need HTTP/2 (gRPC, or Connect over HTTP/2); over HTTP/1.1 use WatchGrants or GetGrants, and KeepAlive")))
+		_ = errs.Write(w, r, connect.NewError(connect.CodeUnimplemented, errors.New("Session and Sessions streams need HTTP/2 (gRPC, or Connect over HTTP/2); over HTTP/1.1 use WatchGrants or GetGrants, and KeepAlive")))
 	})
 }

@@ -152,18 +152,19 @@ func (s *Server) sizeGate(ctx context.Context, spec connect.Spec, _ connect.Peer
 // then closed rather than the rest read. connect's own read limit
 // (WithReadMaxBytes) still applies to the message after decompression.
 //
-// A Session stream is exempt: its body is a message per keep-alive for as
-// long as the session lives, and connect's limit bounds each message.
+// Session and Sessions streams are exempt: their body is a message per
+// keep-alive for as long as the sessions live, and connect's limit bounds
+// each message.
 // Over HTTP/1.1, where no bidi stream can be served, it answers
 // UNIMPLEMENTED (connect's own answer, HTTP 505, reaches clients as
 // UNKNOWN), so that a member knows to use WatchGrants and KeepAlive.
 func (s *Server) limitBodies(next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == keyshardv1connect.MemberServiceSessionProcedure {
+		if r.URL.Path == keyshardv1connect.MemberServiceSessionProcedure || r.URL.Path == keyshardv1connect.MemberServiceSessionsProcedure {
 			if r.ProtoMajor < 2 && errs.IsSupported(r) {
 				w.Header().Set("Connection", "close") // not waiting for the rest of a body that may never end
-				_ = errs.Write(w, r, connect.NewError(connect.CodeUnimplemented, errors.New("Session streams need HTTP/2 (gRPC, or Connect over HTTP/2); over HTTP/1.1 use WatchGrants or GetGrants, and KeepAlive")))
+				_ = errs.Write(w, r, connect.NewError(connect.CodeUnimplemented, errors.New("Session and Sessions streams need HTTP/2 (gRPC, or Connect over HTTP/2); over HTTP/1.1 use WatchGrants or GetGrants, and KeepAlive")))
 				return
 			}
 			// The handler cuts a wait for the member's next message short

@@ -45,7 +45,8 @@ type metrics struct {
 	longPolls        prometheus.Gauge   // long polls and watch streams held now
 	longPollsRefused prometheus.Counter // refused over limits.max_long_polls
 	// keepAlives counts member keep-alives by how they came (call:
-	// KeepAlive; stream: a Session stream) and how they ended.
+	// KeepAlive; stream: a Session stream; shared: a Sessions stream, one
+	// per session renewed) and how they ended.
 	keepAlives *prometheus.CounterVec
 	// keepAliveChecks counts the checks after batches of renewals by what
 	// answered them (replica: this replica's view; etcd: a transaction).
@@ -149,7 +150,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "keyshard_api_long_polls_refused_total", Help: "Long polls and watch streams refused because this replica held limits.max_long_polls already.",
 		}),
 		keepAlives: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keyshard_member_keepalives_total", Help: "Member keep-alives this replica answered, by how they came (via: call for KeepAlive, stream for a Session stream) and result (renewed; ended: the session had ended or was replaced; failed: anything else, retried by the member).",
+			Name: "keyshard_member_keepalives_total", Help: "Member keep-alives this replica answered, by how they came (via: call for KeepAlive, stream for a Session stream, shared for a session renewed on a Sessions stream) and result (renewed; ended: the session had ended or was replaced; failed: anything else, retried by the member).",
 		}, []string{"via", "result"}),
 		keepAliveChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keyshard_member_keepalive_checks_total", Help: "Checks after batches of keep-alive renewals (is every record still on its session?), by what answered (by: replica, this replica's copy of the store at a revision read from etcd; etcd, a transaction, when the copy did not reach that revision in time or showed a record elsewhere).",
@@ -162,7 +163,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.apiConns.WithLabelValues("http")
 	m.keepAliveChecks.WithLabelValues("replica")
 	m.keepAliveChecks.WithLabelValues("etcd")
-	for _, via := range []string{"call", "stream"} {
+	for _, via := range []string{"call", "stream", "shared"} {
 		for _, result := range []string{"renewed", "ended", "failed"} {
 			m.keepAlives.WithLabelValues(via, result)
 		}

@@ -275,9 +275,11 @@ func (s *Server) Run(ctx context.Context) error {
 		// refuses a larger one before reading it whole.
 		MaxRecvMsgSize: 2*max(s.cfg.Limits.MaxRequestBytes, s.cfg.Limits.MaxReportBytes) + envelopeBytes,
 		Log:            s.log,
-		// The one stream every live member holds, on grpc-go's stream.
+		// The one stream every live member holds (or shares with the
+		// other members of its process), on grpc-go's stream.
 		Streams: map[string]grpcbridge.StreamHandler{
-			keyshardv1connect.MemberServiceSessionProcedure: s.grpcSession,
+			keyshardv1connect.MemberServiceSessionProcedure:  s.grpcSession,
+			keyshardv1connect.MemberServiceSessionsProcedure: s.grpcSessions,
 		},
 	})
 	g.Go(func() error { // exits when the listener closes

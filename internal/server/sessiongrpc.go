@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"google.golang.org/protobuf/proto"
+
 	v1 "github.com/keyshard/keyshard/api/keyshard/v1"
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/internal/grpcbridge"
@@ -22,7 +24,7 @@ func (s *Server) grpcSession(gs *grpcbridge.Stream) error {
 		return err
 	}
 	most, lim := s.cfg.Limits.readMax(procedure)
-	conn := grpcSessionConn{gs: gs, most: most, lim: lim}
+	conn := grpcConn[v1.SessionRequest, *v1.SessionRequest, *v1.SessionResponse]{gs: gs, most: most, lim: lim}
 	// The call's context ends the wait for the member's next message
 	// itself; etcd becoming unreachable cuts it (a context of the
 	// stream's own, and a callback on it, would cost each member's
@@ -32,15 +34,19 @@ func (s *Server) grpcSession(gs *grpcbridge.Stream) error {
 	})
 }
 
-// grpcSessionConn is a Session stream on grpc-go's stream.
-type grpcSessionConn struct {
+// grpcConn is a Session or Sessions stream on grpc-go's stream: requests
+// of type Req (through its pointer type PReq), responses of type Resp.
+type grpcConn[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Resp proto.Message] struct {
 	gs   *grpcbridge.Stream
 	most int
 	lim  Limit
 }
 
-func (c grpcSessionConn) Receive() (*v1.SessionRequest, error) {
-	m := new(v1.SessionRequest)
+func (c grpcConn[Req, PReq, Resp]) Receive() (PReq, error) {
+	m := PReq(new(Req))
 	err := c.gs.Receive(m, c.most)
 	var big *grpcbridge.TooLargeError
 	if errors.As(err, &big) {
@@ -52,4 +58,18 @@ func (c grpcSessionConn) Receive() (*v1.SessionRequest, error) {
 	return m, nil
 }
 
-func (c grpcSessionConn) Send(m *v1.SessionResponse) error { return c.gs.Send(m) }
+func (c grpcConn[Req, PReq, Resp]) Send(m Resp) error { return c.gs.Send(m) }
+
+// grpcSessions serves a Sessions stream opened over gRPC in protobuf on
+// grpc-go's stream itself, as grpcSession does a Session stream.
+func (s *Server) grpcSessions(gs *grpcbridge.Stream) error {
+	const procedure = keyshardv1connect.MemberServiceSessionsProcedure
+	if err := s.auth.check(procedure, gs.Header()); err != nil {
+		return err
+	}
+	most, lim := s.cfg.Limits.readMax(procedure)
+	conn := grpcConn[v1.SessionsRequest, *v1.SessionsRequest, *v1.SessionsResponse]{gs: gs, most: most, lim: lim}
+	return s.gateStream(gs.Context(), procedure, gs.Cut, func(ctx context.Context) error {
+		return (&memberService{s: s}).sessions(ctx, conn, gs.Cut, true)
+	})
+}

@@ -32,12 +32,19 @@ import (
 // through the response's read deadline (on grpc-go's stream, through
 // grpcbridge.Stream.Cut).
 func (m *memberService) Session(ctx context.Context, stream *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {
-	var cut func()
-	if w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter); ok {
-		rc := http.NewResponseController(w)
-		cut = func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) } // in the past: at once
+	return m.session(ctx, stream, readDeadlineCut(ctx), false)
+}
+
+// readDeadlineCut ends a stream handler's wait for the member's next
+// message, through the response's read deadline, which limitBodies passes
+// in ctx; nil if it did not.
+func readDeadlineCut(ctx context.Context) func() {
+	w, ok := ctx.Value(responseWriterKey{}).(http.ResponseWriter)
+	if !ok {
+		return nil
 	}
-	return m.session(ctx, stream, cut, false)
+	rc := http.NewResponseController(w)
+	return func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) } // in the past: at once
 }
 
 // sessionConn is a Session stream as its handler uses it: connect's
@@ -70,7 +77,7 @@ func (m *memberService) session(ctx context.Context, stream sessionConn, cut fun
 	}
 	defer release()
 
-	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream, cut: cut}
+	st := &sessionStream{m: m, ctx: ctx, sess: sess, stream: stream, streamEnd: streamEnd{cut: cut}}
 	defer st.close() // first of the deferred: nothing sends on the stream after the handler
 	if !ctxCuts {
 		stop := context.AfterFunc(ctx, st.unblock)
@@ -80,7 +87,7 @@ func (m *memberService) session(ctx context.Context, stream sessionConn, cut fun
 	// the session, and the grants sent next then show it.
 	if n := first.GetKeepAlive(); n != 0 {
 		if err := st.answer(n); err != nil {
-			return st.end(err)
+			return st.end(st.ctx, err)
 		}
 	}
 	m.s.sessionHub.add(st)
@@ -89,7 +96,7 @@ func (m *memberService) session(ctx context.Context, stream sessionConn, cut fun
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
-			return st.end(err)
+			return st.end(st.ctx, err)
 		}
 		if s := msg.GetSession(); s != "" && s != token {
 			return invalid("session: a message names another session than the stream's first; open a stream per session")
@@ -99,7 +106,7 @@ func (m *memberService) session(ctx context.Context, stream sessionConn, cut fun
 			return invalid("keep_alive: 0 in a message after the first; number keep-alives from 1")
 		}
 		if err := st.answer(n); err != nil {
-			return st.end(err)
+			return st.end(st.ctx, err)
 		}
 	}
 }
@@ -117,12 +124,8 @@ type sessionStream struct {
 	ctx    context.Context
 	sess   session
 	stream sessionConn
-	cut    func() // ends the handler's wait for a message; nil: it cannot
-
-	sendMu sync.Mutex // serializes Send; guards closed, err and news
-	closed bool       // the handler is returning: nothing may send
-	err    error      // why the stream must end, set by a sender
-	news   grantsNews
+	streamEnd
+	news grantsNews // (sendMu)
 
 	// sentRev and started mirror news, for poke's check without sendMu.
 	sentRev atomic.Uint64
@@ -130,9 +133,57 @@ type sessionStream struct {
 	// sending: a goroutine sends the grants; dirty: the grants may have
 	// changed since it looked.
 	sending, dirty atomic.Bool
+}
+
+// streamEnd is how a member's stream (Session, Sessions) ends: its
+// handler returns (close), a send fails (err), or the wait for the
+// member's next message is cut short (unblock).
+type streamEnd struct {
+	cut func() // ends the handler's wait for a message; nil: it cannot
+
+	sendMu sync.Mutex // serializes Send; guards closed and err
+	closed bool       // the handler is returning: nothing may send
+	err    error      // why the stream must end, set by a sender
 
 	endMu sync.Mutex // guards ended and every call of cut
 	ended bool       // the handler has returned
+}
+
+// unblock ends the handler's wait for the member's next message, if the
+// handler still runs.
+func (e *streamEnd) unblock() {
+	e.endMu.Lock()
+	defer e.endMu.Unlock()
+	if !e.ended && e.cut != nil {
+		e.cut()
+	}
+}
+
+// close stops every use of the stream: the handler is returning.
+func (e *streamEnd) close() {
+	e.endMu.Lock()
+	e.ended = true
+	e.endMu.Unlock()
+	e.sendMu.Lock()
+	e.closed = true
+	e.sendMu.Unlock()
+}
+
+// end is what the handler returns when err ended it: why a sender ended
+// the stream if one did; nothing when the replica stops serving it (ctx
+// ended: shutdown, or etcd unreachable, which reachGate answers) or the
+// member half-closed it; err otherwise.
+func (e *streamEnd) end(ctx context.Context, err error) error {
+	e.sendMu.Lock()
+	cause := e.err
+	e.sendMu.Unlock()
+	switch {
+	case cause != nil:
+		return cause
+	case ctx.Err() != nil, errors.Is(err, io.EOF):
+		return nil
+	}
+	return err
 }
 
 // answer renews the session for keep-alive n and sends the answer, on a
@@ -218,43 +269,6 @@ func (st *sessionStream) sendGrants() bool {
 	return true
 }
 
-// unblock ends the handler's wait for the member's next message, if the
-// handler still runs.
-func (st *sessionStream) unblock() {
-	st.endMu.Lock()
-	defer st.endMu.Unlock()
-	if !st.ended && st.cut != nil {
-		st.cut()
-	}
-}
-
-// close stops every use of the stream: the handler is returning.
-func (st *sessionStream) close() {
-	st.endMu.Lock()
-	st.ended = true
-	st.endMu.Unlock()
-	st.sendMu.Lock()
-	st.closed = true
-	st.sendMu.Unlock()
-}
-
-// end is what the handler returns when err ended it: why a sender ended
-// the stream if one did; nothing when the replica stops serving it (the
-// context ended: shutdown, or etcd unreachable, which reachGate answers)
-// or the member half-closed it; err otherwise.
-func (st *sessionStream) end(err error) error {
-	st.sendMu.Lock()
-	cause := st.err
-	st.sendMu.Unlock()
-	switch {
-	case cause != nil:
-		return cause
-	case st.ctx.Err() != nil, errors.Is(err, io.EOF):
-		return nil
-	}
-	return err
-}
-
 // keepAliveAnswer renews session sess for keep-alive n of its stream. A
 // session that has ended or was replaced ends the stream (NOT_FOUND, the
 // error returned), as does the stream's context ending; any other failure
@@ -285,49 +299,62 @@ type sessionHub struct {
 	ks map[string]*keyspaceStreams
 }
 
-// keyspaceStreams are the Session streams of one keyspace; its watcher
+// hubStream is a session followed on a stream: a Session stream, or one
+// session of a Sessions stream.
+type hubStream interface {
+	keyspace() string
+	// poke sends the session's grants if they changed since they last
+	// went (always, with force), without waiting on the stream.
+	poke(force bool)
+}
+
+// keyspaceStreams are the followed sessions of one keyspace; its watcher
 // runs while there are any.
 type keyspaceStreams struct {
-	streams map[*sessionStream]struct{}
+	streams map[hubStream]struct{}
 	empty   chan struct{} // closed when the last stream leaves
 }
 
-func (h *sessionHub) add(st *sessionStream) {
+func (st *sessionStream) keyspace() string { return st.sess.keyspace }
+
+func (h *sessionHub) add(st hubStream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ks == nil {
 		h.ks = map[string]*keyspaceStreams{}
 	}
-	k := h.ks[st.sess.keyspace]
+	ks := st.keyspace()
+	k := h.ks[ks]
 	if k == nil {
-		k = &keyspaceStreams{streams: map[*sessionStream]struct{}{}, empty: make(chan struct{})}
-		h.ks[st.sess.keyspace] = k
+		k = &keyspaceStreams{streams: map[hubStream]struct{}{}, empty: make(chan struct{})}
+		h.ks[ks] = k
 		// The first wait is for a change after now: st reads its first
 		// grants after add returns.
-		changed := h.s.view.keyspaceChanged(st.sess.keyspace)
-		go h.watch(st.sess.keyspace, k, changed) // exits when k's last stream leaves
+		changed := h.s.view.keyspaceChanged(ks)
+		go h.watch(ks, k, changed) // exits when k's last stream leaves
 	}
 	k.streams[st] = struct{}{}
 }
 
-func (h *sessionHub) remove(st *sessionStream) {
+func (h *sessionHub) remove(st hubStream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	k := h.ks[st.sess.keyspace]
+	ks := st.keyspace()
+	k := h.ks[ks]
 	if k == nil {
 		return
 	}
 	delete(k.streams, st)
 	if len(k.streams) == 0 {
 		close(k.empty)
-		delete(h.ks, st.sess.keyspace)
+		delete(h.ks, ks)
 	}
 }
 
 // watch pokes every stream of keyspace ks at each change of it, from the
 // change that closes changed on, until k has no stream left.
 func (h *sessionHub) watch(ks string, k *keyspaceStreams, changed <-chan struct{}) {
-	var list []*sessionStream
+	var list []hubStream
 	for {
 		select {
 		case <-changed:

@@ -3518,6 +3518,493 @@ func (x *KeepAliveAnswer) GetErrorMessage() string {
 	return ""
 }
 
+// SessionsRequest is one message of a Sessions stream: the Session
+// streams of many sessions on one HTTP/2 stream, for a process that runs
+// many members (a worker per keyspace, a host of many shard workers).
+// Each session on it is served as on a Session stream of its own: its
+// grants in a first message, then whenever they change; each keep-alive
+// renews the sessions it lists as KeepAlive does. What changes is the
+// cost: one stream and one message per keep-alive tick for all of them,
+// instead of a stream and a message per session.
+//
+// A message may open sessions, renew sessions and close sessions; it is
+// applied in that order. The process numbers the sessions it follows on
+// the stream (id: any number from 1 that no session followed on the
+// stream has), and every answer names sessions by that number.
+type SessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sessions to follow on this stream from now on. An id 0 or followed
+	// on the stream already (one closed or ended may be used again), a
+	// session already followed on it, or a malformed one is
+	// INVALID_ARGUMENT and ends the stream, nothing of the message applied.
+	Open []*SessionsOpen `protobuf:"bytes,1,rep,name=open,proto3" json:"open,omitempty"`
+	// A keep-alive, numbered by the process (1, 2, 3, ...): its answer
+	// carries the number back. 0 when renew is empty; 0 with renew set is
+	// INVALID_ARGUMENT.
+	KeepAlive uint64 `protobuf:"varint,2,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	// The ids of the sessions this keep-alive renews, each listed once
+	// (twice is INVALID_ARGUMENT): each is renewed exactly as KeepAlive
+	// renews it (the first renewal also activates the session). An id not
+	// followed on the stream (closed, ended, never opened) is answered
+	// not_found.
+	Renew []uint32 `protobuf:"varint,3,rep,packed,name=renew,proto3" json:"renew,omitempty"`
+	// The ids of sessions to stop following. The session itself goes on:
+	// renew it elsewhere or it ends after its lease TTL; Leave ends it
+	// gracefully.
+	Close         []uint32 `protobuf:"varint,4,rep,packed,name=close,proto3" json:"close,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsRequest) Reset() {
+	*x = SessionsRequest{}
+	mi := &file_keyshard_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsRequest) ProtoMessage() {}
+
+func (x *SessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsRequest.ProtoReflect.Descriptor instead.
+func (*SessionsRequest) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *SessionsRequest) GetOpen() []*SessionsOpen {
+	if x != nil {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *SessionsRequest) GetKeepAlive() uint64 {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return 0
+}
+
+func (x *SessionsRequest) GetRenew() []uint32 {
+	if x != nil {
+		return x.Renew
+	}
+	return nil
+}
+
+func (x *SessionsRequest) GetClose() []uint32 {
+	if x != nil {
+		return x.Close
+	}
+	return nil
+}
+
+// SessionsOpen starts following one session on a Sessions stream.
+type SessionsOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The process's number for the session on this stream, from 1: not
+	// that of another session followed on the stream.
+	Id uint32 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The session from Join.
+	Session string `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	// As WatchGrantsRequest.min_revision, for the session's first grants.
+	MinRevision   uint64 `protobuf:"varint,3,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsOpen) Reset() {
+	*x = SessionsOpen{}
+	mi := &file_keyshard_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsOpen) ProtoMessage() {}
+
+func (x *SessionsOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsOpen.ProtoReflect.Descriptor instead.
+func (*SessionsOpen) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *SessionsOpen) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionsOpen) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *SessionsOpen) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
+}
+
+// SessionsResponse is one message of a Sessions stream: grants of
+// sessions followed on it, the answer to one keep-alive, sessions the
+// stream no longer follows, or several of these.
+//
+// The stream ends with UNAVAILABLE when the replica stops serving it
+// (shutdown, etcd unreachable): reconnect, to this replica or another,
+// and open the sessions again. A session that ended or was replaced
+// (NOT_FOUND) is listed in ended and the stream goes on with the others.
+// A process that half-closes its side ends the stream once the
+// keep-alives it sent are answered.
+//
+// HTTP/2 only (gRPC, or Connect over HTTP/2): over HTTP/1.1 the call
+// fails with UNIMPLEMENTED.
+type SessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Each followed session's grants: in a first message after its open,
+	// then whenever they change, as WatchGrants sends them.
+	Grants []*SessionGrants `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
+	// The answer to one keep-alive, in the order the keep-alives came.
+	KeepAlive *SessionsKeepAliveAnswer `protobuf:"bytes,2,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	// Sessions the stream stopped following, and why.
+	Ended         []*SessionEnded `protobuf:"bytes,3,rep,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsResponse) Reset() {
+	*x = SessionsResponse{}
+	mi := &file_keyshard_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsResponse) ProtoMessage() {}
+
+func (x *SessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsResponse.ProtoReflect.Descriptor instead.
+func (*SessionsResponse) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *SessionsResponse) GetGrants() []*SessionGrants {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetKeepAlive() *SessionsKeepAliveAnswer {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetEnded() []*SessionEnded {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
+}
+
+// SessionGrants is one session's grants on a Sessions stream.
+type SessionGrants struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Grants        *GetGrantsResponse     `protobuf:"bytes,2,opt,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionGrants) Reset() {
+	*x = SessionGrants{}
+	mi := &file_keyshard_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionGrants) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionGrants) ProtoMessage() {}
+
+func (x *SessionGrants) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionGrants.ProtoReflect.Descriptor instead.
+func (*SessionGrants) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *SessionGrants) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionGrants) GetGrants() *GetGrantsResponse {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+// SessionsKeepAliveAnswer answers one keep-alive of a Sessions stream.
+type SessionsKeepAliveAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SessionsRequest.keep_alive of the message answered.
+	KeepAlive uint64 `protobuf:"varint,1,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	// One entry per id in the keep-alive's renew, in the same order.
+	Renewals      []*SessionRenewal `protobuf:"bytes,2,rep,name=renewals,proto3" json:"renewals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsKeepAliveAnswer) Reset() {
+	*x = SessionsKeepAliveAnswer{}
+	mi := &file_keyshard_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsKeepAliveAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsKeepAliveAnswer) ProtoMessage() {}
+
+func (x *SessionsKeepAliveAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsKeepAliveAnswer.ProtoReflect.Descriptor instead.
+func (*SessionsKeepAliveAnswer) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *SessionsKeepAliveAnswer) GetKeepAlive() uint64 {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return 0
+}
+
+func (x *SessionsKeepAliveAnswer) GetRenewals() []*SessionRenewal {
+	if x != nil {
+		return x.Renewals
+	}
+	return nil
+}
+
+// SessionRenewal is what one session's keep-alive did, as KeepAlive
+// would have answered it.
+type SessionRenewal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// As KeepAliveResponse.ttl, when the session was renewed.
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Set when it was not renewed: the Connect error code's name and what
+	// went wrong. "not_found": the session ended or was replaced, and the
+	// stream no longer follows it (it is listed in ended too). Any other
+	// code ("unavailable", "deadline_exceeded"): the session may still
+	// live; renew it again with a short backoff.
+	ErrorCode     string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRenewal) Reset() {
+	*x = SessionRenewal{}
+	mi := &file_keyshard_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRenewal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRenewal) ProtoMessage() {}
+
+func (x *SessionRenewal) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRenewal.ProtoReflect.Descriptor instead.
+func (*SessionRenewal) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SessionRenewal) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionRenewal) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *SessionRenewal) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *SessionRenewal) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+// SessionEnded says the stream no longer follows a session: it ended or
+// was replaced (error_code "not_found"), or it could not be followed
+// ("resource_exhausted": the replica holds limits.max_long_polls already;
+// "unavailable": its copy of the store stayed behind min_revision): open
+// it again after a backoff, on this stream or another.
+type SessionEnded struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	ErrorCode     string                 `protobuf:"bytes,2,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string                 `protobuf:"bytes,3,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionEnded) Reset() {
+	*x = SessionEnded{}
+	mi := &file_keyshard_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionEnded) ProtoMessage() {}
+
+func (x *SessionEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_keyshard_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionEnded.ProtoReflect.Descriptor instead.
+func (*SessionEnded) Descriptor() ([]byte, []int) {
+	return file_keyshard_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *SessionEnded) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionEnded) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *SessionEnded) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 // ReleaseRequest hands buckets back, each at the token it was granted
 // with. Every bucket must be held by the session at that token and listed
 // once, and lie in the keyspace's range (INVALID_ARGUMENT naming the entry
@@ -3544,7 +4031,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +4043,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[51]
+	mi := &file_keyshard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +4056,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{51}
+	return file_keyshard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReleaseRequest) GetSession() string {
@@ -3604,7 +4091,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +4103,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[52]
+	mi := &file_keyshard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +4116,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{52}
+	return file_keyshard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReleaseResponse) GetRevision() uint64 {
@@ -3650,7 +4137,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +4149,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[53]
+	mi := &file_keyshard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +4162,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{53}
+	return file_keyshard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LeaveRequest) GetSession() string {
@@ -3693,7 +4180,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +4192,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[54]
+	mi := &file_keyshard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +4205,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{54}
+	return file_keyshard_proto_rawDescGZIP(), []int{61}
 }
 
 // CommitRequest records the session's stream positions, the whole of them
@@ -3750,7 +4237,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4249,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[55]
+	mi := &file_keyshard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4262,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{55}
+	return file_keyshard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CommitRequest) GetSession() string {
@@ -3816,7 +4303,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3828,7 +4315,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[56]
+	mi := &file_keyshard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3841,7 +4328,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{56}
+	return file_keyshard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CommitResponse) GetRevision() uint64 {
@@ -3867,7 +4354,7 @@ type Map struct {
 
 func (x *Map) Reset() {
 	*x = Map{}
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3879,7 +4366,7 @@ func (x *Map) String() string {
 func (*Map) ProtoMessage() {}
 
 func (x *Map) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[57]
+	mi := &file_keyshard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3892,7 +4379,7 @@ func (x *Map) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Map.ProtoReflect.Descriptor instead.
 func (*Map) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{57}
+	return file_keyshard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Map) GetKeyspace() string {
@@ -3950,7 +4437,7 @@ type GetMapRequest struct {
 
 func (x *GetMapRequest) Reset() {
 	*x = GetMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3962,7 +4449,7 @@ func (x *GetMapRequest) String() string {
 func (*GetMapRequest) ProtoMessage() {}
 
 func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[58]
+	mi := &file_keyshard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3975,7 +4462,7 @@ func (x *GetMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapRequest.ProtoReflect.Descriptor instead.
 func (*GetMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{58}
+	return file_keyshard_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetMapRequest) GetKeyspace() string {
@@ -4010,7 +4497,7 @@ type GetMapResponse struct {
 
 func (x *GetMapResponse) Reset() {
 	*x = GetMapResponse{}
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4022,7 +4509,7 @@ func (x *GetMapResponse) String() string {
 func (*GetMapResponse) ProtoMessage() {}
 
 func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[59]
+	mi := &file_keyshard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4035,7 +4522,7 @@ func (x *GetMapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMapResponse.ProtoReflect.Descriptor instead.
 func (*GetMapResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{59}
+	return file_keyshard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetMapResponse) GetMap() *Map {
@@ -4062,7 +4549,7 @@ type WatchMapRequest struct {
 
 func (x *WatchMapRequest) Reset() {
 	*x = WatchMapRequest{}
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4074,7 +4561,7 @@ func (x *WatchMapRequest) String() string {
 func (*WatchMapRequest) ProtoMessage() {}
 
 func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[60]
+	mi := &file_keyshard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4087,7 +4574,7 @@ func (x *WatchMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchMapRequest.ProtoReflect.Descriptor instead.
 func (*WatchMapRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{60}
+	return file_keyshard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WatchMapRequest) GetKeyspace() string {
@@ -4114,7 +4601,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4126,7 +4613,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[61]
+	mi := &file_keyshard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4139,7 +4626,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{61}
+	return file_keyshard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *LookupRequest) GetKeyspace() string {
@@ -4169,7 +4656,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4181,7 +4668,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[62]
+	mi := &file_keyshard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4194,7 +4681,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{62}
+	return file_keyshard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *Owner) GetKey() string {
@@ -4235,7 +4722,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4247,7 +4734,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[63]
+	mi := &file_keyshard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4260,7 +4747,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{63}
+	return file_keyshard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *LookupResponse) GetEpoch() uint64 {
@@ -4292,7 +4779,7 @@ type WrongOwner struct {
 
 func (x *WrongOwner) Reset() {
 	*x = WrongOwner{}
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +4791,7 @@ func (x *WrongOwner) String() string {
 func (*WrongOwner) ProtoMessage() {}
 
 func (x *WrongOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[64]
+	mi := &file_keyshard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +4804,7 @@ func (x *WrongOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WrongOwner.ProtoReflect.Descriptor instead.
 func (*WrongOwner) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{64}
+	return file_keyshard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *WrongOwner) GetBucket() uint32 {
@@ -4382,7 +4869,7 @@ type HotKeyPool struct {
 
 func (x *HotKeyPool) Reset() {
 	*x = HotKeyPool{}
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4881,7 @@ func (x *HotKeyPool) String() string {
 func (*HotKeyPool) ProtoMessage() {}
 
 func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[65]
+	mi := &file_keyshard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4894,7 @@ func (x *HotKeyPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotKeyPool.ProtoReflect.Descriptor instead.
 func (*HotKeyPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{65}
+	return file_keyshard_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *HotKeyPool) GetName() string {
@@ -4468,7 +4955,7 @@ type PutHotKeyPoolRequest struct {
 
 func (x *PutHotKeyPoolRequest) Reset() {
 	*x = PutHotKeyPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4480,7 +4967,7 @@ func (x *PutHotKeyPoolRequest) String() string {
 func (*PutHotKeyPoolRequest) ProtoMessage() {}
 
 func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[66]
+	mi := &file_keyshard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4493,7 +4980,7 @@ func (x *PutHotKeyPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{66}
+	return file_keyshard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PutHotKeyPoolRequest) GetPool() *HotKeyPool {
@@ -4513,7 +5000,7 @@ type PutHotKeyPoolResponse struct {
 
 func (x *PutHotKeyPoolResponse) Reset() {
 	*x = PutHotKeyPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4525,7 +5012,7 @@ func (x *PutHotKeyPoolResponse) String() string {
 func (*PutHotKeyPoolResponse) ProtoMessage() {}
 
 func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[67]
+	mi := &file_keyshard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4538,7 +5025,7 @@ func (x *PutHotKeyPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHotKeyPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutHotKeyPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{67}
+	return file_keyshard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PutHotKeyPoolResponse) GetPool() *HotKeyPool {
@@ -4556,7 +5043,7 @@ type ListHotKeyPoolsRequest struct {
 
 func (x *ListHotKeyPoolsRequest) Reset() {
 	*x = ListHotKeyPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4568,7 +5055,7 @@ func (x *ListHotKeyPoolsRequest) String() string {
 func (*ListHotKeyPoolsRequest) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[68]
+	mi := &file_keyshard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4581,7 +5068,7 @@ func (x *ListHotKeyPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{68}
+	return file_keyshard_proto_rawDescGZIP(), []int{75}
 }
 
 type ListHotKeyPoolsResponse struct {
@@ -4593,7 +5080,7 @@ type ListHotKeyPoolsResponse struct {
 
 func (x *ListHotKeyPoolsResponse) Reset() {
 	*x = ListHotKeyPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4605,7 +5092,7 @@ func (x *ListHotKeyPoolsResponse) String() string {
 func (*ListHotKeyPoolsResponse) ProtoMessage() {}
 
 func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[69]
+	mi := &file_keyshard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4618,7 +5105,7 @@ func (x *ListHotKeyPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHotKeyPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListHotKeyPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{69}
+	return file_keyshard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListHotKeyPoolsResponse) GetPools() []*HotKeyPool {
@@ -4641,7 +5128,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4653,7 +5140,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[70]
+	mi := &file_keyshard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4666,7 +5153,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{70}
+	return file_keyshard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -4701,7 +5188,7 @@ type ReportHotKeysRequest struct {
 
 func (x *ReportHotKeysRequest) Reset() {
 	*x = ReportHotKeysRequest{}
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +5200,7 @@ func (x *ReportHotKeysRequest) String() string {
 func (*ReportHotKeysRequest) ProtoMessage() {}
 
 func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[71]
+	mi := &file_keyshard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +5213,7 @@ func (x *ReportHotKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysRequest.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{71}
+	return file_keyshard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReportHotKeysRequest) GetPool() string {
@@ -4762,7 +5249,7 @@ type ReportHotKeysResponse struct {
 
 func (x *ReportHotKeysResponse) Reset() {
 	*x = ReportHotKeysResponse{}
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4774,7 +5261,7 @@ func (x *ReportHotKeysResponse) String() string {
 func (*ReportHotKeysResponse) ProtoMessage() {}
 
 func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[72]
+	mi := &file_keyshard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4787,7 +5274,7 @@ func (x *ReportHotKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHotKeysResponse.ProtoReflect.Descriptor instead.
 func (*ReportHotKeysResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{72}
+	return file_keyshard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReportHotKeysResponse) GetPool() *HotKeyPool {
@@ -4822,7 +5309,7 @@ type OverflowKey struct {
 
 func (x *OverflowKey) Reset() {
 	*x = OverflowKey{}
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4834,7 +5321,7 @@ func (x *OverflowKey) String() string {
 func (*OverflowKey) ProtoMessage() {}
 
 func (x *OverflowKey) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[73]
+	mi := &file_keyshard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4847,7 +5334,7 @@ func (x *OverflowKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowKey.ProtoReflect.Descriptor instead.
 func (*OverflowKey) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{73}
+	return file_keyshard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *OverflowKey) GetKey() string {
@@ -4892,7 +5379,7 @@ type OverflowSet struct {
 
 func (x *OverflowSet) Reset() {
 	*x = OverflowSet{}
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4904,7 +5391,7 @@ func (x *OverflowSet) String() string {
 func (*OverflowSet) ProtoMessage() {}
 
 func (x *OverflowSet) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[74]
+	mi := &file_keyshard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4917,7 +5404,7 @@ func (x *OverflowSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverflowSet.ProtoReflect.Descriptor instead.
 func (*OverflowSet) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{74}
+	return file_keyshard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *OverflowSet) GetPool() string {
@@ -4954,7 +5441,7 @@ type GetOverflowSetRequest struct {
 
 func (x *GetOverflowSetRequest) Reset() {
 	*x = GetOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5453,7 @@ func (x *GetOverflowSetRequest) String() string {
 func (*GetOverflowSetRequest) ProtoMessage() {}
 
 func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[75]
+	mi := &file_keyshard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5466,7 @@ func (x *GetOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{75}
+	return file_keyshard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *GetOverflowSetRequest) GetPool() string {
@@ -5014,7 +5501,7 @@ type GetOverflowSetResponse struct {
 
 func (x *GetOverflowSetResponse) Reset() {
 	*x = GetOverflowSetResponse{}
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5026,7 +5513,7 @@ func (x *GetOverflowSetResponse) String() string {
 func (*GetOverflowSetResponse) ProtoMessage() {}
 
 func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[76]
+	mi := &file_keyshard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5039,7 +5526,7 @@ func (x *GetOverflowSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOverflowSetResponse.ProtoReflect.Descriptor instead.
 func (*GetOverflowSetResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{76}
+	return file_keyshard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *GetOverflowSetResponse) GetSet() *OverflowSet {
@@ -5066,7 +5553,7 @@ type WatchOverflowSetRequest struct {
 
 func (x *WatchOverflowSetRequest) Reset() {
 	*x = WatchOverflowSetRequest{}
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5078,7 +5565,7 @@ func (x *WatchOverflowSetRequest) String() string {
 func (*WatchOverflowSetRequest) ProtoMessage() {}
 
 func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[77]
+	mi := &file_keyshard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5091,7 +5578,7 @@ func (x *WatchOverflowSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchOverflowSetRequest.ProtoReflect.Descriptor instead.
 func (*WatchOverflowSetRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{77}
+	return file_keyshard_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *WatchOverflowSetRequest) GetPool() string {
@@ -5123,7 +5610,7 @@ type TenantOverride struct {
 
 func (x *TenantOverride) Reset() {
 	*x = TenantOverride{}
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5135,7 +5622,7 @@ func (x *TenantOverride) String() string {
 func (*TenantOverride) ProtoMessage() {}
 
 func (x *TenantOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[78]
+	mi := &file_keyshard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5148,7 +5635,7 @@ func (x *TenantOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantOverride.ProtoReflect.Descriptor instead.
 func (*TenantOverride) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{78}
+	return file_keyshard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *TenantOverride) GetSize() uint32 {
@@ -5222,7 +5709,7 @@ type TenantPoolPolicy struct {
 
 func (x *TenantPoolPolicy) Reset() {
 	*x = TenantPoolPolicy{}
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5234,7 +5721,7 @@ func (x *TenantPoolPolicy) String() string {
 func (*TenantPoolPolicy) ProtoMessage() {}
 
 func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[79]
+	mi := &file_keyshard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5247,7 +5734,7 @@ func (x *TenantPoolPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolPolicy.ProtoReflect.Descriptor instead.
 func (*TenantPoolPolicy) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{79}
+	return file_keyshard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *TenantPoolPolicy) GetCapacityPerMember() float64 {
@@ -5363,7 +5850,7 @@ type TenantPool struct {
 
 func (x *TenantPool) Reset() {
 	*x = TenantPool{}
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5375,7 +5862,7 @@ func (x *TenantPool) String() string {
 func (*TenantPool) ProtoMessage() {}
 
 func (x *TenantPool) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[80]
+	mi := &file_keyshard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5388,7 +5875,7 @@ func (x *TenantPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPool.ProtoReflect.Descriptor instead.
 func (*TenantPool) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{80}
+	return file_keyshard_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *TenantPool) GetName() string {
@@ -5425,7 +5912,7 @@ type PutTenantPoolRequest struct {
 
 func (x *PutTenantPoolRequest) Reset() {
 	*x = PutTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5437,7 +5924,7 @@ func (x *PutTenantPoolRequest) String() string {
 func (*PutTenantPoolRequest) ProtoMessage() {}
 
 func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[81]
+	mi := &file_keyshard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5450,7 +5937,7 @@ func (x *PutTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{81}
+	return file_keyshard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *PutTenantPoolRequest) GetPool() *TenantPool {
@@ -5470,7 +5957,7 @@ type PutTenantPoolResponse struct {
 
 func (x *PutTenantPoolResponse) Reset() {
 	*x = PutTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5482,7 +5969,7 @@ func (x *PutTenantPoolResponse) String() string {
 func (*PutTenantPoolResponse) ProtoMessage() {}
 
 func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[82]
+	mi := &file_keyshard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5495,7 +5982,7 @@ func (x *PutTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*PutTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{82}
+	return file_keyshard_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *PutTenantPoolResponse) GetPool() *TenantPool {
@@ -5514,7 +6001,7 @@ type DeleteTenantPoolRequest struct {
 
 func (x *DeleteTenantPoolRequest) Reset() {
 	*x = DeleteTenantPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5526,7 +6013,7 @@ func (x *DeleteTenantPoolRequest) String() string {
 func (*DeleteTenantPoolRequest) ProtoMessage() {}
 
 func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[83]
+	mi := &file_keyshard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5539,7 +6026,7 @@ func (x *DeleteTenantPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{83}
+	return file_keyshard_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *DeleteTenantPoolRequest) GetName() string {
@@ -5557,7 +6044,7 @@ type DeleteTenantPoolResponse struct {
 
 func (x *DeleteTenantPoolResponse) Reset() {
 	*x = DeleteTenantPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5569,7 +6056,7 @@ func (x *DeleteTenantPoolResponse) String() string {
 func (*DeleteTenantPoolResponse) ProtoMessage() {}
 
 func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[84]
+	mi := &file_keyshard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5582,7 +6069,7 @@ func (x *DeleteTenantPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{84}
+	return file_keyshard_proto_rawDescGZIP(), []int{91}
 }
 
 type ListTenantPoolsRequest struct {
@@ -5593,7 +6080,7 @@ type ListTenantPoolsRequest struct {
 
 func (x *ListTenantPoolsRequest) Reset() {
 	*x = ListTenantPoolsRequest{}
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5605,7 +6092,7 @@ func (x *ListTenantPoolsRequest) String() string {
 func (*ListTenantPoolsRequest) ProtoMessage() {}
 
 func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[85]
+	mi := &file_keyshard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5618,7 +6105,7 @@ func (x *ListTenantPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{85}
+	return file_keyshard_proto_rawDescGZIP(), []int{92}
 }
 
 type ListTenantPoolsResponse struct {
@@ -5630,7 +6117,7 @@ type ListTenantPoolsResponse struct {
 
 func (x *ListTenantPoolsResponse) Reset() {
 	*x = ListTenantPoolsResponse{}
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5642,7 +6129,7 @@ func (x *ListTenantPoolsResponse) String() string {
 func (*ListTenantPoolsResponse) ProtoMessage() {}
 
 func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[86]
+	mi := &file_keyshard_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5655,7 +6142,7 @@ func (x *ListTenantPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{86}
+	return file_keyshard_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListTenantPoolsResponse) GetPools() []*TenantPoolStatus {
@@ -5681,7 +6168,7 @@ type TenantPoolStatus struct {
 
 func (x *TenantPoolStatus) Reset() {
 	*x = TenantPoolStatus{}
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5693,7 +6180,7 @@ func (x *TenantPoolStatus) String() string {
 func (*TenantPoolStatus) ProtoMessage() {}
 
 func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[87]
+	mi := &file_keyshard_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5706,7 +6193,7 @@ func (x *TenantPoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPoolStatus.ProtoReflect.Descriptor instead.
 func (*TenantPoolStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{87}
+	return file_keyshard_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *TenantPoolStatus) GetPool() *TenantPool {
@@ -5761,7 +6248,7 @@ type JoinPoolRequest struct {
 
 func (x *JoinPoolRequest) Reset() {
 	*x = JoinPoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5773,7 +6260,7 @@ func (x *JoinPoolRequest) String() string {
 func (*JoinPoolRequest) ProtoMessage() {}
 
 func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[88]
+	mi := &file_keyshard_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5786,7 +6273,7 @@ func (x *JoinPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolRequest.ProtoReflect.Descriptor instead.
 func (*JoinPoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{88}
+	return file_keyshard_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *JoinPoolRequest) GetPool() string {
@@ -5821,7 +6308,7 @@ type JoinPoolResponse struct {
 
 func (x *JoinPoolResponse) Reset() {
 	*x = JoinPoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5833,7 +6320,7 @@ func (x *JoinPoolResponse) String() string {
 func (*JoinPoolResponse) ProtoMessage() {}
 
 func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[89]
+	mi := &file_keyshard_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5846,7 +6333,7 @@ func (x *JoinPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinPoolResponse.ProtoReflect.Descriptor instead.
 func (*JoinPoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{89}
+	return file_keyshard_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *JoinPoolResponse) GetSession() string {
@@ -5879,7 +6366,7 @@ type PoolKeepAliveRequest struct {
 
 func (x *PoolKeepAliveRequest) Reset() {
 	*x = PoolKeepAliveRequest{}
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5891,7 +6378,7 @@ func (x *PoolKeepAliveRequest) String() string {
 func (*PoolKeepAliveRequest) ProtoMessage() {}
 
 func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[90]
+	mi := &file_keyshard_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5904,7 +6391,7 @@ func (x *PoolKeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{90}
+	return file_keyshard_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *PoolKeepAliveRequest) GetSession() string {
@@ -5924,7 +6411,7 @@ type PoolKeepAliveResponse struct {
 
 func (x *PoolKeepAliveResponse) Reset() {
 	*x = PoolKeepAliveResponse{}
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5936,7 +6423,7 @@ func (x *PoolKeepAliveResponse) String() string {
 func (*PoolKeepAliveResponse) ProtoMessage() {}
 
 func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[91]
+	mi := &file_keyshard_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5949,7 +6436,7 @@ func (x *PoolKeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolKeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*PoolKeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{91}
+	return file_keyshard_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *PoolKeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -5995,7 +6482,7 @@ type LeavePoolRequest struct {
 
 func (x *LeavePoolRequest) Reset() {
 	*x = LeavePoolRequest{}
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6007,7 +6494,7 @@ func (x *LeavePoolRequest) String() string {
 func (*LeavePoolRequest) ProtoMessage() {}
 
 func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[92]
+	mi := &file_keyshard_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6020,7 +6507,7 @@ func (x *LeavePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolRequest.ProtoReflect.Descriptor instead.
 func (*LeavePoolRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{92}
+	return file_keyshard_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *LeavePoolRequest) GetSession() string {
@@ -6064,7 +6551,7 @@ type LeavePoolResponse struct {
 
 func (x *LeavePoolResponse) Reset() {
 	*x = LeavePoolResponse{}
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6076,7 +6563,7 @@ func (x *LeavePoolResponse) String() string {
 func (*LeavePoolResponse) ProtoMessage() {}
 
 func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[93]
+	mi := &file_keyshard_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6089,7 +6576,7 @@ func (x *LeavePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeavePoolResponse.ProtoReflect.Descriptor instead.
 func (*LeavePoolResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{93}
+	return file_keyshard_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *LeavePoolResponse) GetDone() bool {
@@ -6135,7 +6622,7 @@ type MarkReadyRequest struct {
 
 func (x *MarkReadyRequest) Reset() {
 	*x = MarkReadyRequest{}
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6147,7 +6634,7 @@ func (x *MarkReadyRequest) String() string {
 func (*MarkReadyRequest) ProtoMessage() {}
 
 func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[94]
+	mi := &file_keyshard_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6160,7 +6647,7 @@ func (x *MarkReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyRequest.ProtoReflect.Descriptor instead.
 func (*MarkReadyRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{94}
+	return file_keyshard_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *MarkReadyRequest) GetSession() string {
@@ -6187,7 +6674,7 @@ type MarkReadyResponse struct {
 
 func (x *MarkReadyResponse) Reset() {
 	*x = MarkReadyResponse{}
-	mi := &file_keyshard_proto_msgTypes[95]
+	mi := &file_keyshard_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6199,7 +6686,7 @@ func (x *MarkReadyResponse) String() string {
 func (*MarkReadyResponse) ProtoMessage() {}
 
 func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[95]
+	mi := &file_keyshard_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6212,7 +6699,7 @@ func (x *MarkReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkReadyResponse.ProtoReflect.Descriptor instead.
 func (*MarkReadyResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{95}
+	return file_keyshard_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *MarkReadyResponse) GetMarked() uint32 {
@@ -6243,7 +6730,7 @@ type TenantCount struct {
 
 func (x *TenantCount) Reset() {
 	*x = TenantCount{}
-	mi := &file_keyshard_proto_msgTypes[96]
+	mi := &file_keyshard_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6255,7 +6742,7 @@ func (x *TenantCount) String() string {
 func (*TenantCount) ProtoMessage() {}
 
 func (x *TenantCount) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[96]
+	mi := &file_keyshard_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6268,7 +6755,7 @@ func (x *TenantCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantCount.ProtoReflect.Descriptor instead.
 func (*TenantCount) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{96}
+	return file_keyshard_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *TenantCount) GetTenant() string {
@@ -6320,7 +6807,7 @@ type ReportLoadRequest struct {
 
 func (x *ReportLoadRequest) Reset() {
 	*x = ReportLoadRequest{}
-	mi := &file_keyshard_proto_msgTypes[97]
+	mi := &file_keyshard_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6332,7 +6819,7 @@ func (x *ReportLoadRequest) String() string {
 func (*ReportLoadRequest) ProtoMessage() {}
 
 func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[97]
+	mi := &file_keyshard_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6345,7 +6832,7 @@ func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadRequest.ProtoReflect.Descriptor instead.
 func (*ReportLoadRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{97}
+	return file_keyshard_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ReportLoadRequest) GetPool() string {
@@ -6401,7 +6888,7 @@ type ReportLoadResponse struct {
 
 func (x *ReportLoadResponse) Reset() {
 	*x = ReportLoadResponse{}
-	mi := &file_keyshard_proto_msgTypes[98]
+	mi := &file_keyshard_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6413,7 +6900,7 @@ func (x *ReportLoadResponse) String() string {
 func (*ReportLoadResponse) ProtoMessage() {}
 
 func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[98]
+	mi := &file_keyshard_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6426,7 +6913,7 @@ func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadResponse.ProtoReflect.Descriptor instead.
 func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{98}
+	return file_keyshard_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ReportLoadResponse) GetOutcome() ReportOutcome {
@@ -6457,7 +6944,7 @@ type TargetSpan struct {
 
 func (x *TargetSpan) Reset() {
 	*x = TargetSpan{}
-	mi := &file_keyshard_proto_msgTypes[99]
+	mi := &file_keyshard_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6469,7 +6956,7 @@ func (x *TargetSpan) String() string {
 func (*TargetSpan) ProtoMessage() {}
 
 func (x *TargetSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[99]
+	mi := &file_keyshard_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6482,7 +6969,7 @@ func (x *TargetSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetSpan.ProtoReflect.Descriptor instead.
 func (*TargetSpan) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{99}
+	return file_keyshard_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *TargetSpan) GetFrom() *timestamppb.Timestamp {
@@ -6514,7 +7001,7 @@ type TenantPlacement struct {
 
 func (x *TenantPlacement) Reset() {
 	*x = TenantPlacement{}
-	mi := &file_keyshard_proto_msgTypes[100]
+	mi := &file_keyshard_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6526,7 +7013,7 @@ func (x *TenantPlacement) String() string {
 func (*TenantPlacement) ProtoMessage() {}
 
 func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[100]
+	mi := &file_keyshard_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6539,7 +7026,7 @@ func (x *TenantPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPlacement.ProtoReflect.Descriptor instead.
 func (*TenantPlacement) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{100}
+	return file_keyshard_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *TenantPlacement) GetMember() string {
@@ -6573,7 +7060,7 @@ type TenantRemoval struct {
 
 func (x *TenantRemoval) Reset() {
 	*x = TenantRemoval{}
-	mi := &file_keyshard_proto_msgTypes[101]
+	mi := &file_keyshard_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6585,7 +7072,7 @@ func (x *TenantRemoval) String() string {
 func (*TenantRemoval) ProtoMessage() {}
 
 func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[101]
+	mi := &file_keyshard_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6598,7 +7085,7 @@ func (x *TenantRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRemoval.ProtoReflect.Descriptor instead.
 func (*TenantRemoval) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{101}
+	return file_keyshard_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *TenantRemoval) GetMember() string {
@@ -6642,7 +7129,7 @@ type TenantAssignment struct {
 
 func (x *TenantAssignment) Reset() {
 	*x = TenantAssignment{}
-	mi := &file_keyshard_proto_msgTypes[102]
+	mi := &file_keyshard_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6654,7 +7141,7 @@ func (x *TenantAssignment) String() string {
 func (*TenantAssignment) ProtoMessage() {}
 
 func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[102]
+	mi := &file_keyshard_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6667,7 +7154,7 @@ func (x *TenantAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantAssignment.ProtoReflect.Descriptor instead.
 func (*TenantAssignment) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{102}
+	return file_keyshard_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *TenantAssignment) GetTenant() string {
@@ -6742,7 +7229,7 @@ type PoolSnapshot struct {
 
 func (x *PoolSnapshot) Reset() {
 	*x = PoolSnapshot{}
-	mi := &file_keyshard_proto_msgTypes[103]
+	mi := &file_keyshard_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6754,7 +7241,7 @@ func (x *PoolSnapshot) String() string {
 func (*PoolSnapshot) ProtoMessage() {}
 
 func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[103]
+	mi := &file_keyshard_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6767,7 +7254,7 @@ func (x *PoolSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSnapshot.ProtoReflect.Descriptor instead.
 func (*PoolSnapshot) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{103}
+	return file_keyshard_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *PoolSnapshot) GetPool() string {
@@ -6833,7 +7320,7 @@ type GetPoolSnapshotRequest struct {
 
 func (x *GetPoolSnapshotRequest) Reset() {
 	*x = GetPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[104]
+	mi := &file_keyshard_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6845,7 +7332,7 @@ func (x *GetPoolSnapshotRequest) String() string {
 func (*GetPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[104]
+	mi := &file_keyshard_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6858,7 +7345,7 @@ func (x *GetPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{104}
+	return file_keyshard_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *GetPoolSnapshotRequest) GetPool() string {
@@ -6894,7 +7381,7 @@ type GetPoolSnapshotResponse struct {
 
 func (x *GetPoolSnapshotResponse) Reset() {
 	*x = GetPoolSnapshotResponse{}
-	mi := &file_keyshard_proto_msgTypes[105]
+	mi := &file_keyshard_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6906,7 +7393,7 @@ func (x *GetPoolSnapshotResponse) String() string {
 func (*GetPoolSnapshotResponse) ProtoMessage() {}
 
 func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[105]
+	mi := &file_keyshard_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6919,7 +7406,7 @@ func (x *GetPoolSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{105}
+	return file_keyshard_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *GetPoolSnapshotResponse) GetSnapshot() *PoolSnapshot {
@@ -6949,7 +7436,7 @@ type WatchPoolSnapshotRequest struct {
 
 func (x *WatchPoolSnapshotRequest) Reset() {
 	*x = WatchPoolSnapshotRequest{}
-	mi := &file_keyshard_proto_msgTypes[106]
+	mi := &file_keyshard_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6961,7 +7448,7 @@ func (x *WatchPoolSnapshotRequest) String() string {
 func (*WatchPoolSnapshotRequest) ProtoMessage() {}
 
 func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[106]
+	mi := &file_keyshard_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6974,7 +7461,7 @@ func (x *WatchPoolSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPoolSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*WatchPoolSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{106}
+	return file_keyshard_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *WatchPoolSnapshotRequest) GetPool() string {
@@ -7007,7 +7494,7 @@ type TenantStatus struct {
 
 func (x *TenantStatus) Reset() {
 	*x = TenantStatus{}
-	mi := &file_keyshard_proto_msgTypes[107]
+	mi := &file_keyshard_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7019,7 +7506,7 @@ func (x *TenantStatus) String() string {
 func (*TenantStatus) ProtoMessage() {}
 
 func (x *TenantStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[107]
+	mi := &file_keyshard_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7032,7 +7519,7 @@ func (x *TenantStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantStatus.ProtoReflect.Descriptor instead.
 func (*TenantStatus) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{107}
+	return file_keyshard_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *TenantStatus) GetAssignment() *TenantAssignment {
@@ -7077,7 +7564,7 @@ type GetTenantsRequest struct {
 
 func (x *GetTenantsRequest) Reset() {
 	*x = GetTenantsRequest{}
-	mi := &file_keyshard_proto_msgTypes[108]
+	mi := &file_keyshard_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7089,7 +7576,7 @@ func (x *GetTenantsRequest) String() string {
 func (*GetTenantsRequest) ProtoMessage() {}
 
 func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[108]
+	mi := &file_keyshard_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7102,7 +7589,7 @@ func (x *GetTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{108}
+	return file_keyshard_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *GetTenantsRequest) GetPool() string {
@@ -7138,7 +7625,7 @@ type GetTenantsResponse struct {
 
 func (x *GetTenantsResponse) Reset() {
 	*x = GetTenantsResponse{}
-	mi := &file_keyshard_proto_msgTypes[109]
+	mi := &file_keyshard_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7150,7 +7637,7 @@ func (x *GetTenantsResponse) String() string {
 func (*GetTenantsResponse) ProtoMessage() {}
 
 func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keyshard_proto_msgTypes[109]
+	mi := &file_keyshard_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7163,7 +7650,7 @@ func (x *GetTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantsResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_keyshard_proto_rawDescGZIP(), []int{109}
+	return file_keyshard_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *GetTenantsResponse) GetVersion() uint64 {
@@ -7399,7 +7886,40 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x99\x01\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x8b\x01\n" +
+	"\x0fSessionsRequest\x12-\n" +
+	"\x04open\x18\x01 \x03(\v2\x19.keyshard.v1.SessionsOpenR\x04open\x12\x1d\n" +
+	"\n" +
+	"keep_alive\x18\x02 \x01(\x04R\tkeepAlive\x12\x14\n" +
+	"\x05renew\x18\x03 \x03(\rR\x05renew\x12\x14\n" +
+	"\x05close\x18\x04 \x03(\rR\x05close\"[\n" +
+	"\fSessionsOpen\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12!\n" +
+	"\fmin_revision\x18\x03 \x01(\x04R\vminRevision\"\xbc\x01\n" +
+	"\x10SessionsResponse\x122\n" +
+	"\x06grants\x18\x01 \x03(\v2\x1a.keyshard.v1.SessionGrantsR\x06grants\x12C\n" +
+	"\n" +
+	"keep_alive\x18\x02 \x01(\v2$.keyshard.v1.SessionsKeepAliveAnswerR\tkeepAlive\x12/\n" +
+	"\x05ended\x18\x03 \x03(\v2\x19.keyshard.v1.SessionEndedR\x05ended\"W\n" +
+	"\rSessionGrants\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x126\n" +
+	"\x06grants\x18\x02 \x01(\v2\x1e.keyshard.v1.GetGrantsResponseR\x06grants\"q\n" +
+	"\x17SessionsKeepAliveAnswer\x12\x1d\n" +
+	"\n" +
+	"keep_alive\x18\x01 \x01(\x04R\tkeepAlive\x127\n" +
+	"\brenewals\x18\x02 \x03(\v2\x1b.keyshard.v1.SessionRenewalR\brenewals\"\x91\x01\n" +
+	"\x0eSessionRenewal\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"b\n" +
+	"\fSessionEnded\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x02 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"\x99\x01\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x122\n" +
 	"\abuckets\x18\x02 \x03(\v2\x18.keyshard.v1.BucketGrantR\abuckets\x129\n" +
@@ -7681,13 +8201,14 @@ const file_keyshard_proto_rawDesc = "" +
 	"\x12GetKeyspaceHistory\x12&.keyshard.v1.GetKeyspaceHistoryRequest\x1a'.keyshard.v1.GetKeyspaceHistoryResponse\"\x03\x90\x02\x01\x12R\n" +
 	"\n" +
 	"GetBuckets\x12\x1e.keyshard.v1.GetBucketsRequest\x1a\x1f.keyshard.v1.GetBucketsResponse\"\x03\x90\x02\x01\x12d\n" +
-	"\x10GetHotKeyReports\x12$.keyshard.v1.GetHotKeyReportsRequest\x1a%.keyshard.v1.GetHotKeyReportsResponse\"\x03\x90\x02\x012\xc9\x04\n" +
+	"\x10GetHotKeyReports\x12$.keyshard.v1.GetHotKeyReportsRequest\x1a%.keyshard.v1.GetHotKeyReportsResponse\"\x03\x90\x02\x012\x96\x05\n" +
 	"\rMemberService\x12;\n" +
 	"\x04Join\x12\x18.keyshard.v1.JoinRequest\x1a\x19.keyshard.v1.JoinResponse\x12J\n" +
 	"\tKeepAlive\x12\x1d.keyshard.v1.KeepAliveRequest\x1a\x1e.keyshard.v1.KeepAliveResponse\x12J\n" +
 	"\tGetGrants\x12\x1d.keyshard.v1.GetGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse\x12P\n" +
 	"\vWatchGrants\x12\x1f.keyshard.v1.WatchGrantsRequest\x1a\x1e.keyshard.v1.GetGrantsResponse0\x01\x12H\n" +
-	"\aSession\x12\x1b.keyshard.v1.SessionRequest\x1a\x1c.keyshard.v1.SessionResponse(\x010\x01\x12D\n" +
+	"\aSession\x12\x1b.keyshard.v1.SessionRequest\x1a\x1c.keyshard.v1.SessionResponse(\x010\x01\x12K\n" +
+	"\bSessions\x12\x1c.keyshard.v1.SessionsRequest\x1a\x1d.keyshard.v1.SessionsResponse(\x010\x01\x12D\n" +
 	"\aRelease\x12\x1b.keyshard.v1.ReleaseRequest\x1a\x1c.keyshard.v1.ReleaseResponse\x12>\n" +
 	"\x05Leave\x12\x19.keyshard.v1.LeaveRequest\x1a\x1a.keyshard.v1.LeaveResponse\x12A\n" +
 	"\x06Commit\x12\x1a.keyshard.v1.CommitRequest\x1a\x1b.keyshard.v1.CommitResponse2\xd5\x01\n" +
@@ -7728,7 +8249,7 @@ func file_keyshard_proto_rawDescGZIP() []byte {
 }
 
 var file_keyshard_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
+var file_keyshard_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_keyshard_proto_goTypes = []any{
 	(KeyspaceMode)(0),                  // 0: keyshard.v1.KeyspaceMode
 	(MoveReason)(0),                    // 1: keyshard.v1.MoveReason
@@ -7785,254 +8306,270 @@ var file_keyshard_proto_goTypes = []any{
 	(*SessionRequest)(nil),             // 52: keyshard.v1.SessionRequest
 	(*SessionResponse)(nil),            // 53: keyshard.v1.SessionResponse
 	(*KeepAliveAnswer)(nil),            // 54: keyshard.v1.KeepAliveAnswer
-	(*ReleaseRequest)(nil),             // 55: keyshard.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 56: keyshard.v1.ReleaseResponse
-	(*LeaveRequest)(nil),               // 57: keyshard.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 58: keyshard.v1.LeaveResponse
-	(*CommitRequest)(nil),              // 59: keyshard.v1.CommitRequest
-	(*CommitResponse)(nil),             // 60: keyshard.v1.CommitResponse
-	(*Map)(nil),                        // 61: keyshard.v1.Map
-	(*GetMapRequest)(nil),              // 62: keyshard.v1.GetMapRequest
-	(*GetMapResponse)(nil),             // 63: keyshard.v1.GetMapResponse
-	(*WatchMapRequest)(nil),            // 64: keyshard.v1.WatchMapRequest
-	(*LookupRequest)(nil),              // 65: keyshard.v1.LookupRequest
-	(*Owner)(nil),                      // 66: keyshard.v1.Owner
-	(*LookupResponse)(nil),             // 67: keyshard.v1.LookupResponse
-	(*WrongOwner)(nil),                 // 68: keyshard.v1.WrongOwner
-	(*HotKeyPool)(nil),                 // 69: keyshard.v1.HotKeyPool
-	(*PutHotKeyPoolRequest)(nil),       // 70: keyshard.v1.PutHotKeyPoolRequest
-	(*PutHotKeyPoolResponse)(nil),      // 71: keyshard.v1.PutHotKeyPoolResponse
-	(*ListHotKeyPoolsRequest)(nil),     // 72: keyshard.v1.ListHotKeyPoolsRequest
-	(*ListHotKeyPoolsResponse)(nil),    // 73: keyshard.v1.ListHotKeyPoolsResponse
-	(*KeyRate)(nil),                    // 74: keyshard.v1.KeyRate
-	(*ReportHotKeysRequest)(nil),       // 75: keyshard.v1.ReportHotKeysRequest
-	(*ReportHotKeysResponse)(nil),      // 76: keyshard.v1.ReportHotKeysResponse
-	(*OverflowKey)(nil),                // 77: keyshard.v1.OverflowKey
-	(*OverflowSet)(nil),                // 78: keyshard.v1.OverflowSet
-	(*GetOverflowSetRequest)(nil),      // 79: keyshard.v1.GetOverflowSetRequest
-	(*GetOverflowSetResponse)(nil),     // 80: keyshard.v1.GetOverflowSetResponse
-	(*WatchOverflowSetRequest)(nil),    // 81: keyshard.v1.WatchOverflowSetRequest
-	(*TenantOverride)(nil),             // 82: keyshard.v1.TenantOverride
-	(*TenantPoolPolicy)(nil),           // 83: keyshard.v1.TenantPoolPolicy
-	(*TenantPool)(nil),                 // 84: keyshard.v1.TenantPool
-	(*PutTenantPoolRequest)(nil),       // 85: keyshard.v1.PutTenantPoolRequest
-	(*PutTenantPoolResponse)(nil),      // 86: keyshard.v1.PutTenantPoolResponse
-	(*DeleteTenantPoolRequest)(nil),    // 87: keyshard.v1.DeleteTenantPoolRequest
-	(*DeleteTenantPoolResponse)(nil),   // 88: keyshard.v1.DeleteTenantPoolResponse
-	(*ListTenantPoolsRequest)(nil),     // 89: keyshard.v1.ListTenantPoolsRequest
-	(*ListTenantPoolsResponse)(nil),    // 90: keyshard.v1.ListTenantPoolsResponse
-	(*TenantPoolStatus)(nil),           // 91: keyshard.v1.TenantPoolStatus
-	(*JoinPoolRequest)(nil),            // 92: keyshard.v1.JoinPoolRequest
-	(*JoinPoolResponse)(nil),           // 93: keyshard.v1.JoinPoolResponse
-	(*PoolKeepAliveRequest)(nil),       // 94: keyshard.v1.PoolKeepAliveRequest
-	(*PoolKeepAliveResponse)(nil),      // 95: keyshard.v1.PoolKeepAliveResponse
-	(*LeavePoolRequest)(nil),           // 96: keyshard.v1.LeavePoolRequest
-	(*LeavePoolResponse)(nil),          // 97: keyshard.v1.LeavePoolResponse
-	(*MarkReadyRequest)(nil),           // 98: keyshard.v1.MarkReadyRequest
-	(*MarkReadyResponse)(nil),          // 99: keyshard.v1.MarkReadyResponse
-	(*TenantCount)(nil),                // 100: keyshard.v1.TenantCount
-	(*ReportLoadRequest)(nil),          // 101: keyshard.v1.ReportLoadRequest
-	(*ReportLoadResponse)(nil),         // 102: keyshard.v1.ReportLoadResponse
-	(*TargetSpan)(nil),                 // 103: keyshard.v1.TargetSpan
-	(*TenantPlacement)(nil),            // 104: keyshard.v1.TenantPlacement
-	(*TenantRemoval)(nil),              // 105: keyshard.v1.TenantRemoval
-	(*TenantAssignment)(nil),           // 106: keyshard.v1.TenantAssignment
-	(*PoolSnapshot)(nil),               // 107: keyshard.v1.PoolSnapshot
-	(*GetPoolSnapshotRequest)(nil),     // 108: keyshard.v1.GetPoolSnapshotRequest
-	(*GetPoolSnapshotResponse)(nil),    // 109: keyshard.v1.GetPoolSnapshotResponse
-	(*WatchPoolSnapshotRequest)(nil),   // 110: keyshard.v1.WatchPoolSnapshotRequest
-	(*TenantStatus)(nil),               // 111: keyshard.v1.TenantStatus
-	(*GetTenantsRequest)(nil),          // 112: keyshard.v1.GetTenantsRequest
-	(*GetTenantsResponse)(nil),         // 113: keyshard.v1.GetTenantsResponse
-	nil,                                // 114: keyshard.v1.Member.MetadataEntry
-	nil,                                // 115: keyshard.v1.TenantPoolPolicy.OverridesEntry
-	(*durationpb.Duration)(nil),        // 116: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 117: google.protobuf.Timestamp
+	(*SessionsRequest)(nil),            // 55: keyshard.v1.SessionsRequest
+	(*SessionsOpen)(nil),               // 56: keyshard.v1.SessionsOpen
+	(*SessionsResponse)(nil),           // 57: keyshard.v1.SessionsResponse
+	(*SessionGrants)(nil),              // 58: keyshard.v1.SessionGrants
+	(*SessionsKeepAliveAnswer)(nil),    // 59: keyshard.v1.SessionsKeepAliveAnswer
+	(*SessionRenewal)(nil),             // 60: keyshard.v1.SessionRenewal
+	(*SessionEnded)(nil),               // 61: keyshard.v1.SessionEnded
+	(*ReleaseRequest)(nil),             // 62: keyshard.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 63: keyshard.v1.ReleaseResponse
+	(*LeaveRequest)(nil),               // 64: keyshard.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 65: keyshard.v1.LeaveResponse
+	(*CommitRequest)(nil),              // 66: keyshard.v1.CommitRequest
+	(*CommitResponse)(nil),             // 67: keyshard.v1.CommitResponse
+	(*Map)(nil),                        // 68: keyshard.v1.Map
+	(*GetMapRequest)(nil),              // 69: keyshard.v1.GetMapRequest
+	(*GetMapResponse)(nil),             // 70: keyshard.v1.GetMapResponse
+	(*WatchMapRequest)(nil),            // 71: keyshard.v1.WatchMapRequest
+	(*LookupRequest)(nil),              // 72: keyshard.v1.LookupRequest
+	(*Owner)(nil),                      // 73: keyshard.v1.Owner
+	(*LookupResponse)(nil),             // 74: keyshard.v1.LookupResponse
+	(*WrongOwner)(nil),                 // 75: keyshard.v1.WrongOwner
+	(*HotKeyPool)(nil),                 // 76: keyshard.v1.HotKeyPool
+	(*PutHotKeyPoolRequest)(nil),       // 77: keyshard.v1.PutHotKeyPoolRequest
+	(*PutHotKeyPoolResponse)(nil),      // 78: keyshard.v1.PutHotKeyPoolResponse
+	(*ListHotKeyPoolsRequest)(nil),     // 79: keyshard.v1.ListHotKeyPoolsRequest
+	(*ListHotKeyPoolsResponse)(nil),    // 80: keyshard.v1.ListHotKeyPoolsResponse
+	(*KeyRate)(nil),                    // 81: keyshard.v1.KeyRate
+	(*ReportHotKeysRequest)(nil),       // 82: keyshard.v1.ReportHotKeysRequest
+	(*ReportHotKeysResponse)(nil),      // 83: keyshard.v1.ReportHotKeysResponse
+	(*OverflowKey)(nil),                // 84: keyshard.v1.OverflowKey
+	(*OverflowSet)(nil),                // 85: keyshard.v1.OverflowSet
+	(*GetOverflowSetRequest)(nil),      // 86: keyshard.v1.GetOverflowSetRequest
+	(*GetOverflowSetResponse)(nil),     // 87: keyshard.v1.GetOverflowSetResponse
+	(*WatchOverflowSetRequest)(nil),    // 88: keyshard.v1.WatchOverflowSetRequest
+	(*TenantOverride)(nil),             // 89: keyshard.v1.TenantOverride
+	(*TenantPoolPolicy)(nil),           // 90: keyshard.v1.TenantPoolPolicy
+	(*TenantPool)(nil),                 // 91: keyshard.v1.TenantPool
+	(*PutTenantPoolRequest)(nil),       // 92: keyshard.v1.PutTenantPoolRequest
+	(*PutTenantPoolResponse)(nil),      // 93: keyshard.v1.PutTenantPoolResponse
+	(*DeleteTenantPoolRequest)(nil),    // 94: keyshard.v1.DeleteTenantPoolRequest
+	(*DeleteTenantPoolResponse)(nil),   // 95: keyshard.v1.DeleteTenantPoolResponse
+	(*ListTenantPoolsRequest)(nil),     // 96: keyshard.v1.ListTenantPoolsRequest
+	(*ListTenantPoolsResponse)(nil),    // 97: keyshard.v1.ListTenantPoolsResponse
+	(*TenantPoolStatus)(nil),           // 98: keyshard.v1.TenantPoolStatus
+	(*JoinPoolRequest)(nil),            // 99: keyshard.v1.JoinPoolRequest
+	(*JoinPoolResponse)(nil),           // 100: keyshard.v1.JoinPoolResponse
+	(*PoolKeepAliveRequest)(nil),       // 101: keyshard.v1.PoolKeepAliveRequest
+	(*PoolKeepAliveResponse)(nil),      // 102: keyshard.v1.PoolKeepAliveResponse
+	(*LeavePoolRequest)(nil),           // 103: keyshard.v1.LeavePoolRequest
+	(*LeavePoolResponse)(nil),          // 104: keyshard.v1.LeavePoolResponse
+	(*MarkReadyRequest)(nil),           // 105: keyshard.v1.MarkReadyRequest
+	(*MarkReadyResponse)(nil),          // 106: keyshard.v1.MarkReadyResponse
+	(*TenantCount)(nil),                // 107: keyshard.v1.TenantCount
+	(*ReportLoadRequest)(nil),          // 108: keyshard.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil),         // 109: keyshard.v1.ReportLoadResponse
+	(*TargetSpan)(nil),                 // 110: keyshard.v1.TargetSpan
+	(*TenantPlacement)(nil),            // 111: keyshard.v1.TenantPlacement
+	(*TenantRemoval)(nil),              // 112: keyshard.v1.TenantRemoval
+	(*TenantAssignment)(nil),           // 113: keyshard.v1.TenantAssignment
+	(*PoolSnapshot)(nil),               // 114: keyshard.v1.PoolSnapshot
+	(*GetPoolSnapshotRequest)(nil),     // 115: keyshard.v1.GetPoolSnapshotRequest
+	(*GetPoolSnapshotResponse)(nil),    // 116: keyshard.v1.GetPoolSnapshotResponse
+	(*WatchPoolSnapshotRequest)(nil),   // 117: keyshard.v1.WatchPoolSnapshotRequest
+	(*TenantStatus)(nil),               // 118: keyshard.v1.TenantStatus
+	(*GetTenantsRequest)(nil),          // 119: keyshard.v1.GetTenantsRequest
+	(*GetTenantsResponse)(nil),         // 120: keyshard.v1.GetTenantsResponse
+	nil,                                // 121: keyshard.v1.Member.MetadataEntry
+	nil,                                // 122: keyshard.v1.TenantPoolPolicy.OverridesEntry
+	(*durationpb.Duration)(nil),        // 123: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 124: google.protobuf.Timestamp
 }
 var file_keyshard_proto_depIdxs = []int32{
 	0,   // 0: keyshard.v1.Keyspace.mode:type_name -> keyshard.v1.KeyspaceMode
-	116, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
-	116, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
+	123, // 1: keyshard.v1.Keyspace.lease_ttl:type_name -> google.protobuf.Duration
+	123, // 2: keyshard.v1.Keyspace.drain_timeout:type_name -> google.protobuf.Duration
 	4,   // 3: keyshard.v1.CreateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 4: keyshard.v1.CreateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 5: keyshard.v1.GetKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 6: keyshard.v1.ListKeyspacesResponse.keyspaces:type_name -> keyshard.v1.Keyspace
 	4,   // 7: keyshard.v1.UpdateKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	4,   // 8: keyshard.v1.UpdateKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	114, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
+	121, // 9: keyshard.v1.Member.metadata:type_name -> keyshard.v1.Member.MetadataEntry
 	13,  // 10: keyshard.v1.MemberStatus.member:type_name -> keyshard.v1.Member
-	116, // 11: keyshard.v1.MemberStatus.lease_left:type_name -> google.protobuf.Duration
+	123, // 11: keyshard.v1.MemberStatus.lease_left:type_name -> google.protobuf.Duration
 	14,  // 12: keyshard.v1.ListMembersResponse.members:type_name -> keyshard.v1.MemberStatus
 	19,  // 13: keyshard.v1.GetPositionsResponse.runs:type_name -> keyshard.v1.PositionRun
 	20,  // 14: keyshard.v1.GetPositionsResponse.behind:type_name -> keyshard.v1.BucketBehind
 	4,   // 15: keyshard.v1.ImportKeyspaceRequest.keyspace:type_name -> keyshard.v1.Keyspace
 	26,  // 16: keyshard.v1.ImportKeyspaceRequest.instances:type_name -> keyshard.v1.ImportInstance
-	116, // 17: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
+	123, // 17: keyshard.v1.ImportKeyspaceRequest.wait_for_instances:type_name -> google.protobuf.Duration
 	4,   // 18: keyshard.v1.ImportKeyspaceResponse.keyspace:type_name -> keyshard.v1.Keyspace
 	32,  // 19: keyshard.v1.StatusResponse.keyspaces:type_name -> keyshard.v1.KeyspaceStatus
 	30,  // 20: keyshard.v1.StatusResponse.replicas:type_name -> keyshard.v1.ReplicaInfo
 	31,  // 21: keyshard.v1.StatusResponse.store:type_name -> keyshard.v1.StoreHealth
-	116, // 22: keyshard.v1.StoreHealth.latency:type_name -> google.protobuf.Duration
+	123, // 22: keyshard.v1.StoreHealth.latency:type_name -> google.protobuf.Duration
 	4,   // 23: keyshard.v1.KeyspaceStatus.keyspace:type_name -> keyshard.v1.Keyspace
 	35,  // 24: keyshard.v1.GetKeyspaceHistoryResponse.changes:type_name -> keyshard.v1.EpochChange
-	117, // 25: keyshard.v1.EpochChange.time:type_name -> google.protobuf.Timestamp
+	124, // 25: keyshard.v1.EpochChange.time:type_name -> google.protobuf.Timestamp
 	1,   // 26: keyshard.v1.EpochChange.reason:type_name -> keyshard.v1.MoveReason
 	36,  // 27: keyshard.v1.EpochChange.moves:type_name -> keyshard.v1.Move
 	39,  // 28: keyshard.v1.GetBucketsResponse.runs:type_name -> keyshard.v1.BucketRun
 	2,   // 29: keyshard.v1.BucketRun.state:type_name -> keyshard.v1.BucketState
 	42,  // 30: keyshard.v1.GetHotKeyReportsResponse.reports:type_name -> keyshard.v1.HotKeyReportInfo
-	117, // 31: keyshard.v1.HotKeyReportInfo.time:type_name -> google.protobuf.Timestamp
-	74,  // 32: keyshard.v1.HotKeyReportInfo.keys:type_name -> keyshard.v1.KeyRate
+	124, // 31: keyshard.v1.HotKeyReportInfo.time:type_name -> google.protobuf.Timestamp
+	81,  // 32: keyshard.v1.HotKeyReportInfo.keys:type_name -> keyshard.v1.KeyRate
 	13,  // 33: keyshard.v1.JoinRequest.member:type_name -> keyshard.v1.Member
-	116, // 34: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
+	123, // 34: keyshard.v1.JoinResponse.lease_ttl:type_name -> google.protobuf.Duration
 	4,   // 35: keyshard.v1.JoinResponse.keyspace:type_name -> keyshard.v1.Keyspace
-	116, // 36: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	116, // 37: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
+	123, // 36: keyshard.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	123, // 37: keyshard.v1.GetGrantsRequest.wait:type_name -> google.protobuf.Duration
 	43,  // 38: keyshard.v1.GetGrantsResponse.grants:type_name -> keyshard.v1.BucketGrant
 	50,  // 39: keyshard.v1.SessionResponse.grants:type_name -> keyshard.v1.GetGrantsResponse
 	54,  // 40: keyshard.v1.SessionResponse.keep_alive:type_name -> keyshard.v1.KeepAliveAnswer
-	116, // 41: keyshard.v1.KeepAliveAnswer.ttl:type_name -> google.protobuf.Duration
-	43,  // 42: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
-	44,  // 43: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
-	44,  // 44: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
-	13,  // 45: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
-	116, // 46: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
-	61,  // 47: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
-	66,  // 48: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
-	116, // 49: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
-	116, // 50: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
-	69,  // 51: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
-	69,  // 52: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	69,  // 53: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
-	74,  // 54: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
-	69,  // 55: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
-	117, // 56: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
-	117, // 57: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
-	77,  // 58: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
-	116, // 59: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
-	78,  // 60: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
-	116, // 61: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
-	116, // 62: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
-	116, // 63: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
-	115, // 64: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
-	116, // 65: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
-	116, // 66: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
-	83,  // 67: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	116, // 68: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
-	84,  // 69: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
-	84,  // 70: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	91,  // 71: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
-	84,  // 72: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
-	117, // 73: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
-	13,  // 74: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
-	116, // 75: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
-	84,  // 76: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
-	116, // 77: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	117, // 78: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
-	117, // 79: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
-	100, // 80: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
-	116, // 81: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
-	3,   // 82: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
-	117, // 83: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
-	117, // 84: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
-	117, // 85: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
-	104, // 86: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
-	105, // 87: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
-	103, // 88: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
-	117, // 89: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
-	83,  // 90: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
-	13,  // 91: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
-	106, // 92: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
-	116, // 93: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
-	107, // 94: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
-	106, // 95: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
-	111, // 96: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
-	82,  // 97: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
-	5,   // 98: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
-	7,   // 99: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
-	9,   // 100: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
-	11,  // 101: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
-	15,  // 102: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
-	17,  // 103: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
-	28,  // 104: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
-	70,  // 105: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
-	21,  // 106: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
-	23,  // 107: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
-	25,  // 108: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
-	72,  // 109: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
-	33,  // 110: keyshard.v1.AdminService.GetKeyspaceHistory:input_type -> keyshard.v1.GetKeyspaceHistoryRequest
-	37,  // 111: keyshard.v1.AdminService.GetBuckets:input_type -> keyshard.v1.GetBucketsRequest
-	40,  // 112: keyshard.v1.AdminService.GetHotKeyReports:input_type -> keyshard.v1.GetHotKeyReportsRequest
-	45,  // 113: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
-	47,  // 114: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
-	49,  // 115: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
-	51,  // 116: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
-	52,  // 117: keyshard.v1.MemberService.Session:input_type -> keyshard.v1.SessionRequest
-	55,  // 118: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
-	57,  // 119: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
-	59,  // 120: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
-	62,  // 121: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
-	64,  // 122: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
-	65,  // 123: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
-	75,  // 124: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
-	79,  // 125: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
-	81,  // 126: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
-	85,  // 127: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
-	87,  // 128: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
-	89,  // 129: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
-	92,  // 130: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
-	94,  // 131: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
-	96,  // 132: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
-	98,  // 133: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
-	101, // 134: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
-	108, // 135: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
-	110, // 136: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
-	112, // 137: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
-	6,   // 138: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
-	8,   // 139: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
-	10,  // 140: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
-	12,  // 141: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
-	16,  // 142: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
-	18,  // 143: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
-	29,  // 144: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
-	71,  // 145: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
-	22,  // 146: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
-	24,  // 147: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
-	27,  // 148: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
-	73,  // 149: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
-	34,  // 150: keyshard.v1.AdminService.GetKeyspaceHistory:output_type -> keyshard.v1.GetKeyspaceHistoryResponse
-	38,  // 151: keyshard.v1.AdminService.GetBuckets:output_type -> keyshard.v1.GetBucketsResponse
-	41,  // 152: keyshard.v1.AdminService.GetHotKeyReports:output_type -> keyshard.v1.GetHotKeyReportsResponse
-	46,  // 153: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
-	48,  // 154: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
-	50,  // 155: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
-	50,  // 156: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
-	53,  // 157: keyshard.v1.MemberService.Session:output_type -> keyshard.v1.SessionResponse
-	56,  // 158: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
-	58,  // 159: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
-	60,  // 160: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
-	63,  // 161: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
-	61,  // 162: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
-	67,  // 163: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
-	76,  // 164: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
-	80,  // 165: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
-	78,  // 166: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
-	86,  // 167: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
-	88,  // 168: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
-	90,  // 169: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
-	93,  // 170: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
-	95,  // 171: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
-	97,  // 172: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
-	99,  // 173: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
-	102, // 174: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
-	109, // 175: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
-	107, // 176: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
-	113, // 177: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
-	138, // [138:178] is the sub-list for method output_type
-	98,  // [98:138] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	123, // 41: keyshard.v1.KeepAliveAnswer.ttl:type_name -> google.protobuf.Duration
+	56,  // 42: keyshard.v1.SessionsRequest.open:type_name -> keyshard.v1.SessionsOpen
+	58,  // 43: keyshard.v1.SessionsResponse.grants:type_name -> keyshard.v1.SessionGrants
+	59,  // 44: keyshard.v1.SessionsResponse.keep_alive:type_name -> keyshard.v1.SessionsKeepAliveAnswer
+	61,  // 45: keyshard.v1.SessionsResponse.ended:type_name -> keyshard.v1.SessionEnded
+	50,  // 46: keyshard.v1.SessionGrants.grants:type_name -> keyshard.v1.GetGrantsResponse
+	60,  // 47: keyshard.v1.SessionsKeepAliveAnswer.renewals:type_name -> keyshard.v1.SessionRenewal
+	123, // 48: keyshard.v1.SessionRenewal.ttl:type_name -> google.protobuf.Duration
+	43,  // 49: keyshard.v1.ReleaseRequest.buckets:type_name -> keyshard.v1.BucketGrant
+	44,  // 50: keyshard.v1.ReleaseRequest.positions:type_name -> keyshard.v1.BucketPosition
+	44,  // 51: keyshard.v1.CommitRequest.exceptions:type_name -> keyshard.v1.BucketPosition
+	13,  // 52: keyshard.v1.Map.members:type_name -> keyshard.v1.Member
+	123, // 53: keyshard.v1.GetMapRequest.wait:type_name -> google.protobuf.Duration
+	68,  // 54: keyshard.v1.GetMapResponse.map:type_name -> keyshard.v1.Map
+	73,  // 55: keyshard.v1.LookupResponse.owners:type_name -> keyshard.v1.Owner
+	123, // 56: keyshard.v1.HotKeyPool.cooldown:type_name -> google.protobuf.Duration
+	123, // 57: keyshard.v1.HotKeyPool.report_max_age:type_name -> google.protobuf.Duration
+	76,  // 58: keyshard.v1.PutHotKeyPoolRequest.pool:type_name -> keyshard.v1.HotKeyPool
+	76,  // 59: keyshard.v1.PutHotKeyPoolResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	76,  // 60: keyshard.v1.ListHotKeyPoolsResponse.pools:type_name -> keyshard.v1.HotKeyPool
+	81,  // 61: keyshard.v1.ReportHotKeysRequest.keys:type_name -> keyshard.v1.KeyRate
+	76,  // 62: keyshard.v1.ReportHotKeysResponse.pool:type_name -> keyshard.v1.HotKeyPool
+	124, // 63: keyshard.v1.OverflowKey.since:type_name -> google.protobuf.Timestamp
+	124, // 64: keyshard.v1.OverflowKey.cooling_since:type_name -> google.protobuf.Timestamp
+	84,  // 65: keyshard.v1.OverflowSet.keys:type_name -> keyshard.v1.OverflowKey
+	123, // 66: keyshard.v1.GetOverflowSetRequest.wait:type_name -> google.protobuf.Duration
+	85,  // 67: keyshard.v1.GetOverflowSetResponse.set:type_name -> keyshard.v1.OverflowSet
+	123, // 68: keyshard.v1.TenantPoolPolicy.shrink_cooldown:type_name -> google.protobuf.Duration
+	123, // 69: keyshard.v1.TenantPoolPolicy.lookback:type_name -> google.protobuf.Duration
+	123, // 70: keyshard.v1.TenantPoolPolicy.warm_up:type_name -> google.protobuf.Duration
+	122, // 71: keyshard.v1.TenantPoolPolicy.overrides:type_name -> keyshard.v1.TenantPoolPolicy.OverridesEntry
+	123, // 72: keyshard.v1.TenantPoolPolicy.forget_after:type_name -> google.protobuf.Duration
+	123, // 73: keyshard.v1.TenantPoolPolicy.window:type_name -> google.protobuf.Duration
+	90,  // 74: keyshard.v1.TenantPool.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	123, // 75: keyshard.v1.TenantPool.lease_ttl:type_name -> google.protobuf.Duration
+	91,  // 76: keyshard.v1.PutTenantPoolRequest.pool:type_name -> keyshard.v1.TenantPool
+	91,  // 77: keyshard.v1.PutTenantPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	98,  // 78: keyshard.v1.ListTenantPoolsResponse.pools:type_name -> keyshard.v1.TenantPoolStatus
+	91,  // 79: keyshard.v1.TenantPoolStatus.pool:type_name -> keyshard.v1.TenantPool
+	124, // 80: keyshard.v1.TenantPoolStatus.updated:type_name -> google.protobuf.Timestamp
+	13,  // 81: keyshard.v1.JoinPoolRequest.member:type_name -> keyshard.v1.Member
+	123, // 82: keyshard.v1.JoinPoolResponse.lease_ttl:type_name -> google.protobuf.Duration
+	91,  // 83: keyshard.v1.JoinPoolResponse.pool:type_name -> keyshard.v1.TenantPool
+	123, // 84: keyshard.v1.PoolKeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	124, // 85: keyshard.v1.LeavePoolResponse.read_until:type_name -> google.protobuf.Timestamp
+	124, // 86: keyshard.v1.ReportLoadRequest.time:type_name -> google.protobuf.Timestamp
+	107, // 87: keyshard.v1.ReportLoadRequest.counts:type_name -> keyshard.v1.TenantCount
+	123, // 88: keyshard.v1.ReportLoadRequest.period:type_name -> google.protobuf.Duration
+	3,   // 89: keyshard.v1.ReportLoadResponse.outcome:type_name -> keyshard.v1.ReportOutcome
+	124, // 90: keyshard.v1.TargetSpan.from:type_name -> google.protobuf.Timestamp
+	124, // 91: keyshard.v1.TenantPlacement.added:type_name -> google.protobuf.Timestamp
+	124, // 92: keyshard.v1.TenantRemoval.at:type_name -> google.protobuf.Timestamp
+	111, // 93: keyshard.v1.TenantAssignment.members:type_name -> keyshard.v1.TenantPlacement
+	112, // 94: keyshard.v1.TenantAssignment.removed:type_name -> keyshard.v1.TenantRemoval
+	110, // 95: keyshard.v1.TenantAssignment.targets:type_name -> keyshard.v1.TargetSpan
+	124, // 96: keyshard.v1.TenantAssignment.when:type_name -> google.protobuf.Timestamp
+	90,  // 97: keyshard.v1.PoolSnapshot.policy:type_name -> keyshard.v1.TenantPoolPolicy
+	13,  // 98: keyshard.v1.PoolSnapshot.members:type_name -> keyshard.v1.Member
+	113, // 99: keyshard.v1.PoolSnapshot.tenants:type_name -> keyshard.v1.TenantAssignment
+	123, // 100: keyshard.v1.GetPoolSnapshotRequest.wait:type_name -> google.protobuf.Duration
+	114, // 101: keyshard.v1.GetPoolSnapshotResponse.snapshot:type_name -> keyshard.v1.PoolSnapshot
+	113, // 102: keyshard.v1.TenantStatus.assignment:type_name -> keyshard.v1.TenantAssignment
+	118, // 103: keyshard.v1.GetTenantsResponse.tenants:type_name -> keyshard.v1.TenantStatus
+	89,  // 104: keyshard.v1.TenantPoolPolicy.OverridesEntry.value:type_name -> keyshard.v1.TenantOverride
+	5,   // 105: keyshard.v1.AdminService.CreateKeyspace:input_type -> keyshard.v1.CreateKeyspaceRequest
+	7,   // 106: keyshard.v1.AdminService.GetKeyspace:input_type -> keyshard.v1.GetKeyspaceRequest
+	9,   // 107: keyshard.v1.AdminService.ListKeyspaces:input_type -> keyshard.v1.ListKeyspacesRequest
+	11,  // 108: keyshard.v1.AdminService.UpdateKeyspace:input_type -> keyshard.v1.UpdateKeyspaceRequest
+	15,  // 109: keyshard.v1.AdminService.ListMembers:input_type -> keyshard.v1.ListMembersRequest
+	17,  // 110: keyshard.v1.AdminService.DrainMember:input_type -> keyshard.v1.DrainMemberRequest
+	28,  // 111: keyshard.v1.AdminService.Status:input_type -> keyshard.v1.StatusRequest
+	77,  // 112: keyshard.v1.AdminService.PutHotKeyPool:input_type -> keyshard.v1.PutHotKeyPoolRequest
+	21,  // 113: keyshard.v1.AdminService.GetPositions:input_type -> keyshard.v1.GetPositionsRequest
+	23,  // 114: keyshard.v1.AdminService.ResetPositions:input_type -> keyshard.v1.ResetPositionsRequest
+	25,  // 115: keyshard.v1.AdminService.ImportKeyspace:input_type -> keyshard.v1.ImportKeyspaceRequest
+	79,  // 116: keyshard.v1.AdminService.ListHotKeyPools:input_type -> keyshard.v1.ListHotKeyPoolsRequest
+	33,  // 117: keyshard.v1.AdminService.GetKeyspaceHistory:input_type -> keyshard.v1.GetKeyspaceHistoryRequest
+	37,  // 118: keyshard.v1.AdminService.GetBuckets:input_type -> keyshard.v1.GetBucketsRequest
+	40,  // 119: keyshard.v1.AdminService.GetHotKeyReports:input_type -> keyshard.v1.GetHotKeyReportsRequest
+	45,  // 120: keyshard.v1.MemberService.Join:input_type -> keyshard.v1.JoinRequest
+	47,  // 121: keyshard.v1.MemberService.KeepAlive:input_type -> keyshard.v1.KeepAliveRequest
+	49,  // 122: keyshard.v1.MemberService.GetGrants:input_type -> keyshard.v1.GetGrantsRequest
+	51,  // 123: keyshard.v1.MemberService.WatchGrants:input_type -> keyshard.v1.WatchGrantsRequest
+	52,  // 124: keyshard.v1.MemberService.Session:input_type -> keyshard.v1.SessionRequest
+	55,  // 125: keyshard.v1.MemberService.Sessions:input_type -> keyshard.v1.SessionsRequest
+	62,  // 126: keyshard.v1.MemberService.Release:input_type -> keyshard.v1.ReleaseRequest
+	64,  // 127: keyshard.v1.MemberService.Leave:input_type -> keyshard.v1.LeaveRequest
+	66,  // 128: keyshard.v1.MemberService.Commit:input_type -> keyshard.v1.CommitRequest
+	69,  // 129: keyshard.v1.MapService.GetMap:input_type -> keyshard.v1.GetMapRequest
+	71,  // 130: keyshard.v1.MapService.WatchMap:input_type -> keyshard.v1.WatchMapRequest
+	72,  // 131: keyshard.v1.MapService.Lookup:input_type -> keyshard.v1.LookupRequest
+	82,  // 132: keyshard.v1.HotKeyService.ReportHotKeys:input_type -> keyshard.v1.ReportHotKeysRequest
+	86,  // 133: keyshard.v1.HotKeyService.GetOverflowSet:input_type -> keyshard.v1.GetOverflowSetRequest
+	88,  // 134: keyshard.v1.HotKeyService.WatchOverflowSet:input_type -> keyshard.v1.WatchOverflowSetRequest
+	92,  // 135: keyshard.v1.TenantPoolService.PutTenantPool:input_type -> keyshard.v1.PutTenantPoolRequest
+	94,  // 136: keyshard.v1.TenantPoolService.DeleteTenantPool:input_type -> keyshard.v1.DeleteTenantPoolRequest
+	96,  // 137: keyshard.v1.TenantPoolService.ListTenantPools:input_type -> keyshard.v1.ListTenantPoolsRequest
+	99,  // 138: keyshard.v1.TenantPoolService.JoinPool:input_type -> keyshard.v1.JoinPoolRequest
+	101, // 139: keyshard.v1.TenantPoolService.PoolKeepAlive:input_type -> keyshard.v1.PoolKeepAliveRequest
+	103, // 140: keyshard.v1.TenantPoolService.LeavePool:input_type -> keyshard.v1.LeavePoolRequest
+	105, // 141: keyshard.v1.TenantPoolService.MarkReady:input_type -> keyshard.v1.MarkReadyRequest
+	108, // 142: keyshard.v1.TenantPoolService.ReportLoad:input_type -> keyshard.v1.ReportLoadRequest
+	115, // 143: keyshard.v1.TenantPoolService.GetPoolSnapshot:input_type -> keyshard.v1.GetPoolSnapshotRequest
+	117, // 144: keyshard.v1.TenantPoolService.WatchPoolSnapshot:input_type -> keyshard.v1.WatchPoolSnapshotRequest
+	119, // 145: keyshard.v1.TenantPoolService.GetTenants:input_type -> keyshard.v1.GetTenantsRequest
+	6,   // 146: keyshard.v1.AdminService.CreateKeyspace:output_type -> keyshard.v1.CreateKeyspaceResponse
+	8,   // 147: keyshard.v1.AdminService.GetKeyspace:output_type -> keyshard.v1.GetKeyspaceResponse
+	10,  // 148: keyshard.v1.AdminService.ListKeyspaces:output_type -> keyshard.v1.ListKeyspacesResponse
+	12,  // 149: keyshard.v1.AdminService.UpdateKeyspace:output_type -> keyshard.v1.UpdateKeyspaceResponse
+	16,  // 150: keyshard.v1.AdminService.ListMembers:output_type -> keyshard.v1.ListMembersResponse
+	18,  // 151: keyshard.v1.AdminService.DrainMember:output_type -> keyshard.v1.DrainMemberResponse
+	29,  // 152: keyshard.v1.AdminService.Status:output_type -> keyshard.v1.StatusResponse
+	78,  // 153: keyshard.v1.AdminService.PutHotKeyPool:output_type -> keyshard.v1.PutHotKeyPoolResponse
+	22,  // 154: keyshard.v1.AdminService.GetPositions:output_type -> keyshard.v1.GetPositionsResponse
+	24,  // 155: keyshard.v1.AdminService.ResetPositions:output_type -> keyshard.v1.ResetPositionsResponse
+	27,  // 156: keyshard.v1.AdminService.ImportKeyspace:output_type -> keyshard.v1.ImportKeyspaceResponse
+	80,  // 157: keyshard.v1.AdminService.ListHotKeyPools:output_type -> keyshard.v1.ListHotKeyPoolsResponse
+	34,  // 158: keyshard.v1.AdminService.GetKeyspaceHistory:output_type -> keyshard.v1.GetKeyspaceHistoryResponse
+	38,  // 159: keyshard.v1.AdminService.GetBuckets:output_type -> keyshard.v1.GetBucketsResponse
+	41,  // 160: keyshard.v1.AdminService.GetHotKeyReports:output_type -> keyshard.v1.GetHotKeyReportsResponse
+	46,  // 161: keyshard.v1.MemberService.Join:output_type -> keyshard.v1.JoinResponse
+	48,  // 162: keyshard.v1.MemberService.KeepAlive:output_type -> keyshard.v1.KeepAliveResponse
+	50,  // 163: keyshard.v1.MemberService.GetGrants:output_type -> keyshard.v1.GetGrantsResponse
+	50,  // 164: keyshard.v1.MemberService.WatchGrants:output_type -> keyshard.v1.GetGrantsResponse
+	53,  // 165: keyshard.v1.MemberService.Session:output_type -> keyshard.v1.SessionResponse
+	57,  // 166: keyshard.v1.MemberService.Sessions:output_type -> keyshard.v1.SessionsResponse
+	63,  // 167: keyshard.v1.MemberService.Release:output_type -> keyshard.v1.ReleaseResponse
+	65,  // 168: keyshard.v1.MemberService.Leave:output_type -> keyshard.v1.LeaveResponse
+	67,  // 169: keyshard.v1.MemberService.Commit:output_type -> keyshard.v1.CommitResponse
+	70,  // 170: keyshard.v1.MapService.GetMap:output_type -> keyshard.v1.GetMapResponse
+	68,  // 171: keyshard.v1.MapService.WatchMap:output_type -> keyshard.v1.Map
+	74,  // 172: keyshard.v1.MapService.Lookup:output_type -> keyshard.v1.LookupResponse
+	83,  // 173: keyshard.v1.HotKeyService.ReportHotKeys:output_type -> keyshard.v1.ReportHotKeysResponse
+	87,  // 174: keyshard.v1.HotKeyService.GetOverflowSet:output_type -> keyshard.v1.GetOverflowSetResponse
+	85,  // 175: keyshard.v1.HotKeyService.WatchOverflowSet:output_type -> keyshard.v1.OverflowSet
+	93,  // 176: keyshard.v1.TenantPoolService.PutTenantPool:output_type -> keyshard.v1.PutTenantPoolResponse
+	95,  // 177: keyshard.v1.TenantPoolService.DeleteTenantPool:output_type -> keyshard.v1.DeleteTenantPoolResponse
+	97,  // 178: keyshard.v1.TenantPoolService.ListTenantPools:output_type -> keyshard.v1.ListTenantPoolsResponse
+	100, // 179: keyshard.v1.TenantPoolService.JoinPool:output_type -> keyshard.v1.JoinPoolResponse
+	102, // 180: keyshard.v1.TenantPoolService.PoolKeepAlive:output_type -> keyshard.v1.PoolKeepAliveResponse
+	104, // 181: keyshard.v1.TenantPoolService.LeavePool:output_type -> keyshard.v1.LeavePoolResponse
+	106, // 182: keyshard.v1.TenantPoolService.MarkReady:output_type -> keyshard.v1.MarkReadyResponse
+	109, // 183: keyshard.v1.TenantPoolService.ReportLoad:output_type -> keyshard.v1.ReportLoadResponse
+	116, // 184: keyshard.v1.TenantPoolService.GetPoolSnapshot:output_type -> keyshard.v1.GetPoolSnapshotResponse
+	114, // 185: keyshard.v1.TenantPoolService.WatchPoolSnapshot:output_type -> keyshard.v1.PoolSnapshot
+	120, // 186: keyshard.v1.TenantPoolService.GetTenants:output_type -> keyshard.v1.GetTenantsResponse
+	146, // [146:187] is the sub-list for method output_type
+	105, // [105:146] is the sub-list for method input_type
+	105, // [105:105] is the sub-list for extension type_name
+	105, // [105:105] is the sub-list for extension extendee
+	0,   // [0:105] is the sub-list for field type_name
 }
 
 func init() { file_keyshard_proto_init() }
@@ -8046,7 +8583,7 @@ func file_keyshard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keyshard_proto_rawDesc), len(file_keyshard_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   112,
+			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

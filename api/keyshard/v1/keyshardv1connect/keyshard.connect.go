@@ -118,6 +118,8 @@ const (
 	MemberServiceWatchGrantsProcedure = "/keyshard.v1.MemberService/WatchGrants"
 	// MemberServiceSessionProcedure is the fully-qualified name of the MemberService's Session RPC.
 	MemberServiceSessionProcedure = "/keyshard.v1.MemberService/Session"
+	// MemberServiceSessionsProcedure is the fully-qualified name of the MemberService's Sessions RPC.
+	MemberServiceSessionsProcedure = "/keyshard.v1.MemberService/Sessions"
 	// MemberServiceReleaseProcedure is the fully-qualified name of the MemberService's Release RPC.
 	MemberServiceReleaseProcedure = "/keyshard.v1.MemberService/Release"
 	// MemberServiceLeaveProcedure is the fully-qualified name of the MemberService's Leave RPC.
@@ -653,6 +655,9 @@ type MemberServiceClient interface {
 	// WatchGrants and KeepAlive on one stream (HTTP/2 only): see
 	// SessionRequest.
 	Session(context.Context) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse]
+	// Many sessions' Session streams on one stream (HTTP/2 only): see
+	// SessionsRequest.
+	Sessions(context.Context) *connect.BidiStreamForClient[v1.SessionsRequest, v1.SessionsResponse]
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
 	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
@@ -699,6 +704,12 @@ func NewMemberServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(memberServiceMethods.ByName("Session")),
 			connect.WithClientOptions(opts...),
 		),
+		sessions: connect.NewClient[v1.SessionsRequest, v1.SessionsResponse](
+			httpClient,
+			baseURL+MemberServiceSessionsProcedure,
+			connect.WithSchema(memberServiceMethods.ByName("Sessions")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+MemberServiceReleaseProcedure,
@@ -727,6 +738,7 @@ type memberServiceClient struct {
 	getGrants   *connect.Client[v1.GetGrantsRequest, v1.GetGrantsResponse]
 	watchGrants *connect.Client[v1.WatchGrantsRequest, v1.GetGrantsResponse]
 	session     *connect.Client[v1.SessionRequest, v1.SessionResponse]
+	sessions    *connect.Client[v1.SessionsRequest, v1.SessionsResponse]
 	release     *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	leave       *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
 	commit      *connect.Client[v1.CommitRequest, v1.CommitResponse]
@@ -757,6 +769,11 @@ func (c *memberServiceClient) Session(ctx context.Context) *connect.BidiStreamFo
 	return c.session.CallBidiStream(ctx)
 }
 
+// Sessions calls keyshard.v1.MemberService.Sessions.
+func (c *memberServiceClient) Sessions(ctx context.Context) *connect.BidiStreamForClient[v1.SessionsRequest, v1.SessionsResponse] {
+	return c.sessions.CallBidiStream(ctx)
+}
+
 // Release calls keyshard.v1.MemberService.Release.
 func (c *memberServiceClient) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return c.release.CallUnary(ctx, req)
@@ -781,6 +798,9 @@ type MemberServiceHandler interface {
 	// WatchGrants and KeepAlive on one stream (HTTP/2 only): see
 	// SessionRequest.
 	Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error
+	// Many sessions' Session streams on one stream (HTTP/2 only): see
+	// SessionsRequest.
+	Sessions(context.Context, *connect.BidiStream[v1.SessionsRequest, v1.SessionsResponse]) error
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
 	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
 	Commit(context.Context, *connect.Request[v1.CommitRequest]) (*connect.Response[v1.CommitResponse], error)
@@ -823,6 +843,12 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(memberServiceMethods.ByName("Session")),
 		connect.WithHandlerOptions(opts...),
 	)
+	memberServiceSessionsHandler := connect.NewBidiStreamHandler(
+		MemberServiceSessionsProcedure,
+		svc.Sessions,
+		connect.WithSchema(memberServiceMethods.ByName("Sessions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	memberServiceReleaseHandler := connect.NewUnaryHandler(
 		MemberServiceReleaseProcedure,
 		svc.Release,
@@ -853,6 +879,8 @@ func NewMemberServiceHandler(svc MemberServiceHandler, opts ...connect.HandlerOp
 			memberServiceWatchGrantsHandler.ServeHTTP(w, r)
 		case MemberServiceSessionProcedure:
 			memberServiceSessionHandler.ServeHTTP(w, r)
+		case MemberServiceSessionsProcedure:
+			memberServiceSessionsHandler.ServeHTTP(w, r)
 		case MemberServiceReleaseProcedure:
 			memberServiceReleaseHandler.ServeHTTP(w, r)
 		case MemberServiceLeaveProcedure:
@@ -886,6 +914,10 @@ func (UnimplementedMemberServiceHandler) WatchGrants(context.Context, *connect.R
 
 func (UnimplementedMemberServiceHandler) Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.Session is not implemented"))
+}
+
+func (UnimplementedMemberServiceHandler) Sessions(context.Context, *connect.BidiStream[v1.SessionsRequest, v1.SessionsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("keyshard.v1.MemberService.Sessions is not implemented"))
 }
 
 func (UnimplementedMemberServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
