@@ -52,6 +52,7 @@ type clientOptions struct {
 	log            *slog.Logger
 	replicaTimeout time.Duration
 	grpc           bool
+	sharedSessions bool
 	hcSet          bool
 	tlsSet         bool
 }
@@ -103,6 +104,23 @@ func GRPC() Option {
 // calls are bounded only by their context.
 func ReplicaTimeout(d time.Duration) Option {
 	return clientOpt(func(o *clientOptions) { o.replicaTimeout = d })
+}
+
+// SharedSessionStreams makes the Workers of the Client share their
+// Session streams: instead of a stream each, they carry their grants and
+// keep-alives on one MemberService.Sessions stream per replica, opened
+// when the first Worker's session needs it and closed when no session
+// uses it any more. Keep-alives that fall due together go in one message
+// (at most one such message every 100ms per stream); each keeps its own
+// bound, and one the replica does not answer in time ends the shared
+// stream, as it ends a Session stream. The stream needs HTTP/2, as
+// Session streams do (GRPC, https, or an HTTPClient that speaks h2c); a
+// replica that answers it UNIMPLEMENTED makes the Workers use
+// WatchGrants and KeepAlive calls instead, for the rest of the Client's
+// life. It is meant for a process that runs many Workers on one Client;
+// without it each Worker has a Session stream of its own (see Worker).
+func SharedSessionStreams() Option {
+	return clientOpt(func(o *clientOptions) { o.sharedSessions = true })
 }
 
 type sharedOpt struct {
@@ -193,6 +211,10 @@ type Client struct {
 	noSession error
 	// noSessionLogged: (mu) noSession was logged.
 	noSessionLogged bool
+
+	// shared are the Sessions streams of SharedSessionStreams; see
+	// sessionmux.go.
+	shared sharedStreams
 
 	ctx       context.Context // cancelled by Close; every call is bound to it
 	cancel    context.CancelFunc
@@ -340,6 +362,7 @@ func Dial(rawURL string, opts ...Option) (*Client, error) {
 	}
 	c.moved, c.onMove = context.WithCancel(context.Background())
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.shared.init()
 	return c, nil
 }
 
@@ -422,15 +445,15 @@ func (c *Client) sessionStreams() bool {
 	return c.noSession == nil
 }
 
-// noSessionStreams records that a Session stream was answered
-// UNIMPLEMENTED (err): an older server, or a transport or proxy that
-// speaks HTTP/1.1. The Client's Workers open none for the rest of its
-// life; it logs that once (at Info).
-func (c *Client) noSessionStreams(err error) {
+// noSessionStreams records that a stream of rpc (Session or Sessions)
+// was answered UNIMPLEMENTED (err): an older server, or a transport or
+// proxy that speaks HTTP/1.1. The Client's Workers open none for the rest
+// of its life; it logs that once (at Info).
+func (c *Client) noSessionStreams(rpc string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.noSession == nil {
-		c.noSession = fmt.Errorf("a replica answered a Session stream UNIMPLEMENTED: %w", err)
+		c.noSession = fmt.Errorf("a replica answered a %s stream UNIMPLEMENTED: %w", rpc, err)
 	}
 	c.logNoSessionLocked()
 }
@@ -453,12 +476,15 @@ func (c *Client) Clock() clock.Clock { return c.opts.clock }
 func (c *Client) Logger() *slog.Logger { return c.opts.log }
 
 // Close cancels the Client's calls in flight, including the streams of
-// its Routers and Workers, and closes idle connections. Later calls
-// return ErrClosed. Close the Client's Workers (which leave gracefully)
-// and Routers first. Close is idempotent and returns nil.
+// its Routers and Workers, waits for the goroutines of its shared
+// Sessions streams (SharedSessionStreams) to exit, and closes idle
+// connections. Later calls return ErrClosed. Close the Client's Workers
+// (which leave gracefully) and Routers first. Close is idempotent and
+// returns nil.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.cancel()
+		c.shared.close()
 		if c.ownHTTP != nil {
 			c.ownHTTP.CloseIdleConnections()
 		}
@@ -636,7 +662,14 @@ func (b *bidiStream[Req, Res]) closeRequest() {
 // transport that is still reading it sees no cancelled context, so
 // Receive would not return.
 func bidi[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Context) *connect.BidiStreamForClient[Req, Res], serve func(*bidiStream[Req, Res]) error) error {
-	return onPreferred(ctx, c, func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error {
+	n, moved := c.preferred()
+	return bidiOn(ctx, c, n, moved, f, serve)
+}
+
+// bidiOn is bidi on replica eps[n], which was the preferred one while
+// moved was live.
+func bidiOn[S, Req, Res any](ctx context.Context, c *Client, n int, moved context.Context, f func(S, context.Context) *connect.BidiStreamForClient[Req, Res], serve func(*bidiStream[Req, Res]) error) error {
+	return onReplica(ctx, c, n, moved, func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error {
 		b := &bidiStream[Req, Res]{st: f(service[S](e), sctx), abort: abort}
 		if c.authz != "" {
 			b.st.RequestHeader().Set("Authorization", c.authz)
@@ -657,12 +690,19 @@ func bidi[S, Req, Res any](ctx context.Context, c *Client, f func(S, context.Con
 // translated. ErrUnavailable, unless the Client moved already, makes the
 // next replica the preferred one, so that the next stream opens there.
 func onPreferred(ctx context.Context, c *Client, open func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error) error {
+	n, moved := c.preferred()
+	return onReplica(ctx, c, n, moved, open)
+}
+
+// onReplica is onPreferred on replica eps[n], which was the preferred
+// one while moved was live: a stream opened after the Client moved on
+// ends at once (errMoved).
+func onReplica(ctx context.Context, c *Client, n int, moved context.Context, open func(sctx context.Context, abort context.CancelCauseFunc, e *endpoint) error) error {
 	if c.closed() {
 		return ErrClosed
 	}
 	ctx, cancel := c.bind(ctx)
 	defer cancel()
-	n, moved := c.preferred()
 	e := c.eps[n]
 	sctx, scancel := context.WithCancelCause(ctx)
 	defer scancel(nil)

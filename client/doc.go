@@ -16,10 +16,12 @@
 // With several replicas, a call moves on to the next replica when one
 // answers Unavailable, fails in transport, or does not answer within
 // ReplicaTimeout; streams follow. Over HTTP/2 a Worker's grants and
-// keep-alives ride one Session stream (see Worker). Give workers every
-// replica's URL (at least two): a session is valid through any replica,
-// and a worker whose only replica is paused or cut off from etcd cannot
-// renew its lease.
+// keep-alives ride one Session stream (see Worker); a process that runs
+// many Workers on one Client can have them share one stream per replica
+// instead, with their keep-alives batched (SharedSessionStreams). Give
+// workers every replica's URL (at least two): a session is valid through
+// any replica, and a worker whose only replica is paused or cut off from
+// etcd cannot renew its lease.
 //
 // # Workers
 //

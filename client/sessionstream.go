@@ -20,14 +20,28 @@ import (
 // the stream: it opens it, receives on it, and ends it. While it is open,
 // keep sends its keep-alives on it (see keepAliveOnce); otherwise (not
 // open yet, reconnecting, long polls, or no Session streams at all) it
-// calls KeepAlive.
+// calls KeepAlive. With SharedSessionStreams, a session's part of a
+// shared Sessions stream (sessionSub, in sessionmux.go) stands in for its
+// Session stream, with the same semantics.
+
+// keepAliveStream is a stream that carries a session's keep-alives: its
+// Session stream, or its part of a shared Sessions stream.
+type keepAliveStream interface {
+	// keepAlive makes one keep-alive on the stream, abandoning the
+	// stream if it is not answered within limit, and returns the TTL
+	// its answer gives; errNotSent if it could not be sent, an error
+	// wrapping errStreamEnded if the stream ended before the answer.
+	keepAlive(ctx context.Context, limit time.Duration) (time.Duration, error)
+}
 
 var (
-	// errStreamEnded: a keep-alive was sent on a Session stream that
-	// ended before its answer came. keep makes it again at once.
+	// errStreamEnded: a keep-alive was sent on a Session stream (or
+	// Sessions stream) that ended before its answer came. keep makes it
+	// again at once.
 	errStreamEnded = errors.New("the Session stream ended before the keep-alive's answer")
-	// errNotSent: the Session stream ended before the keep-alive could
-	// be sent on it; keepAliveOnce calls KeepAlive instead.
+	// errNotSent: the Session stream (or the session's part of a
+	// Sessions stream) ended before the keep-alive could be sent on it;
+	// keepAliveOnce calls KeepAlive instead.
 	errNotSent = errors.New("the Session stream ended")
 )
 
@@ -88,14 +102,14 @@ func (w *Worker) followSession(ctx context.Context, s *session, minRev uint64, y
 }
 
 // setStream makes ss the stream keep-alives of s go on.
-func (s *session) setStream(ss *sessionStream) {
+func (s *session) setStream(ss keepAliveStream) {
 	s.streamMu.Lock()
 	defer s.streamMu.Unlock()
 	s.stream = ss
 }
 
 // openStream returns the Session stream keep-alives of s go on, or nil.
-func (s *session) openStream() *sessionStream {
+func (s *session) openStream() keepAliveStream {
 	s.streamMu.Lock()
 	defer s.streamMu.Unlock()
 	return s.stream
@@ -178,13 +192,20 @@ func (ss *sessionStream) keepAlive(ctx context.Context, limit time.Duration) (ti
 // result is what keep-alive answer a says: the TTL left, or the error
 // that it carries, as the KeepAlive call would have returned it.
 func (ss *sessionStream) result(a *keyshardv1.KeepAliveAnswer) (time.Duration, error) {
-	name := a.GetErrorCode()
+	return keepAliveResult(ss.c, a.GetErrorCode(), a.GetErrorMessage(), a.GetTtl().AsDuration(), "Session")
+}
+
+// keepAliveResult is what a keep-alive answered on a stream of rpc
+// (Session or Sessions) says: ttl, or, if the answer carries the name of
+// an error code, that error, as the KeepAlive call would have returned
+// it.
+func keepAliveResult(c *Client, name, message string, ttl time.Duration, rpc string) (time.Duration, error) {
 	if name == "" {
-		return a.GetTtl().AsDuration(), nil
+		return ttl, nil
 	}
 	var code connect.Code
 	if err := code.UnmarshalText([]byte(name)); err != nil {
 		code = connect.CodeUnknown
 	}
-	return 0, ss.c.translate(connect.NewError(code, fmt.Errorf("%s (answered on the Session stream)", a.GetErrorMessage())))
+	return 0, c.translate(connect.NewError(code, fmt.Errorf("%s (answered on the %s stream)", message, rpc)))
 }

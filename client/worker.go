@@ -225,14 +225,19 @@ func OnEvent(f func(Event)) WorkerOption {
 // HTTP/1.1 hop) makes the Client's Workers use WatchGrants and KeepAlive
 // calls instead, for the rest of the Client's life; the Connect protocol
 // over http:// uses them from the start (Dial's transport speaks only
-// HTTP/1.1 there).
+// HTTP/1.1 there). With SharedSessionStreams, the Workers of a Client
+// share one Sessions stream per replica instead, with the same timing
+// and failure handling; a Sessions stream that fails ends every Worker's
+// part of it, and each reconnects as from its own.
 //
 // Run owns every goroutine of the Worker: a keep-alive loop that also
 // self-fences (with one goroutine per keep-alive in flight), a grants
 // follower (a Session stream, or WatchGrants, falling back to GetGrants
 // long polls), a releaser that batches Release calls, an internal Router
 // for Owns, and one goroutine per granted bucket that calls the Handler.
-// Run returns after all of them exited.
+// Run returns after all of them exited. The goroutines of shared
+// Sessions streams are the Client's: they exit when no session uses the
+// stream any more, and the Client's Close waits for them.
 type Worker struct {
 	c        *Client
 	keyspace string
@@ -315,7 +320,7 @@ type session struct {
 	actors    sync.WaitGroup
 
 	streamMu sync.Mutex
-	stream   *sessionStream // (streamMu) the open Session stream, which keep-alives go on; nil when none
+	stream   keepAliveStream // (streamMu) the open Session stream (or part of a Sessions stream), which keep-alives go on; nil when none
 
 	clock    clock.Clock
 	leaseMu  sync.Mutex
@@ -952,7 +957,9 @@ func (w *Worker) keep(ctx context.Context, s *session) error {
 
 // keepAliveOnce makes one keep-alive of session s, within left, and
 // returns the time left on the lease that its answer gives. With
-// onStream, it goes on the session's Session stream if one is open,
+// onStream, it goes on the session's Session stream if one is open (or
+// its part of a shared Sessions stream, in the stream's next keep-alive
+// message),
 // bounded there as a call's first attempt would be (at most
 // ReplicaTimeout, with several replicas); else, or if the stream ended
 // before it could be sent, it is a KeepAlive call.
@@ -1000,7 +1007,8 @@ func (w *Worker) fence(s *session, cause error, report bool) {
 }
 
 // followGrants applies the session's grants as the server publishes
-// them: on a Session stream, which carries keep's keep-alives too, or on
+// them: on a Session stream, which carries keep's keep-alives too (with
+// SharedSessionStreams, on the Client's shared Sessions stream), or on
 // WatchGrants if the Client has no Session streams. It returns nil when
 // sctx ends, or an error wrapping errSessionGone.
 func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
@@ -1013,13 +1021,17 @@ func (w *Worker) followGrants(sctx, runCtx context.Context, s *session) error {
 			minRev := max(s.rev, s.minRev)
 			w.mu.Unlock()
 			if w.c.sessionStreams() {
-				err := w.followSession(ctx, s, minRev, yield)
+				rpc, follow := "Session", w.followSession
+				if w.c.opts.sharedSessions {
+					rpc, follow = "Sessions", w.followShared
+				}
+				err := follow(ctx, s, minRev, yield)
 				if connect.CodeOf(err) != connect.CodeUnimplemented {
 					return err
 				}
 				// An older server, or HTTP/1.1 on the way: WatchGrants
 				// and KeepAlive calls, from now on.
-				w.c.noSessionStreams(err)
+				w.c.noSessionStreams(rpc, err)
 			}
 			return stream(ctx, w.c, memberAPI.WatchGrants, &keyshardv1.WatchGrantsRequest{Session: s.id, MinRevision: minRev}, yield)
 		},

@@ -207,3 +207,61 @@ func TestSDKCluster(t *testing.T) {
 	r1.Stop()
 	log.waitHeld(ctx, 64, "w2", "w3", "w4")
 }
+
+// TestSDKSharedSessions runs SDK workers that share Sessions streams
+// (client.SharedSessionStreams) against a real serve, over gRPC and over
+// the Connect protocol on h2c: every worker gets its grants and renews
+// its session on its Client's one stream (serve renews no keep-alive on a
+// Session stream, and none by call after each session's first), a
+// graceful leave hands its buckets over, and a crashed worker's buckets
+// move once its lease expires while the others keep theirs alive on the
+// shared streams. The grant log checks exclusivity and tokens throughout.
+func TestSDKSharedSessions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ts := startServer(t, func(c *server.Config) {
+		c.Keyspaces = []server.KeyspaceConfig{{Name: "rooms", Buckets: 64, LeaseTTL: 3 * time.Second}}
+	})
+	dial := func(opts ...client.Option) *client.Client {
+		c, err := client.Dial(ts.url, append([]client.Option{client.Token(memberToken), client.SharedSessionStreams()}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	cg, ch := dial(client.GRPC()), dial(client.HTTPClient(h2cClient()))
+	log := newGrantLog(t)
+	workers := map[string]*sdkWorker{}
+	var names []string
+	for i := range 6 {
+		name := fmt.Sprintf("w%d", i)
+		c := cg
+		if i%2 == 1 {
+			c = ch
+		}
+		workers[name] = startWorker(t, c, log, name)
+		names = append(names, name)
+	}
+	log.waitHeld(ctx, 64, names...)
+
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := workers["w0"].w.Close(cctx); err != nil {
+		t.Fatalf("close w0: %v", err)
+	}
+	ccancel()
+	log.waitHeld(ctx, 64, names[1:]...)
+
+	// w1 crashes; its lease expires after 3 s, while the others renew
+	// theirs on the shared streams.
+	workers["w1"].kill()
+	<-workers["w1"].done
+	log.waitHeld(ctx, 64, names[2:]...)
+
+	shared := metricLine(t, ts, `keyshard_member_keepalives_total{result="renewed",via="shared"}`)
+	onStream := metricLine(t, ts, `keyshard_member_keepalives_total{result="renewed",via="stream"}`)
+	calls := metricLine(t, ts, `keyshard_member_keepalives_total{result="renewed",via="call"}`)
+	if shared < 4 || onStream != 0 || calls > 6 {
+		t.Errorf("keep-alives renewed: %v on Sessions streams, %v on Session streams, %v by call; want the four survivors' renewals over the lease TTL on Sessions streams, none on Session streams, a session's first by call", shared, onStream, calls)
+	}
+}
