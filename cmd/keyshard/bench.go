@@ -457,6 +457,7 @@ KEYSHARD_BENCH_ETCD_DEBUG_LISTEN (etcd's) to two free addresses.`,
 	fl.DurationVar(&o.Budget, "budget", 0, "the longest each wait may take before it is reported as timed out (default 3m; 60s with --quick)")
 	fl.BoolVar(&o.UnaryKeepAlives, "unary-keepalives", false, "simulated members keep alive with KeepAlive calls and follow grants with WatchGrants, as the Python and Node.js clients do (default: both on a Session stream, as the Go SDK does over HTTP/2)")
 	fl.StringVar(&o.Protocol, "protocol", bench.ProtocolGRPC, "what the simulated members speak: grpc (as the Go SDK with client.GRPC() and gRPC clients; served by grpc-go's HTTP/2 server) or connect (the Connect protocol over HTTP/2; served by net/http's)")
+	fl.IntVar(&o.SessionsPerStream, "sessions-per-stream", 0, "simulated members per Sessions stream, sharing its keep-alive messages, as a process running many members with the Go SDK's SharedSessionStreams (default 0: a Session stream per member)")
 	fl.IntVar(&o.MembersPerConn, "members-per-conn", 0, "simulated members per HTTP/2 connection to serve (default 0: all share one transport, about 250 streams per connection; 1: a connection per member, as a fleet of processes)")
 	return cmd
 }

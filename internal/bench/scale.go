@@ -101,6 +101,13 @@ type ScaleOptions struct {
 	// WatchGrants, as the Python and Node.js clients do; by default they
 	// use a Session stream for both, as the Go SDK does over HTTP/2.
 	UnaryKeepAlives bool
+	// SessionsPerStream, when above 0, puts that many simulated members
+	// on each Sessions stream (MemberService.Sessions), as a process
+	// running many members does with the Go SDK's SharedSessionStreams:
+	// one stream, and one message per SharedWindow carrying every
+	// keep-alive due, for all of them. 0, the default: a Session stream
+	// per member.
+	SessionsPerStream int
 	// Protocol the simulated members speak: ProtocolGRPC (the default),
 	// as the Go SDK does with client.GRPC() and as gRPC clients do, which
 	// serve answers with grpc-go's HTTP/2 server; or ProtocolConnect, the
@@ -188,6 +195,12 @@ func (o *ScaleOptions) defaults() error {
 	default:
 		return fmt.Errorf("bench scale: protocol %q; want %s or %s", o.Protocol, ProtocolGRPC, ProtocolConnect)
 	}
+	if o.SessionsPerStream < 0 {
+		return fmt.Errorf("bench scale: sessions per stream %d; want 0 (a Session stream per member) or more", o.SessionsPerStream)
+	}
+	if o.SessionsPerStream > 0 && o.UnaryKeepAlives {
+		return errors.New("bench scale: sessions per stream and unary keep-alives together; choose one")
+	}
 	if o.MembersPerConn < 0 {
 		return fmt.Errorf("bench scale: members per connection %d; want 0 (all share one transport) or more", o.MembersPerConn)
 	}
@@ -215,8 +228,11 @@ type ScaleReport struct {
 	// (0: all share one transport; see ScaleOptions.MembersPerConn).
 	MembersPerConn int `json:"members_per_conn"`
 	// KeepAlives is how the simulated members keep their sessions alive:
-	// "stream" (on their Session streams) or "unary" (KeepAlive calls).
+	// "stream" (on their Session streams), "shared" (SessionsPerStream
+	// members on each Sessions stream) or "unary" (KeepAlive calls).
 	KeepAlives string `json:"keepalives"`
+	// SessionsPerStream is ScaleOptions.SessionsPerStream.
+	SessionsPerStream int `json:"sessions_per_stream,omitempty"`
 	// Protocol the simulated members speak (ScaleOptions.Protocol).
 	Protocol string `json:"protocol"`
 
@@ -325,7 +341,8 @@ type LiveReport struct {
 	// failed over the whole scenario; SessionsLost ended (NOT_FOUND).
 	KeepAlivesPerS float64 `json:"keepalives_per_s"`
 	// KeepAlivesOnStreamPct is the share of the window's keep-alives that
-	// serve renewed on Session streams (the rest: KeepAlive calls).
+	// serve renewed on Session or Sessions streams (the rest: KeepAlive
+	// calls).
 	KeepAlivesOnStreamPct float64 `json:"keepalives_on_stream_pct"`
 	// ChecksOnReplicaPct is the share of the window's checks after
 	// batches of renewals that serve's view answered (the rest: a
@@ -432,6 +449,9 @@ func Scale(ctx context.Context, opts ScaleOptions, progress io.Writer) (ScaleRep
 	rep := ScaleReport{Etcd: opts.Etcd, EtcdMembers: 1, Quick: opts.Quick, MembersPerConn: opts.MembersPerConn, KeepAlives: "stream", Protocol: opts.Protocol}
 	if opts.UnaryKeepAlives {
 		rep.KeepAlives = "unary"
+	}
+	if opts.SessionsPerStream > 0 {
+		rep.KeepAlives, rep.SessionsPerStream = "shared", opts.SessionsPerStream
 	}
 	if opts.Etcd == EtcdCluster3 {
 		rep.EtcdMembers = 3
@@ -856,11 +876,14 @@ func (e *scaleEnv) sample(ctx context.Context) (sample, error) {
 }
 
 // keptSeries are series that scrape also keeps apart, by their labels.
-var keptSeries = map[string]bool{keepAlivesOnStream: true, keepAliveChecksOnReplica: true, connsGRPC: true, connsHTTP: true}
+var keptSeries = map[string]bool{keepAlivesOnStream: true, keepAlivesShared: true, keepAliveChecksOnReplica: true, connsGRPC: true, connsHTTP: true}
 
-// keepAlivesOnStream is serve's count of keep-alives renewed on Session
-// streams.
-const keepAlivesOnStream = `keyshard_member_keepalives_total{result="renewed",via="stream"}`
+// keepAlivesOnStream and keepAlivesShared are serve's counts of
+// keep-alives renewed on Session streams and on Sessions streams.
+const (
+	keepAlivesOnStream = `keyshard_member_keepalives_total{result="renewed",via="stream"}`
+	keepAlivesShared   = `keyshard_member_keepalives_total{result="renewed",via="shared"}`
+)
 
 // keepAliveChecksOnReplica is serve's count of keep-alive batch checks
 // its view answered (the rest went to etcd).
@@ -1051,11 +1074,16 @@ type fleet struct {
 	perConn int
 	// unary: keep-alives are KeepAlive calls and grants come on
 	// WatchGrants, rather than both on a Session stream.
-	unary  bool
-	mu     sync.Mutex
-	joined int
-	conns  []*http.Transport
-	api    []keyshardv1connect.MemberServiceClient
+	unary bool
+	// perStream: members share Sessions streams, perStream each (0: a
+	// Session stream each).
+	perStream    int
+	mu           sync.Mutex
+	joined       int
+	joinedShared int             // (mu) members given a group
+	groups       []*sessionGroup // (mu)
+	conns        []*http.Transport
+	api          []keyshardv1connect.MemberServiceClient
 
 	keepAlivesOK, keepAliveErrs, sessionsLost atomic.Int64
 	// keepAliveCodes counts the failed keep-alives by code (under mu),
@@ -1248,6 +1276,9 @@ func (f *fleet) closeConns() {
 // the member then runs until crash or ctx ends, joining again with a new
 // session if it loses one, as the SDK's Worker does.
 func (f *fleet) join(ctx context.Context, ks, id string) (*simMember, error) {
+	if f.perStream > 0 {
+		return f.joinShared(ctx, ks, id)
+	}
 	m := &simMember{keyspace: ks, id: id, api: f.client()}
 	if err := f.session(ctx, m); err != nil {
 		return nil, err
@@ -1537,7 +1568,7 @@ func (e *scaleEnv) joinStorm(ctx context.Context, o ScaleOptions, logf logFunc) 
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives, perStream: o.SessionsPerStream}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 
 	before, err := e.sample(ctx)
@@ -1615,7 +1646,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		}
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives, perStream: o.SessionsPerStream}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	base, err := e.sample(ctx)
 	if err != nil {
@@ -1664,7 +1695,7 @@ func (e *scaleEnv) live(ctx context.Context, o ScaleOptions, logf logFunc) (*Liv
 		JoinedS: joined.Sub(start).Seconds(), SteadyS: steadyAt.Sub(joined).Seconds(), TimedOut: timedOut,
 		Granted:        granted,
 		KeepAlivesPerS: float64(b.keepAlivesOK-a.keepAlivesOK) / w,
-		KeepAlivesOnStreamPct: pct(b.metrics[keepAlivesOnStream]-a.metrics[keepAlivesOnStream],
+		KeepAlivesOnStreamPct: pct(b.metrics[keepAlivesOnStream]-a.metrics[keepAlivesOnStream]+b.metrics[keepAlivesShared]-a.metrics[keepAlivesShared],
 			b.metrics["keyshard_member_keepalives_total"]-a.metrics["keyshard_member_keepalives_total"]),
 		ChecksOnReplicaPct: pct(b.metrics[keepAliveChecksOnReplica]-a.metrics[keepAliveChecksOnReplica],
 			b.metrics["keyshard_member_keepalive_checks_total"]-a.metrics["keyshard_member_keepalive_checks_total"]),
@@ -1699,7 +1730,7 @@ func (e *scaleEnv) routers(ctx context.Context, o ScaleOptions, logf logFunc) (*
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives, perStream: o.SessionsPerStream}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	if _, err := f.join(mctx, ks, "r-first"); err != nil {
 		return nil, err
@@ -1890,7 +1921,7 @@ func (e *scaleEnv) crash(ctx context.Context, o ScaleOptions, logf logFunc) (*Cr
 		return nil, err
 	}
 	mctx, stopMembers := context.WithCancel(ctx)
-	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives}
+	f := &fleet{e: e, perConn: o.MembersPerConn, unary: o.UnaryKeepAlives, perStream: o.SessionsPerStream}
 	defer func() { stopMembers(); f.wg.Wait(); f.closeConns() }()
 	logf("crash: %d members join %s (%d buckets, lease TTL %v)", o.Members, ks, o.Buckets, o.LeaseTTL)
 	kss := make([]string, o.Members)

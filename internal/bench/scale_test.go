@@ -190,3 +190,61 @@ func TestKeepAliveErrorCodes(t *testing.T) {
 		t.Errorf("health: %d errors, by code %+v; want 3, %+v", h.KeepAliveErrors, h.KeepAliveErrorCodes, want)
 	}
 }
+
+// TestScaleSharedSessions runs the scenarios whose members keep alive
+// (join storm, live, crash) with the members on shared Sessions streams,
+// 8 to a stream, end to end: every bucket is granted (the join storm's
+// moves need each member's releases, which follow its grants on the
+// stream), the live window's keep-alives are renewed on the streams with
+// no error, serve holds a goroutine per stream rather than per member,
+// and the crashed members' buckets are granted again.
+func TestScaleSharedSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds keyshard and starts etcd and serve processes; skipped with -short")
+	}
+	bin := os.Getenv("KEYSHARD_BIN")
+	if bin == "" {
+		var err error
+		if bin, err = chaos.BuildKeyshard(t.Context(), t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := ScaleOptions{
+		Binary: bin, Quick: true,
+		Scenarios: []string{ScenarioJoinStorm, ScenarioLive, ScenarioCrash},
+		Members:   40, Buckets: 256,
+		LiveMembers: 48, Keyspaces: 2, LiveBuckets: 64,
+		JoinWindow: 500 * time.Millisecond, Window: time.Second,
+		LeaseTTL: 3 * time.Second, Budget: 60 * time.Second,
+		SessionsPerStream: 8,
+	}
+	var progress bytes.Buffer
+	rep, err := Scale(t.Context(), opts, &progress)
+	t.Logf("progress:\n%s", progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.KeepAlives != "shared" || rep.SessionsPerStream != 8 {
+		t.Errorf("keep-alives %q, %d sessions per stream; want shared, 8", rep.KeepAlives, rep.SessionsPerStream)
+	}
+	if r := rep.JoinStorm; r == nil || r.TimedOut || r.Granted != opts.Buckets || r.MembersListed != opts.Members {
+		t.Errorf("join storm: %+v; want all %d buckets granted to %d members", r, opts.Buckets, opts.Members)
+	}
+	if r := rep.Live; r == nil {
+		t.Error("no live report")
+	} else {
+		if r.TimedOut || r.Granted != opts.Keyspaces*opts.LiveBuckets {
+			t.Errorf("live: timed out %v, %d buckets granted, want %d", r.TimedOut, r.Granted, opts.Keyspaces*opts.LiveBuckets)
+		}
+		if r.KeepAlivesPerS <= 0 || r.KeepAlivesOnStreamPct <= 50 || r.Health.KeepAliveErrors != 0 || r.Health.StreamErrors != 0 {
+			t.Errorf("live: %.1f keep-alives/s, %.1f%% on streams, health %+v; want keep-alives on the shared streams, without errors", r.KeepAlivesPerS, r.KeepAlivesOnStreamPct, r.Health)
+		}
+		// 48 members on 6 streams: serve's goroutines are per stream.
+		if r.ServeGoroutinesPerMember > 0.5 {
+			t.Errorf("live: serve holds %.2f goroutines per member; want about one per 8", r.ServeGoroutinesPerMember)
+		}
+	}
+	if r := rep.Crash; r == nil || r.TimedOut || r.Granted != opts.Buckets || r.RegrantedS <= 0 {
+		t.Errorf("crash: %+v; want every bucket granted again", r)
+	}
+}
