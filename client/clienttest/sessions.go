@@ -124,6 +124,10 @@ func (m memberService) Sessions(ctx context.Context, st *connect.BidiStream[keys
 		case <-changed:
 		case msg := <-msgs:
 			for i, o := range msg.open {
+				// An id closed, or ended by the stream, may be used again.
+				if followed[o.GetId()] != nil {
+					return invalidArg("open[%d]: id %d is followed on the stream already; give each session an id not in use", i, o.GetId())
+				}
 				for _, f := range followed {
 					if f.session == o.GetSession() {
 						return invalidArg("open[%d]: session %q is followed on the stream already", i, o.GetSession())
@@ -169,8 +173,6 @@ func (s *Server) readSessions(st *connect.BidiStream[keyshardv1.SessionsRequest,
 			switch {
 			case o.GetId() == 0:
 				return invalidArg("open[%d]: id 0; number the sessions of a stream from 1", i)
-			case opened[o.GetId()] != "" && !closed[o.GetId()]:
-				return invalidArg("open[%d]: id %d is followed on the stream already; give each session an id not in use", i, o.GetId())
 			case o.GetSession() == "":
 				return invalidArg("open[%d]: session is empty; send the session from Join", i)
 			}

@@ -225,7 +225,7 @@ func TestSessionsStream(t *testing.T) {
 	}{
 		{"id 0", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(0, sid2)}}, nil},
 		{"no session", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, "")}}, nil},
-		{"id used twice", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid2)}}, &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid1)}}},
+		{"id followed twice", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid2)}}, &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid1)}}},
 		{"session followed twice", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid2), open(2, sid2)}}, nil},
 		{"keep-alive 0", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid2)}, Renew: []uint32{1}}, nil},
 		{"keep-alive without renew", &keyshardv1.SessionsRequest{Open: []*keyshardv1.SessionsOpen{open(1, sid2)}, KeepAlive: 1}, nil},

@@ -192,6 +192,14 @@ func TestSessionsStream(t *testing.T) {
 				t.Fatalf("renewals %v; want 4 renewed, 5 and 9 not_found", rs)
 			}
 
+			// A closed id may name a session again: id 5 opens m5 anew
+			// and renews in the same message.
+			if err := st.Send(&v1.SessionsRequest{Open: []*v1.SessionsOpen{{Id: 5, Session: tokens[5]}}, KeepAlive: 99, Renew: []uint32{5}}); err != nil {
+				t.Fatal(err)
+			}
+			receiveSessions(t, st, s, "keep-alive 99's answer", func() bool { return s.answers[99] != nil })
+			checkRenewed(t, s.answers[99], []uint32{5})
+
 			// Half-closed after keep-alive 101: its answer comes, then a
 			// clean end.
 			if err := st.Send(&v1.SessionsRequest{KeepAlive: 101, Renew: []uint32{1}}); err != nil {
