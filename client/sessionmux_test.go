@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"connectrpc.com/connect"
 
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 	"github.com/keyshard/keyshard/client/clienttest"
@@ -324,62 +321,6 @@ func TestWorkerSharedSessionsStuckReplica(t *testing.T) {
 	}
 	w1.noLoss(t)
 	w2.noLoss(t)
-}
-
-// TestWorkerSharedSessionsUnimplemented: when a Sessions stream is
-// answered UNIMPLEMENTED (an older server, a transport that speaks
-// HTTP/1.1), or cannot be had (the default transport over http://), the
-// Client's workers follow their grants with WatchGrants and keep alive
-// with KeepAlive calls, for the rest of the Client's life, as without
-// the option. The Client logs it once.
-func TestWorkerSharedSessionsUnimplemented(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		opt      Option
-		fail     bool // the fake answers Sessions UNIMPLEMENTED
-		sessions int  // Sessions calls made
-	}{
-		{"older server", GRPC(), true, 1},
-		{"HTTP/1.1 transport", HTTPClient(&http.Client{Transport: &http.Transport{}}), false, 1},
-		{"default transport over http", nil, false, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newFake(t)
-			f.AddKeyspace("rooms", 16, testTTL)
-			if tc.fail {
-				f.Fail(sessionsProc, connect.NewError(connect.CodeUnimplemented, errors.New("an older server")))
-			}
-			var log infoLog
-			c := f.dial(t, tc.opt, SharedSessionStreams(), Logger(slog.New(&log)))
-			h := newRecHandler(t)
-			w := newTestWorkerOn(t, c, h)
-			w.start(t)
-			sid := w.waitEvent(t, EventJoined).Session
-			recv(t, w.renewed, "the first keep-alive")
-			streamUp(t, f, h, sid, 3) // on WatchGrants, opened after the fallback
-
-			h2 := newRecHandler(t)
-			w2 := newTestMember(t, c, "w2", h2)
-			w2.start(t)
-			sid2 := w2.waitEvent(t, EventJoined).Session
-			recv(t, w2.renewed, "the second worker's first keep-alive")
-			streamUp(t, f, h2, sid2, 5)
-
-			f.Clock().MustBlockUntil(t, 4)
-			f.Clock().Advance(testTTL / 3)
-			recv(t, w.renewed, "a renewal")
-			recv(t, w2.renewed, "a renewal of the second worker")
-			if s, k, ka, sessions := f.CallCount(sessionsProc), f.StreamKeepAlives(), f.CallCount(keepAliveProc), f.CallCount(sessionProc); s != tc.sessions || k != 0 || ka != 4 || sessions != 0 {
-				t.Errorf("%d Sessions calls, %d keep-alives on streams, %d KeepAlive calls, %d Session calls; want %d, 0, 4, 0", s, k, ka, sessions, tc.sessions)
-			}
-			if n := f.CallCount(watchProc); n != 2 {
-				t.Errorf("%d WatchGrants calls, want 2", n)
-			}
-			if n := log.count("keyshard: workers keep alive with KeepAlive calls and follow grants with WatchGrants"); n != 1 {
-				t.Errorf("logged the fallback %d times, want once", n)
-			}
-		})
-	}
 }
 
 // TestWorkerSharedSessionsErrorAnswer: a renewal answered with an error

@@ -248,58 +248,70 @@ func (l *infoLog) count(prefix string) int {
 	return n
 }
 
-// TestWorkerSessionStreamUnimplemented: when a Session stream is answered
-// UNIMPLEMENTED (an older server, a transport that speaks HTTP/1.1), or
-// cannot be had (the default transport over http://), the Client's
-// workers follow their grants with WatchGrants and keep alive with
-// KeepAlive calls, for the rest of the Client's life: a second worker
-// does not try again. The Client logs it once.
+// TestWorkerSessionStreamUnimplemented: when a Session stream (or, with
+// SharedSessionStreams, a Sessions stream) is answered UNIMPLEMENTED (an
+// older server, a transport that speaks HTTP/1.1), or cannot be had (the
+// default transport over http://), the Client's workers follow their
+// grants with WatchGrants and keep alive with KeepAlive calls, for the
+// rest of the Client's life: a second worker does not try again. The
+// Client logs it once.
 func TestWorkerSessionStreamUnimplemented(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		opt      Option
-		fail     bool // the fake answers Session UNIMPLEMENTED
-		sessions int  // Session calls made
+	for _, kind := range []struct {
+		name        string
+		proc, other string   // the stream the workers open, and the one they must not
+		opts        []Option // what makes them open it
 	}{
-		{"older server", GRPC(), true, 1},
-		{"HTTP/1.1 transport", HTTPClient(&http.Client{Transport: &http.Transport{}}), false, 1},
-		{"default transport over http", nil, false, 0},
+		{"Session", sessionProc, sessionsProc, nil},
+		{"Sessions", sessionsProc, sessionProc, []Option{SharedSessionStreams()}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newFake(t)
-			f.AddKeyspace("rooms", 16, testTTL)
-			if tc.fail {
-				f.Fail(sessionProc, connect.NewError(connect.CodeUnimplemented, errors.New("an older server")))
-			}
-			var log infoLog
-			c := f.dial(t, tc.opt, Logger(slog.New(&log)))
-			h := newRecHandler(t)
-			w := newTestWorkerOn(t, c, h)
-			w.start(t)
-			sid := w.waitEvent(t, EventJoined).Session
-			recv(t, w.renewed, "the first keep-alive")
-			streamUp(t, f, h, sid, 3) // on WatchGrants, opened after the fallback
+		for _, tc := range []struct {
+			name     string
+			opt      Option
+			fail     bool // the fake answers the stream UNIMPLEMENTED
+			sessions int  // stream calls made
+		}{
+			{"older server", GRPC(), true, 1},
+			{"HTTP/1.1 transport", HTTPClient(&http.Client{Transport: &http.Transport{}}), false, 1},
+			{"default transport over http", nil, false, 0},
+		} {
+			t.Run(kind.name+"/"+tc.name, func(t *testing.T) {
+				f := newFake(t)
+				f.AddKeyspace("rooms", 16, testTTL)
+				if tc.fail {
+					f.Fail(kind.proc, connect.NewError(connect.CodeUnimplemented, errors.New("an older server")))
+				}
+				var log infoLog
+				c := f.dial(t, append([]Option{tc.opt, Logger(slog.New(&log))}, kind.opts...)...)
+				h := newRecHandler(t)
+				w := newTestWorkerOn(t, c, h)
+				w.start(t)
+				sid := w.waitEvent(t, EventJoined).Session
+				recv(t, w.renewed, "the first keep-alive")
+				streamUp(t, f, h, sid, 3) // on WatchGrants, opened after the fallback
 
-			// A second worker of the Client goes straight to WatchGrants.
-			h2 := newRecHandler(t)
-			w2 := newTestMember(t, c, "w2", h2)
-			w2.start(t)
-			sid2 := w2.waitEvent(t, EventJoined).Session
-			recv(t, w2.renewed, "the second worker's first keep-alive")
-			streamUp(t, f, h2, sid2, 5)
+				// A second worker of the Client goes straight to WatchGrants.
+				h2 := newRecHandler(t)
+				w2 := newTestMember(t, c, "w2", h2)
+				w2.start(t)
+				sid2 := w2.waitEvent(t, EventJoined).Session
+				recv(t, w2.renewed, "the second worker's first keep-alive")
+				streamUp(t, f, h2, sid2, 5)
 
-			f.Clock().MustBlockUntil(t, 4) // each worker's keep-alive and fence timers
-			f.Clock().Advance(testTTL / 3)
-			recv(t, w.renewed, "a renewal")
-			recv(t, w2.renewed, "a renewal of the second worker")
-			wantPaths(t, f, tc.sessions, 0, 4)
-			if n := f.CallCount(watchProc); n != 2 {
-				t.Errorf("%d WatchGrants calls, want 2", n)
-			}
-			if n := log.count("keyshard: workers keep alive with KeepAlive calls and follow grants with WatchGrants"); n != 1 {
-				t.Errorf("logged the fallback %d times, want once", n)
-			}
-		})
+				f.Clock().MustBlockUntil(t, 4) // each worker's keep-alive and fence timers
+				f.Clock().Advance(testTTL / 3)
+				recv(t, w.renewed, "a renewal")
+				recv(t, w2.renewed, "a renewal of the second worker")
+				if s, o, k, ka := f.CallCount(kind.proc), f.CallCount(kind.other), f.StreamKeepAlives(), f.CallCount(keepAliveProc); s != tc.sessions || o != 0 || k != 0 || ka != 4 {
+					t.Errorf("%d %s calls, %d of the other stream, %d keep-alives on streams, %d KeepAlive calls; want %d, 0, 0, 4", s, kind.name, o, k, ka, tc.sessions)
+				}
+				if n := f.CallCount(watchProc); n != 2 {
+					t.Errorf("%d WatchGrants calls, want 2", n)
+				}
+				if n := log.count("keyshard: workers keep alive with KeepAlive calls and follow grants with WatchGrants"); n != 1 {
+					t.Errorf("logged the fallback %d times, want once", n)
+				}
+			})
+		}
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,13 +133,7 @@ func TestClientsQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds keyshard and runs worker processes; skipped with -short")
 	}
-	bin := os.Getenv("KEYSHARD_BIN")
-	if bin == "" {
-		var err error
-		if bin, err = chaos.BuildKeyshard(t.Context(), t.TempDir()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := keyshardBinary(t)
 	var progress bytes.Buffer
 	rep, err := Clients(t.Context(), ClientsOptions{Langs: []chaos.Lang{chaos.LangGo}, Runs: 1, Quick: true, Workers: chaos.Workers{Keyshard: bin}}, &progress)
 	t.Logf("progress:\n%s", progress.String())

@@ -104,7 +104,7 @@ type ScaleOptions struct {
 	// SessionsPerStream, when above 0, puts that many simulated members
 	// on each Sessions stream (MemberService.Sessions), as a process
 	// running many members does with the Go SDK's SharedSessionStreams:
-	// one stream, and one message per SharedWindow carrying every
+	// one stream, and one message per 100 ms (sharedWindow) carrying every
 	// keep-alive due, for all of them. 0, the default: a Session stream
 	// per member.
 	SessionsPerStream int

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"os"
 	"reflect"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-
-	"github.com/keyshard/keyshard/internal/chaos"
 )
 
 // TestScaleQuick runs every scenario of bench scale at tiny sizes end to
@@ -24,13 +21,7 @@ func TestScaleQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds keyshard and starts etcd and serve processes; skipped with -short")
 	}
-	bin := os.Getenv("KEYSHARD_BIN")
-	if bin == "" {
-		var err error
-		if bin, err = chaos.BuildKeyshard(t.Context(), t.TempDir()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := keyshardBinary(t)
 	opts := ScaleOptions{
 		Binary: bin, Quick: true,
 		Members: 50, Buckets: 512,
@@ -202,13 +193,7 @@ func TestScaleSharedSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds keyshard and starts etcd and serve processes; skipped with -short")
 	}
-	bin := os.Getenv("KEYSHARD_BIN")
-	if bin == "" {
-		var err error
-		if bin, err = chaos.BuildKeyshard(t.Context(), t.TempDir()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := keyshardBinary(t)
 	opts := ScaleOptions{
 		Binary: bin, Quick: true,
 		Scenarios: []string{ScenarioJoinStorm, ScenarioLive, ScenarioCrash},

@@ -13,11 +13,11 @@ import (
 	"github.com/keyshard/keyshard/api/keyshard/v1/keyshardv1connect"
 )
 
-// SharedWindow is how often a Sessions stream of the simulated members
+// sharedWindow is how often a Sessions stream of the simulated members
 // sends the keep-alives that fell due: each member's keep-alive goes at
 // most that long after its due time (lease TTL / 3 after its previous
 // one), in one message with every other member's due by then.
-const SharedWindow = 100 * time.Millisecond
+const sharedWindow = 100 * time.Millisecond
 
 // sessionGroup is perStream simulated members of a process sharing one
 // Sessions stream (ScaleOptions.SessionsPerStream): one message per
@@ -53,19 +53,17 @@ type groupMember struct {
 }
 
 // group returns the group the next member joins: a new one every
-// perStream members.
+// perStream members, its stream on the connection of its first member
+// (every member counts towards perConn, as without groups).
 func (f *fleet) group() *sessionGroup {
+	api := f.client()
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.joinedShared%f.perStream == 0 {
-		f.mu.Unlock()
-		api := f.client()
-		f.mu.Lock()
 		f.groups = append(f.groups, &sessionGroup{f: f, api: api, members: map[uint32]*groupMember{}})
 	}
 	f.joinedShared++
-	g := f.groups[len(f.groups)-1]
-	f.mu.Unlock()
-	return g
+	return f.groups[len(f.groups)-1]
 }
 
 // joinShared joins a member whose session goes on a shared Sessions
@@ -118,7 +116,7 @@ type groupAnswer struct {
 }
 
 // run keeps the group's stream open and sends the due keep-alives and
-// opens once per SharedWindow, until ctx (the fleet's) ends.
+// opens once per sharedWindow, until ctx (the fleet's) ends.
 func (g *sessionGroup) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		err := g.stream(ctx)
@@ -153,7 +151,7 @@ func (g *sessionGroup) stream(ctx context.Context) error {
 	defer recv.Wait()
 	defer cancel()
 	recv.Go(func() { g.receive(sctx, st, answers) }) // exits when the stream ends
-	tick := time.NewTicker(SharedWindow)
+	tick := time.NewTicker(sharedWindow)
 	defer tick.Stop()
 	var n uint64
 	for {
