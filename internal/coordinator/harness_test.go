@@ -81,6 +81,7 @@ type world struct {
 	// grant must start at or above: the highest effective position its
 	// holders committed (see posFloor).
 	floor     map[string]map[int]posFloor
+	noFinal   bool // releases give no final positions: the committed ones count
 	stats     streamStats
 	violation []string
 	// revokedSess are the sessions a RevokeSession ended: their grants

@@ -12,10 +12,13 @@ import (
 // commit record) and to the keyspace's bucket positions otherwise. So the
 // round that takes a bucket from its holder folds the bucket's position
 // into the bucket positions, and a grant starts at the bucket positions
-// after that. The fold expects the commit record it read, and the pieces
-// of the bucket positions, at the revisions it read them: a commit that
-// lands meanwhile makes the round conflict, and the machine plans it again
-// from the newer record, so no committed position is lost or moves back.
+// after that. The fold of an ended session expects its commit record, and
+// every fold the pieces of the bucket positions, at the revisions it read
+// them: a write that lands meanwhile makes the round conflict, and the
+// machine plans it again from the newer values, so no committed position
+// is lost or moves back. A live holder's release needs no expectation on
+// its commit record: once released, a bucket's position no longer moves
+// with its holder's commits (see release).
 //
 // A commit record whose session has ended (its member record is gone or on
 // another session, and no grants of that session remain) is folded for
@@ -41,7 +44,7 @@ type fold struct {
 	was    shard.BucketPositions
 	pos    []uint64 // per bucket, as folded so far
 	eff    map[string]map[int]uint64
-	read   map[string]bool // members whose commit records the round read
+	read   map[string]bool // ended sessions whose commit records the round expects as read
 	chunks map[int]bool    // pieces of the bucket positions the round read
 	folded []string        // ended commit records folded, to delete
 	unheld []string        // copies of grants of ended sessions, to delete
@@ -122,7 +125,14 @@ func (f *fold) raise(b int, p uint64) {
 // commit the holder made after the release, whose default still covers the
 // bucket until it is handed over, does not move it past events the holder
 // never handled. Without a final position the store keeps such a commit
-// from moving the bucket (store.CommitState.Stored pins it in the record).
+// from moving the bucket (shard.PinReleased pins it in the record).
+//
+// So the round does not expect h's commit record: the machine saw the
+// release, hence every commit before it, and a commit landing after it
+// moves neither a final position nor a pinned bucket. Expecting the record
+// would let a holder that commits faster than the leader plans and writes
+// (a consumer committing after every event) hold its own hand-over back
+// indefinitely: every grant round would conflict with its next commit.
 func (f *fold) release(h string, b int) {
 	if f == nil {
 		return
@@ -136,7 +146,6 @@ func (f *fold) release(h string, b int) {
 		}
 		f.eff[h] = eff
 	}
-	f.read[h] = true
 	if final, ok := f.k.relPos[h][b]; ok {
 		f.raise(b, final)
 		return

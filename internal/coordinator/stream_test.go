@@ -3,6 +3,8 @@ package coordinator_test
 import (
 	"fmt"
 	"slices"
+	"testing"
+	"time"
 
 	"github.com/keyshard/keyshard/internal/coordinator"
 	"github.com/keyshard/keyshard/internal/shard"
@@ -53,7 +55,7 @@ func (w *world) finalPositions(ks, id string, rel []shard.BucketToken) []shard.B
 	}
 	for i := range rel {
 		rel[i].Position = 0
-		if !stream {
+		if !stream || w.noFinal {
 			continue
 		}
 		if w.released(ks, id, rel[i]) {
@@ -75,7 +77,7 @@ func (w *world) finalPositions(ks, id string, rel []shard.BucketToken) []shard.B
 }
 
 // commit writes member id's commit record as the store's CommitPositions
-// would: Default raised by bump, MaxToken the last token issued if all is
+// would (shard.PinReleased pinning what it released): Default raised by bump, MaxToken the last token issued if all is
 // set (else the previous one's), exceptions for the held buckets picked
 // (by index) at their effective position + ahead, or behind Default. A
 // commit the store would refuse is not made; commit reports whether it
@@ -123,6 +125,9 @@ func (w *world) commit(ks, id string, bump uint64, all bool, picks []int, ahead 
 			return false
 		}
 	}
+	// Stored as the store stores it: the buckets released without a final
+	// position and not handed over yet stay where the record had them.
+	next = shard.PinReleased(g, shard.Releases{Buckets: w.releases[ks][id]}, prev, next)
 	w.rev++
 	w.stats.commits++
 	w.commits[ks][id], w.commitRev[ks][id] = next, w.rev
@@ -349,4 +354,54 @@ func (w *world) leftovers(ks string) []string {
 		}
 	}
 	return out
+}
+
+// TestHandoffThroughCommits: a holder that commits between every grant
+// round's planning and its write (a consumer committing after each event)
+// does not hold its own hand-over back. The round that hands over the
+// buckets it released without final positions does not expect its commit
+// record: the store pins those buckets (shard.PinReleased), so the
+// commits landing meanwhile do not move them, and the new holder starts
+// them where the commit before the release put them.
+func TestHandoffThroughCommits(t *testing.T) {
+	w := newWorld()
+	w.noFinal = true
+	w.createKeyspace(shard.Keyspace{Name: "ks", Buckets: 4, Hash: "xxh64", Mode: shard.ModeStream, LeaseTTL: 10 * time.Second, DrainTimeout: 30 * time.Second})
+	w.failover()
+	w.join("ks", "a", 1, false)
+	w.settle()
+	if !w.commit("ks", "a", 70, true, nil, nil) {
+		t.Fatal("a's first commit was refused")
+	}
+	w.join("ks", "b", 1, false)
+	w.settle() // the map moves two buckets to b; a is asked to release them
+	if len(w.release("ks", "a")) == 0 && len(w.pending) == 0 {
+		t.Fatal("a's release planned no grant round")
+	}
+	// a commits before each of the leader's writes lands.
+	rounds := 0
+	for len(w.grants["ks"]["b"].Buckets) < 2 && rounds < 3 {
+		rounds++
+		if !w.commit("ks", "a", 50, true, nil, nil) {
+			t.Fatalf("round %d: a's commit was refused", rounds)
+		}
+		w.apply()
+	}
+	if len(w.violation) > 0 {
+		t.Fatal(w.violation)
+	}
+	g := w.grants["ks"]["b"]
+	if len(g.Buckets) != 2 || rounds != 1 {
+		t.Fatalf("b holds %v after %d grant rounds, each behind one of a's commits; want a's two released buckets after the first", g.Buckets, rounds)
+	}
+	for _, bt := range g.Buckets {
+		if bt.Position != 70 {
+			t.Errorf("b's grant of bucket %d starts at %d; want 70, a's commit before its release", bt.Bucket, bt.Position)
+		}
+	}
+	for i, p := range shard.Positions(w.grants["ks"]["a"], w.commits["ks"]["a"], w.bpos["ks"]) {
+		if p != 120 {
+			t.Errorf("a holds bucket %d at %d; want 120, its last commit", w.grants["ks"]["a"].Buckets[i].Bucket, p)
+		}
+	}
 }

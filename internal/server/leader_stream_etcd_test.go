@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,4 +283,78 @@ func leadOnEtcd(ctx context.Context, t *testing.T, s *Server, st *store.Store, l
 	done := make(chan error, 1)
 	go func() { done <- s.lead(lctx, ls, fence) }() // exits when stop is called
 	return func() { cancel(); <-done; sess.Close() }
+}
+
+// commitsFirst is a leaderStore that lands one of the holder's commits
+// right before each grant write that gives member to buckets: the commit
+// a consumer that commits after every event makes while the leader plans.
+type commitsFirst struct {
+	leaderStore
+	to     string
+	commit func() // lands the holder's next commit
+	armed  atomic.Bool
+	landed atomic.Int32 // commits landed before a grant write
+}
+
+func (c *commitsFirst) Commit(ctx context.Context, f store.Fence, writes []store.Write, expects []store.Expect) (int64, error) {
+	if c.armed.Load() && c.landed.Load() < 3 && slices.ContainsFunc(writes, func(w store.Write) bool {
+		ch, err := w.Change(0)
+		g, ok := ch.Value.(shard.Grants)
+		return err == nil && ok && ch.ID == c.to && len(g.Buckets) > 0
+	}) {
+		c.commit()
+		c.landed.Add(1)
+	}
+	return c.leaderStore.Commit(ctx, f, writes, expects)
+}
+
+// TestLeadStreamHandoffThroughCommitsEtcd: on embedded etcd, a releases
+// the buckets that move to b without final positions and goes on
+// committing: one of its commits lands between the leader's planning of
+// every grant round and its write. The first round that hands the
+// buckets over still lands (it does not expect a's commit record, which
+// the commits change), and b starts them at a's commit before the
+// release, which the later commits do not move.
+func TestLeadStreamHandoffThroughCommitsEtcd(t *testing.T) {
+	s, st, ctx := streamOnEtcd(t)
+	waitFor := func(what string, cond func(*store.KeyspaceState) bool) *store.KeyspaceState {
+		return waitKeyspace(ctx, t, st, "ev", what, cond)
+	}
+	la := streamJoin(ctx, t, st, "a", 10*time.Second)
+	var top uint64
+	def := uint64(70)
+	commit := func() {
+		if _, err := st.CommitPositions(ctx, "ev", "a", la, shard.Commit{Session: la, MaxToken: top, Default: def}); err != nil {
+			t.Errorf("a's commit at %d: %v", def, err)
+		}
+		def += 50
+	}
+	ls := &commitsFirst{leaderStore: st, to: "b", commit: commit}
+	defer leadOnEtcd(ctx, t, s, st, ls, "leader")()
+
+	k := waitFor("a to hold every bucket", func(k *store.KeyspaceState) bool { return len(k.Grants["a"].Value.Buckets) == 4 })
+	g := k.Grants["a"].Value
+	top = g.Buckets[3].Token
+	commit() // at 70
+	streamJoin(ctx, t, st, "b", 10*time.Second)
+	k = waitFor("the map to move two buckets to b", func(k *store.KeyspaceState) bool { return k.Map.Value.Assignment.Counts()["b"] == 2 })
+	var release []shard.BucketToken
+	for _, bt := range g.Buckets {
+		if k.Map.Value.Assignment.Owner(bt.Bucket) == "b" {
+			release = append(release, shard.BucketToken{Bucket: bt.Bucket, Token: bt.Token})
+		}
+	}
+	ls.armed.Store(true)
+	if _, err := st.Release(ctx, "ev", "a", la, release, nil); err != nil {
+		t.Fatal(err)
+	}
+	k = waitFor("b to hold its two buckets", func(k *store.KeyspaceState) bool { return len(k.Grants["b"].Value.Buckets) == 2 })
+	if n := ls.landed.Load(); n != 1 {
+		t.Errorf("b was granted its buckets after %d of a's commits, each landing before a grant write; want after the first: the round conflicted with a's commits", n)
+	}
+	for _, bt := range k.Grants["b"].Value.Buckets {
+		if bt.Position != 70 {
+			t.Errorf("b's grant of bucket %d starts at %d; want 70, a's commit before the release", bt.Bucket, bt.Position)
+		}
+	}
 }

@@ -1,6 +1,9 @@
 package shard
 
-import "sort"
+import (
+	"slices"
+	"sort"
+)
 
 // Stream positions. In a stream keyspace every bucket has a committed
 // position: an opaque, ordered 64-bit number, the position of the next
@@ -155,6 +158,71 @@ func Positions(g Grants, c Commit, base BucketPositions) []uint64 {
 			}
 		}
 		out[i] = max(p, base.Position(bt.Bucket))
+	}
+	return out
+}
+
+// PinReleased returns the commit record to store for c, a commit of the
+// session of grants g that replaces record prev, given the session's
+// release record r: c, with every bucket that the session released without
+// a final position, and that g still holds at the token it released it
+// at, pinned where prev puts it. Such a bucket waits for the leader to
+// hand it over, and the leader then takes its position from the commit
+// record (the release names no other); the holder handles nothing of it
+// after the release, so a commit made after it must not move it. For each
+// such bucket that c would move (its default covers it, or its exception
+// is ahead of prev), the result has an exception at the bucket's
+// effective position under prev (Positions; its grant's Position if the
+// session has committed nothing). Any other commit is returned as given.
+//
+// So, once a release without final positions is recorded, no later
+// commit changes the released buckets' effective positions: the leader
+// may hand them over from the record as it read it, whatever commits land
+// before its grant write (the store checks the release record in every
+// commit's transaction).
+//
+// The pins are as many as the buckets released and not handed over yet:
+// the next commit after the hand-over is stored as given again.
+func PinReleased(g Grants, r Releases, prev, c Commit) Commit {
+	if g.Session != c.Session || len(r.Buckets) == 0 {
+		return c
+	}
+	if prev.Session != c.Session {
+		prev = Commit{} // an earlier session's record counts for nothing
+	}
+	var pins []BucketPosition
+	for _, rb := range r.Buckets {
+		if rb.Position > 0 {
+			continue // the leader folds the final position the release gives
+		}
+		i, ok := slices.BinarySearchFunc(g.Buckets, rb.Bucket, func(bt BucketToken, b int) int { return bt.Bucket - b })
+		if !ok || g.Buckets[i].Token != rb.Token {
+			continue // handed over already, or a release of another grant
+		}
+		one := Grants{Session: g.Session, Buckets: g.Buckets[i : i+1]}
+		was, now := Positions(one, prev, BucketPositions{})[0], Positions(one, c, BucketPositions{})[0]
+		if now > was {
+			pins = append(pins, BucketPosition{Bucket: rb.Bucket, Token: rb.Token, Position: was})
+		}
+	}
+	if len(pins) == 0 {
+		return c
+	}
+	out := c
+	out.Exceptions = make([]BucketPosition, 0, len(c.Exceptions)+len(pins))
+	i, j := 0, 0
+	for i < len(c.Exceptions) || j < len(pins) {
+		switch {
+		case j == len(pins) || (i < len(c.Exceptions) && c.Exceptions[i].Bucket < pins[j].Bucket):
+			out.Exceptions = append(out.Exceptions, c.Exceptions[i])
+			i++
+		case i < len(c.Exceptions) && c.Exceptions[i].Bucket == pins[j].Bucket:
+			out.Exceptions = append(out.Exceptions, pins[j]) // the pin replaces c's exception
+			i, j = i+1, j+1
+		default:
+			out.Exceptions = append(out.Exceptions, pins[j])
+			j++
+		}
 	}
 	return out
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -95,63 +94,12 @@ type CommitState struct {
 }
 
 // Stored returns the commit record CommitPositions writes for c, a commit
-// that st accepts (Check): c, with every bucket that the member released
+// that st accepts (Check): shard.PinReleased of c under st's grants,
+// release record and commit record. Each bucket the member released
 // without a final position, and that its grants still hold at the token
-// it released it at, pinned where the commit record of st puts it. Such a
-// bucket waits for the leader to hand it over, and the leader then folds
-// its position from the member's commit record (the release names no
-// other); the member handles nothing of it after the release, so a commit
-// made after it must not move it. For each such bucket that c would move
-// (its default covers it, or its exception is ahead of the record), the
-// stored commit has an exception at the bucket's effective position under
-// st's commit record (shard.Positions; its grant's position if the
-// session has committed nothing). Any other commit is stored as given.
-//
-// The pins are as many as the buckets released and not handed over yet:
-// the next commit after the hand-over is stored as given again.
+// it released it at, keeps the position st's commit record gives it.
 func (st CommitState) Stored(c shard.Commit) shard.Commit {
-	if st.Grants.Session != c.Session || len(st.Releases.Buckets) == 0 {
-		return c
-	}
-	prev := st.Commit
-	if prev.Session != c.Session {
-		prev = shard.Commit{} // an earlier session's record counts for nothing (and Check refuses c)
-	}
-	var pins []shard.BucketPosition
-	for _, r := range st.Releases.Buckets {
-		if r.Position > 0 {
-			continue // the leader folds the final position the release gives
-		}
-		i, ok := slices.BinarySearchFunc(st.Grants.Buckets, r.Bucket, func(bt shard.BucketToken, b int) int { return bt.Bucket - b })
-		if !ok || st.Grants.Buckets[i].Token != r.Token {
-			continue // handed over already, or a release of another grant
-		}
-		g := shard.Grants{Session: st.Grants.Session, Buckets: st.Grants.Buckets[i : i+1]}
-		was, now := shard.Positions(g, prev, shard.BucketPositions{})[0], shard.Positions(g, c, shard.BucketPositions{})[0]
-		if now > was {
-			pins = append(pins, shard.BucketPosition{Bucket: r.Bucket, Token: r.Token, Position: was})
-		}
-	}
-	if len(pins) == 0 {
-		return c
-	}
-	out := c
-	out.Exceptions = make([]shard.BucketPosition, 0, len(c.Exceptions)+len(pins))
-	i, j := 0, 0
-	for i < len(c.Exceptions) || j < len(pins) {
-		switch {
-		case j == len(pins) || (i < len(c.Exceptions) && c.Exceptions[i].Bucket < pins[j].Bucket):
-			out.Exceptions = append(out.Exceptions, c.Exceptions[i])
-			i++
-		case i < len(c.Exceptions) && c.Exceptions[i].Bucket == pins[j].Bucket:
-			out.Exceptions = append(out.Exceptions, pins[j]) // the pin replaces c's exception
-			i, j = i+1, j+1
-		default:
-			out.Exceptions = append(out.Exceptions, pins[j])
-			j++
-		}
-	}
-	return out
+	return shard.PinReleased(st.Grants, st.Releases, st.Commit, c)
 }
 
 // Check reports whether c, a commit of session lease, may replace the
