@@ -90,7 +90,9 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (shard.LeaseID, ti
 // ErrLeaseNotFound if the lease has expired or was revoked. Renewals from
 // every caller share one LeaseKeepAlive stream (see renewer); each is
 // confirmed by a linearizable read at the same raft term (see
-// confirmTerm), else it fails with ErrUnavailable.
+// confirmTerm), else it fails with ErrUnavailable. The reads are shared
+// too: renewals answered while a read is in flight are confirmed together
+// by the next one (see termReads).
 func (s *Store) KeepAliveOnce(ctx context.Context, id shard.LeaseID) (time.Duration, error) {
 	if s.closed() {
 		return 0, errClosed("keep lease alive")
@@ -103,7 +105,7 @@ func (s *Store) KeepAliveOnce(ctx context.Context, id shard.LeaseID) (time.Durat
 	if err != nil {
 		return 0, s.err(op, err)
 	}
-	term, err := s.confirmingTerm(ctx)
+	term, err := s.terms.confirm(ctx)
 	if err != nil {
 		return 0, s.err(op, err)
 	}

@@ -53,6 +53,7 @@ type Store struct {
 	maxOps int
 
 	renewer     *renewer      // KeepAliveOnce's shared stream
+	terms       *termReads    // KeepAliveOnce's shared confirming reads
 	renewals    renewals      // RenewMember's batches
 	renewWindow time.Duration // RenewBatchWindow; 0 in tests that make batches themselves
 	renewCheck  RenewCheck    // SetRenewCheck's; nil: checks go to etcd
@@ -120,6 +121,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s := &Store{client: c, log: log, maxOps: cfg.MaxTxnOps}
 	s.renewer = newRenewer(s)
+	s.terms = &termReads{read: s.confirmingTerm, base: c.Ctx()}
 	s.renewWindow = RenewBatchWindow
 	// clientv3.New does not wait for a connection; check that etcd answers
 	// so that a bad endpoint fails here, clearly.
