@@ -127,7 +127,9 @@ func (w *world) commit(ks, id string, bump uint64, all bool, picks []int, ahead 
 	}
 	// Stored as the store stores it: the buckets released without a final
 	// position and not handed over yet stay where the record had them.
-	next = shard.PinReleased(g, shard.Releases{Buckets: w.releases[ks][id]}, prev, next)
+	rel := slices.Clone(w.releases[ks][id])
+	shard.SortPairs(rel) // as the store keeps a release record
+	next = shard.PinReleased(g, shard.Releases{Buckets: rel}, prev, next)
 	w.rev++
 	w.stats.commits++
 	w.commits[ks][id], w.commitRev[ks][id] = next, w.rev

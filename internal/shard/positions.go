@@ -164,9 +164,9 @@ func Positions(g Grants, c Commit, base BucketPositions) []uint64 {
 
 // PinReleased returns the commit record to store for c, a commit of the
 // session of grants g that replaces record prev, given the session's
-// release record r: c, with every bucket that the session released without
-// a final position, and that g still holds at the token it released it
-// at, pinned where prev puts it. Such a bucket waits for the leader to
+// release record r (sorted by bucket, as Releases keeps it): c, with every
+// bucket that the session released without a final position, and that g
+// still holds at the token it released it at, pinned where prev puts it. Such a bucket waits for the leader to
 // hand it over, and the leader then takes its position from the commit
 // record (the release names no other); the holder handles nothing of it
 // after the release, so a commit made after it must not move it. For each
