@@ -320,9 +320,9 @@ type grantsOut struct {
 }
 
 type grantsIn struct {
-	Session int64               `json:"session"`
-	Buckets [][]json.RawMessage `json:"buckets"`
-	From    [][]json.RawMessage `json:"from"`
+	Session int64    `json:"session"`
+	Buckets uintRows `json:"buckets"`
+	From    uintRows `json:"from"`
 }
 
 var grantsFields = []string{"session", "buckets", "from"}
@@ -333,8 +333,8 @@ type releasesOut struct {
 }
 
 type releasesIn struct {
-	Buckets   [][]json.RawMessage `json:"buckets"`
-	Positions [][]json.RawMessage `json:"positions"`
+	Buckets   uintRows `json:"buckets"`
+	Positions uintRows `json:"positions"`
 }
 
 var releasesFields = []string{"buckets", "positions"}
@@ -374,20 +374,20 @@ func positionsOut(pairs []shard.BucketToken) [][2]uint64 {
 // positionsIn sets the positions of pairs (sorted by bucket) from
 // [[bucket, position], ...]: strictly ascending buckets, each one of
 // pairs', each position > 0.
-func positionsIn(key, field string, in [][]json.RawMessage, pairs []shard.BucketToken) error {
+func positionsIn(key, field string, in uintRows, pairs []shard.BucketToken) error {
 	j := 0
-	for i, e := range in {
+	for i := range in.Len() {
+		e := in.Row(i)
 		if len(e) != 2 {
 			return corruptf(key, field, "entry %d has %d elements; want [bucket, position]", i, len(e))
 		}
-		b, err := parseUint(e[0])
-		if err != nil {
+		if err := in.Err(i, 0); err != nil {
 			return corruptf(key, field, "entry %d: bucket: %v", i, err)
 		}
-		pos, err := parseUint(e[1])
-		if err != nil {
+		if err := in.Err(i, 1); err != nil {
 			return corruptf(key, field, "entry %d: position: %v", i, err)
 		}
+		b, pos := e[0], e[1]
 		if pos == 0 {
 			return corruptf(key, field, "entry %d: bucket %d at position 0; leave it out", i, b)
 		}
@@ -405,23 +405,23 @@ func positionsIn(key, field string, in [][]json.RawMessage, pairs []shard.Bucket
 
 // pairsIn parses [[bucket, token], ...] strictly: exactly two plain
 // non-negative integers (no sign, fraction, exponent or quotes) per pair.
-func pairsIn(key, field string, in [][]json.RawMessage) ([]shard.BucketToken, error) {
-	if len(in) == 0 {
+func pairsIn(key, field string, in uintRows) ([]shard.BucketToken, error) {
+	if in.Len() == 0 {
 		return nil, nil
 	}
-	out := make([]shard.BucketToken, len(in))
-	for i, p := range in {
+	out := make([]shard.BucketToken, in.Len())
+	for i := range in.Len() {
+		p := in.Row(i)
 		if len(p) != 2 {
 			return nil, corruptf(key, field, "entry %d has %d elements; want [bucket, token]", i, len(p))
 		}
-		b, err := parseUint(p[0])
-		if err != nil {
+		if err := in.Err(i, 0); err != nil {
 			return nil, corruptf(key, field, "entry %d: bucket: %v", i, err)
 		}
-		t, err := parseUint(p[1])
-		if err != nil {
+		if err := in.Err(i, 1); err != nil {
 			return nil, corruptf(key, field, "entry %d: token: %v", i, err)
 		}
+		b, t := p[0], p[1]
 		if b >= placement.MaxBuckets {
 			return nil, corruptf(key, field, "entry %d: bucket %d is outside [0, %d)", i, b, placement.MaxBuckets)
 		}
@@ -457,6 +457,17 @@ func decodeStrict(key string, data []byte, fields []string, v any) error {
 	if !utf8.Valid(data) {
 		return corruptf(key, "", "value is not valid UTF-8")
 	}
+	// The common case in one pass; anything else takes the token stream,
+	// which names what is wrong.
+	if decodePlain(data, fields, v) {
+		return nil
+	}
+	return decodeTokens(key, data, fields, v)
+}
+
+// decodeTokens is decodeStrict on valid UTF-8, through encoding/json's
+// token stream.
+func decodeTokens(key string, data []byte, fields []string, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
 	if err != nil {

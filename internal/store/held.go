@@ -1,7 +1,6 @@
 package store
 
 import (
-	"encoding/json"
 	"maps"
 	"slices"
 
@@ -32,8 +31,8 @@ type heldOut struct {
 }
 
 type heldIn struct {
-	Session int64               `json:"session"`
-	Held    [][]json.RawMessage `json:"held"`
+	Session int64    `json:"session"`
+	Held    uintRows `json:"held"`
 }
 
 var heldFields = []string{"session", "held"}
@@ -82,22 +81,22 @@ func DecodeHeld(key string, data []byte) (shard.Held, error) {
 	}
 	h := shard.Held{Session: shard.LeaseID(w.Session)}
 	var prevToken uint64
-	for i, g := range w.Held {
+	for i := range w.Held.Len() {
+		g := w.Held.Row(i)
 		if len(g) < 2 {
 			return shard.Held{}, corruptf(key, "held", "entry %d has %d elements; want [token, first bucket, gaps...]", i, len(g))
 		}
-		t, err := parseUint(g[0])
-		if err != nil {
+		if err := w.Held.Err(i, 0); err != nil {
 			return shard.Held{}, corruptf(key, "held", "entry %d: token: %v", i, err)
 		}
+		t := g[0]
 		if t == 0 || t <= prevToken {
 			return shard.Held{}, corruptf(key, "held", "entry %d: token %d; want tokens >= 1, ascending, each once", i, t)
 		}
 		prevToken = t
 		var b uint64
-		for j, raw := range g[1:] {
-			v, err := parseUint(raw)
-			if err != nil {
+		for j, v := range g[1:] {
+			if err := w.Held.Err(i, j+1); err != nil {
 				return shard.Held{}, corruptf(key, "held", "entry %d (token %d): element %d: %v", i, t, j+1, err)
 			}
 			if j > 0 && v == 0 {

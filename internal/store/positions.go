@@ -1,7 +1,6 @@
 package store
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -133,10 +132,10 @@ type commitOut struct {
 }
 
 type commitIn struct {
-	Session    int64               `json:"session"`
-	MaxToken   uint64              `json:"max_token"`
-	Default    uint64              `json:"default"`
-	Exceptions [][]json.RawMessage `json:"exceptions"`
+	Session    int64    `json:"session"`
+	MaxToken   uint64   `json:"max_token"`
+	Default    uint64   `json:"default"`
+	Exceptions uintRows `json:"exceptions"`
 }
 
 var commitFields = []string{"session", "max_token", "default", "exceptions"}
@@ -146,25 +145,25 @@ type bucketPosOut struct {
 }
 
 type bucketPosIn struct {
-	Runs [][]json.RawMessage `json:"runs"`
+	Runs uintRows `json:"runs"`
 }
 
 var bucketPosFields = []string{"runs"}
 
 // triplesIn parses [[a, b, c], ...] strictly: three plain non-negative
 // integers per entry, named by names in errors.
-func triplesIn(key, field string, in [][]json.RawMessage, names [3]string) ([][3]uint64, error) {
-	out := make([][3]uint64, len(in))
-	for i, e := range in {
+func triplesIn(key, field string, in uintRows, names [3]string) ([][3]uint64, error) {
+	out := make([][3]uint64, in.Len())
+	for i := range in.Len() {
+		e := in.Row(i)
 		if len(e) != 3 {
 			return nil, corruptf(key, field, "entry %d has %d elements; want [%s, %s, %s]", i, len(e), names[0], names[1], names[2])
 		}
 		for j := range 3 {
-			v, err := parseUint(e[j])
-			if err != nil {
+			if err := in.Err(i, j); err != nil {
 				return nil, corruptf(key, field, "entry %d: %s: %v", i, names[j], err)
 			}
-			out[i][j] = v
+			out[i][j] = e[j]
 		}
 	}
 	return out, nil
