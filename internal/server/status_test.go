@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,10 +71,16 @@ func TestStatusHeldJoin(t *testing.T) {
 	}
 
 	clk.Advance(time.Second) // the gap has passed: the leader writes b's map
-	for e := epoch; e == epoch; {
-		e, _ = owners(t, ctx, ts, "rooms", epoch)
+	// The leader's own watch may bring c's drain after the gap's timer
+	// fires (Status reads serve's view, which can be ahead of it): its map
+	// then gives c buckets too, and the next one moves them off at once (a
+	// move off a draining member is not held back). Either way the
+	// keyspace ends with c holding nothing.
+	e, own := epoch, []string(nil)
+	for e == epoch || slices.Contains(own, "c") {
+		e, own = owners(t, ctx, ts, "rooms", e)
 	}
-	if k := keyspaceStatus(t, ctx, ts, "rooms"); k.MembersWithoutBuckets != 0 || k.Epoch != epoch+1 {
-		t.Fatalf("after the gap: %v; want epoch %d, no member without buckets", k, epoch+1)
+	if k := keyspaceStatus(t, ctx, ts, "rooms"); k.MembersWithoutBuckets != 0 || k.Epoch != e {
+		t.Fatalf("after the gap: %v; want epoch %d, no member without buckets", k, e)
 	}
 }
