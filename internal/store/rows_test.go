@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/keyshard/keyshard/internal/shard"
+	"github.com/keyshard/keyshard/placement"
 )
 
 // plainCase is one record shape decodeStrict serves: its fields and a
@@ -75,7 +77,7 @@ var plainSeeds = []string{
 	`{"held":[[3,1,3],[5,9]],"session":7}`,
 	`{"held":[[3,1,"x"]],"session":7}`,
 	`{"runs":[[4096,3,7],[4099,1,9]]}`,
-	`{"name":"a\"b","buckets":8}`,
+	`{"name":"a\"b","buckets":8}`, `{"hash":"xx\u0068","owners":"AAA=","epoch":1}`, `{"owners":"AA` + "\t" + `A="}`,
 	`{"name":"a` + "\x01" + `b"}`,
 	"{\"by\":\"\u00e9\",\"requested_at\":\"2026-01-02T03:04:05Z\"}",
 	`{}`, ` {} `, `{,}`, `[]`, `null`, ``, `"x"`,
@@ -191,4 +193,25 @@ func BenchmarkDecodeGrants(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecodeMap decodes a map of 65,536 buckets over 1,000 members,
+// as every watcher does at each epoch: its owners are one base64 string
+// of 175 KB.
+func BenchmarkDecodeMap(b *testing.B) {
+	m := shard.Map{Epoch: 7, Hash: placement.HashXXH64}
+	for i := range 1000 {
+		m.Assignment.Members = append(m.Assignment.Members, fmt.Sprintf("member-%04d", i))
+	}
+	for i := range 65536 {
+		m.Assignment.Owners = append(m.Assignment.Owners, int32(i%1000))
+	}
+	data := []byte(must(EncodeMap(m)))
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeMap("m", data); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
