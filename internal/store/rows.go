@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
@@ -251,50 +252,32 @@ func (r uintRows) start(i int) int {
 	return r.ends[i-1]
 }
 
-// UnmarshalJSON implements json.Unmarshaler. json.Unmarshal has checked
-// the whole input's syntax before it calls it, so data is one valid JSON
-// value.
+// UnmarshalJSON implements json.Unmarshaler, for decodeStrict's token
+// stream (records that are not plain): the rows as encoding/json reads
+// [][]json.RawMessage, each element parsed by uintOf.
 func (r *uintRows) UnmarshalJSON(data []byte) error {
 	*r = uintRows{}
-	i := skipSpace(data, 0)
-	if i >= len(data) || data[i] == 'n' { // null
-		return nil
+	var rows [][]json.RawMessage
+	if err := json.Unmarshal(data, &rows); err != nil {
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) {
+			return err
+		}
+		want := reflect.TypeFor[[][]uint64]() // the field is not an array
+		if te.Type == reflect.TypeFor[[]json.RawMessage]() {
+			want = reflect.TypeFor[[]uint64]() // a row is not
+		}
+		return &json.UnmarshalTypeError{Value: te.Value, Type: want} // json.Unmarshal names the field
 	}
-	if data[i] != '[' {
-		return rowsTypeError(data[i], reflect.TypeFor[[][]uint64]())
-	}
-	i = skipSpace(data, i+1)
-	if i < len(data) && data[i] == ']' {
-		return nil
-	}
-	r.vals = make([]uint64, 0, (len(data)-i)/4)
-	for i < len(data) && data[i] != ']' {
-		switch data[i] {
-		case 'n': // a null row
-			i += len("null")
-		case '[':
-			i = skipSpace(data, i+1)
-			for i < len(data) && data[i] != ']' {
-				end, _ := skipValue(data, i)
-				v, err := uintOf(data[i:end])
-				if err != nil {
-					r.bad = append(r.bad, badCell{at: len(r.vals), err: err})
-				}
-				r.vals = append(r.vals, v)
-				i = skipSpace(data, end)
-				if i < len(data) && data[i] == ',' {
-					i = skipSpace(data, i+1)
-				}
+	for _, row := range rows {
+		for _, raw := range row {
+			v, err := uintOf(raw)
+			if err != nil {
+				r.bad = append(r.bad, badCell{at: len(r.vals), err: err})
 			}
-			i++ // the row's ']'
-		default:
-			return rowsTypeError(data[i], reflect.TypeFor[[]uint64]())
+			r.vals = append(r.vals, v)
 		}
 		r.ends = append(r.ends, len(r.vals))
-		i = skipSpace(data, i)
-		if i < len(data) && data[i] == ',' {
-			i = skipSpace(data, i+1)
-		}
 	}
 	return nil
 }
@@ -393,21 +376,4 @@ func uintOf(raw []byte) (uint64, error) {
 		return v, nil
 	}
 	return parseUint(raw)
-}
-
-// rowsTypeError is the error json.Unmarshal gives for a value of the
-// wrong JSON type; it adds the field's name.
-func rowsTypeError(first byte, want reflect.Type) error {
-	what := "number"
-	switch first {
-	case '"':
-		what = "string"
-	case '{':
-		what = "object"
-	case '[':
-		what = "array"
-	case 't', 'f':
-		what = "bool"
-	}
-	return &json.UnmarshalTypeError{Value: what, Type: want}
 }
