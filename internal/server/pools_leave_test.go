@@ -55,6 +55,18 @@ func (e *leaveEnv) leave(id string, end bool) *v1.LeavePoolResponse {
 	if err != nil {
 		e.t.Fatalf("leave %s (end_session %v): %v", id, end, err)
 	}
+	// The leader's rounds read the members from its view: the next round
+	// (load) must see the leave, not run before the view has it.
+	if err := e.l.srv.WaitView(e.ctx, func(snap *store.Snapshot) bool {
+		ps := snap.TenantPools["gw"]
+		if ps == nil {
+			return true
+		}
+		m, ok := ps.Members[id]
+		return !ok || (!end && m.Value.Leaving)
+	}); err != nil {
+		e.t.Fatalf("the leader's view never showed %s leaving (end_session %v): %v", id, end, err)
+	}
 	return resp.Msg
 }
 
